@@ -1,0 +1,84 @@
+"""The sandbox and fork-engine protocol (paper: Preliminaries, "forkable at horizon h").
+
+A sandbox holds one task's repository and runs commands in its root. Its state is the file system:
+tools are stateless per command (no shell session survives between actions, as in mini-swe-agent),
+so a snapshot of the working tree is an exact snapshot of the environment, and restoring it gives
+an independent sandbox whose writes never reach the parent or its siblings.
+
+    with engine.start(task) as sb:            # fresh sandbox at task.base_commit
+        sb.exec("python -m pytest -q", timeout=60)
+        snap = sb.snapshot()                  # sigma(s_t)
+        with engine.restore(snap) as fork:    # rho(sigma(s_t)): an independent copy
+            fork.exec("...")
+        engine.release(snap)                  # frees what the snapshot holds
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from crr.tasks.schema import Task
+
+# Observations and command outputs are bounded: a command that prints forever yields this many
+# bytes of output (head and tail kept) and a flag, never an unbounded string.
+MAX_OUTPUT_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int          # 124 when the command hit its timeout (like coreutils `timeout`)
+    output: str             # stdout and stderr interleaved, decoded with errors="replace", bounded
+    timed_out: bool = False
+    truncated: bool = False  # output exceeded MAX_OUTPUT_BYTES and was cut
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A handle on a sandbox's file-system state; `engine` can restore it any number of times."""
+
+    id: str
+    engine: str
+    task_id: str
+    handle: dict = field(default_factory=dict, compare=False)  # engine-private (paths, image ids)
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    task: "Task"
+    repo_dir: str  # the repository root as commands see it (e.g. /testbed in Docker)
+
+    def exec(self, command: str, timeout: float = 60.0) -> ExecResult:
+        """Run `command` with bash in the repository root; kill its whole process tree at `timeout`."""
+
+    def read_file(self, path: str) -> bytes:
+        """Bytes of `path` (relative to the repository root); CRRError if outside it or missing."""
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Write `path` (relative to the repository root); CRRError if it resolves outside it."""
+
+    def snapshot(self) -> Snapshot: ...
+
+    def close(self) -> None:
+        """Free everything this sandbox holds; idempotent."""
+
+    def __enter__(self) -> "Sandbox": ...
+
+    def __exit__(self, *exc) -> None: ...
+
+
+@runtime_checkable
+class ForkEngine(Protocol):
+    name: str
+
+    def start(self, task: "Task") -> Sandbox: ...
+
+    def restore(self, snapshot: Snapshot) -> Sandbox: ...
+
+    def release(self, snapshot: Snapshot) -> None:
+        """Drop a snapshot; its resources go when the last sandbox restored from it closes."""
+
+    def close(self) -> None:
+        """Close every sandbox and snapshot this engine still holds; idempotent."""

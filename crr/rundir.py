@@ -1,0 +1,153 @@
+"""Versioned run directories: every command reads and writes one.
+
+Layout: ``<root>/<UTC timestamp>-<command>-<name>/`` with ``config.yaml``, ``manifest.json``,
+append-only ``metrics.jsonl`` and the command's outputs. Whole-file writes are atomic (temp file +
+rename) and JSONL appends are flushed and fsynced per record, so a crash loses at most the record in
+flight and never corrupts what was written before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from crr import __version__
+from crr.errors import CRRError
+
+DEFAULT_ROOT = Path("results/runs")
+_TRACKED_PACKAGES = ("torch", "transformers", "trl", "peft", "swebench", "docker", "datasets")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` so that readers see the old file or the new one, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    """Append one record and make it durable before returning."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(record, sort_keys=True, default=str)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path) -> Iterator[dict]:
+    """Records of an append-only log; a torn last line (a crash mid-append) is skipped."""
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                return  # the record in flight when the writer died
+            raise CRRError(f"{path}:{i + 1}: corrupt JSON record in an append-only log") from None
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in _TRACKED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+@dataclass
+class RunDir:
+    path: Path
+
+    @classmethod
+    def create(cls, command: str, name: str = "run", *, root: Path | str = DEFAULT_ROOT,
+               config: dict | None = None, seeds: dict | None = None) -> "RunDir":
+        """Make a fresh run directory and write its config and manifest."""
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        base = Path(root) / f"{stamp}-{command}-{name}"
+        path, n = base, 1
+        while path.exists():  # two runs in the same second
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+        path.mkdir(parents=True)
+        run = cls(path)
+        atomic_write_text(path / "config.yaml", yaml.safe_dump(config or {}, sort_keys=False))
+        atomic_write_json(path / "manifest.json", {
+            "crr_version": __version__, "git_commit": _git_commit(), "command": command,
+            "argv": sys.argv, "created_utc": stamp, "host": socket.gethostname(),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "packages": _package_versions(), "seeds": seeds or {},
+        })
+        return run
+
+    @classmethod
+    def open(cls, path: Path | str) -> "RunDir":
+        path = Path(path)
+        if not (path / "manifest.json").is_file():
+            raise CRRError(f"{path} is not a crr run directory (no manifest.json); "
+                           "pass a directory made by a crr command")
+        return cls(path)
+
+    @property
+    def config(self) -> dict:
+        return yaml.safe_load((self.path / "config.yaml").read_text()) or {}
+
+    @property
+    def manifest(self) -> dict:
+        return json.loads((self.path / "manifest.json").read_text())
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        atomic_write_json(self.path / name, obj)
+        return self.path / name
+
+    def write_text(self, name: str, text: str) -> Path:
+        atomic_write_text(self.path / name, text)
+        return self.path / name
+
+    def append(self, name: str, record: dict) -> None:
+        append_jsonl(self.path / name, record)
+
+    def records(self, name: str) -> list[dict]:
+        return list(read_jsonl(self.path / name))
+
+    def log_metrics(self, record: dict) -> None:
+        self.append("metrics.jsonl", {"time": time.time(), **record})

@@ -1,0 +1,127 @@
+"""The task row: SWE-bench compatible, plus `repo_src` for repositories that are not on GitHub.
+
+Rows from SWE-bench Verified carry FAIL_TO_PASS/PASS_TO_PASS as JSON strings; SWE-Gym, SWE-rebench
+and SWE-bench-Live carry lists. Both are accepted and normalised to tuples here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from crr.errors import TaskFormatError
+
+REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch",
+            "FAIL_TO_PASS", "PASS_TO_PASS", "version")
+# Fields the public SWE-bench-family datasets carry that crr reads no further than keeping them.
+KNOWN_EXTRA = ("hints_text", "created_at", "environment_setup_commit", "difficulty", "FAIL_TO_FAIL",
+               "PASS_TO_FAIL", "install_config", "meta", "requirements", "environment", "license_name",
+               "docker_image", "image_name", "test_cmds", "eval_type", "pull_number", "issue_numbers")
+DEFAULT_TEST_CMD = "python -m pytest -rA -p no:cacheprovider"
+DEFAULT_LOG_PARSER = "parse_log_pytest"
+
+
+@dataclass(frozen=True)
+class Task:
+    instance_id: str
+    repo: str
+    base_commit: str
+    problem_statement: str
+    patch: str
+    test_patch: str
+    FAIL_TO_PASS: tuple[str, ...]
+    PASS_TO_PASS: tuple[str, ...]
+    version: str
+    image: str | None = None        # Docker image with the repository at /testbed
+    eval_script: str | None = None  # swebench 5.x eval script; None: run `test_cmd` on the test ids
+    log_parser: str = DEFAULT_LOG_PARSER  # a name in swebench's PARSER_REGISTRY
+    repo_src: str | None = None     # absolute path to a git repository or bundle holding base_commit
+    test_cmd: str = DEFAULT_TEST_CMD  # the canonical test runner (`run_tests` appends a filter)
+    metadata: dict = field(default_factory=dict, compare=False)  # e.g. difficulty, bug family, flaky
+    extra: dict = field(default_factory=dict, compare=False)     # KNOWN_EXTRA fields, kept verbatim
+
+    @classmethod
+    def from_row(cls, row: dict, base_dir: Path | None = None) -> "Task":
+        """Validate one row; raises TaskFormatError naming the field and what was expected.
+
+        `base_dir` resolves a relative `repo_src` (the directory of the JSONL file it came from).
+        """
+        if not isinstance(row, dict):
+            raise TaskFormatError(f"expected a JSON object per row, got {type(row).__name__}")
+        own = {f.name for f in fields(cls)}
+        unknown = sorted(set(row) - own - set(KNOWN_EXTRA))
+        if unknown:
+            raise TaskFormatError(
+                f"unknown field(s) {unknown}; a task row has {sorted(own - {'extra'})} "
+                f"(and the dataset fields {list(KNOWN_EXTRA)}); put custom data under 'metadata'")
+        for name in REQUIRED:
+            if name not in row:
+                raise TaskFormatError(f"missing required field '{name}'")
+        values: dict[str, Any] = {}
+        for name in REQUIRED:
+            if name in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+                values[name] = _test_list(name, row[name])
+            else:
+                values[name] = _string(name, row[name])
+        if not values["instance_id"]:
+            raise TaskFormatError("field 'instance_id': expected a non-empty string")
+        for name in ("image", "eval_script", "repo_src"):
+            if row.get(name) is not None:
+                values[name] = _string(name, row[name])
+        for name in ("log_parser", "test_cmd"):
+            if row.get(name) is not None:
+                values[name] = _string(name, row[name])
+        if "metadata" in row:
+            if not isinstance(row["metadata"], dict):
+                raise TaskFormatError("field 'metadata': expected a JSON object")
+            values["metadata"] = row["metadata"]
+        values["extra"] = {k: row[k] for k in KNOWN_EXTRA if k in row}
+        if values.get("repo_src") and base_dir is not None and not Path(values["repo_src"]).is_absolute():
+            values["repo_src"] = str((base_dir / values["repo_src"]).resolve())
+        _check_parser(values.get("log_parser", DEFAULT_LOG_PARSER))
+        return cls(**values)
+
+    def to_row(self, relative_to: Path | None = None) -> dict:
+        """A JSON-ready row; `repo_src` is written relative to `relative_to` when given."""
+        row = asdict(self)
+        row["FAIL_TO_PASS"], row["PASS_TO_PASS"] = list(self.FAIL_TO_PASS), list(self.PASS_TO_PASS)
+        extra = row.pop("extra")
+        row.update(extra)
+        if self.repo_src and relative_to is not None:
+            try:
+                row["repo_src"] = str(Path(self.repo_src).resolve().relative_to(relative_to.resolve()))
+            except ValueError:
+                pass
+        return {k: v for k, v in row.items() if v is not None and v != {}}
+
+    @property
+    def held_out_tests(self) -> tuple[str, ...]:
+        return self.FAIL_TO_PASS + self.PASS_TO_PASS
+
+
+def _string(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise TaskFormatError(f"field '{name}': expected a string, got {type(value).__name__}")
+    return value
+
+
+def _test_list(name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):  # SWE-bench Verified stores these lists as JSON text
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise TaskFormatError(f"field '{name}': expected a list of test ids or a JSON string "
+                                  f"encoding one, got unparsable text {value[:60]!r}") from None
+    if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+        raise TaskFormatError(f"field '{name}': expected a list of test-id strings")
+    return tuple(value)
+
+
+def _check_parser(name: str) -> None:
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
+    if name not in PARSER_REGISTRY:
+        raise TaskFormatError(f"field 'log_parser': {name!r} is not a swebench log parser; "
+                              f"use one of e.g. parse_log_pytest, parse_log_pytest_v2, parse_log_django")

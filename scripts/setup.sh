@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One-time set-up for a fresh machine, idempotent; both `make main` and `make test` run it.
+#  - the Python environment (.venv) with crr and its dev tools (torch 2.13.0 is the CPU build);
+#  - Docker (Debian's docker.io) with dockerd running, when we are root and it is missing;
+#  - crr's sandbox base image, built without a registry (scripts/build-base-image.sh).
+# Set CRR_SKIP_DOCKER=1 to skip the Docker parts (the local fork engine needs none of them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv"; "$PY" -m venv .venv
+fi
+stamp=.venv/.crr-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "[setup] installing crr and its dependencies into .venv (first time: a few minutes)"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev]'
+  touch "$stamp"
+fi
+
+if [ "${CRR_SKIP_DOCKER:-0}" != 1 ]; then
+  if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then
+      echo "[setup] installing docker.io and debootstrap"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null
+    else
+      echo "[setup] Docker missing: run 'sudo apt-get install docker.io debootstrap' (or set CRR_SKIP_DOCKER=1)" >&2
+      exit 2
+    fi
+  fi
+  if ! docker info >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+      echo "[setup] starting dockerd"
+      nohup dockerd >/tmp/crr-dockerd.log 2>&1 &
+      for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+      docker info >/dev/null 2>&1 || { tail -20 /tmp/crr-dockerd.log >&2; exit 1; }
+    else
+      echo "[setup] the Docker daemon is not running: start it (sudo systemctl start docker)" >&2; exit 2
+    fi
+  fi
+  scripts/build-base-image.sh
+fi
