@@ -82,3 +82,37 @@ class ForkEngine(Protocol):
 
     def close(self) -> None:
         """Close every sandbox and snapshot this engine still holds; idempotent."""
+
+
+# A content digest of the working tree (paths, modes, bytes; .git excluded), computed inside the
+# sandbox so that it means the same on every engine. Used to check that a restore is exact.
+_DIGEST_SCRIPT = r"""
+import hashlib, os, stat, sys
+h = hashlib.sha256()
+for root, dirs, files in os.walk('.', followlinks=False):
+    dirs[:] = sorted(d for d in dirs if not (root == '.' and d == '.git'))
+    for name in sorted(files) + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+        p = os.path.join(root, name)
+        st = os.lstat(p)
+        h.update(p.encode('utf-8', 'surrogateescape') + b'\0' + oct(stat.S_IMODE(st.st_mode)).encode())
+        if stat.S_ISLNK(st.st_mode):
+            h.update(b'L' + os.readlink(p).encode('utf-8', 'surrogateescape'))
+        elif stat.S_ISREG(st.st_mode):
+            with open(p, 'rb') as f:
+                h.update(b'F' + hashlib.sha256(f.read()).digest())
+    for d in dirs:
+        h.update(os.path.join(root, d).encode('utf-8', 'surrogateescape') + b'\0D')
+print(h.hexdigest())
+"""
+
+
+def tree_digest(sandbox: Sandbox, python: str = "python3") -> str:
+    """SHA-256 over the sandbox's working tree: equal digests mean an exact restore."""
+    import shlex
+
+    from crr.errors import SandboxError
+
+    res = sandbox.exec(f"{python} -c {shlex.quote(_DIGEST_SCRIPT)}", timeout=120)
+    if res.exit_code != 0:
+        raise SandboxError(f"tree digest failed in {sandbox.task.instance_id}: {res.output[-300:]}")
+    return res.output.strip().splitlines()[-1]

@@ -1,0 +1,59 @@
+"""Base checkouts: a task's repository at `base_commit`, materialised once per machine and cached.
+
+Every sandbox of a task starts from this read-only tree (as an overlay lower layer, a bind mount,
+or the context of a per-task image), so starting a sandbox never clones again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from crr.errors import CRRError
+from crr.tasks.schema import Task
+
+
+def cache_root() -> Path:
+    root = Path(os.environ.get("CRR_CACHE_DIR", Path.home() / ".cache" / "crr"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _git(*args: str, cwd: Path | None = None) -> str:
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise CRRError(f"git {' '.join(args)} failed: {out.stderr.strip()[-400:]}")
+    return out.stdout
+
+
+def base_checkout(task: Task) -> Path:
+    """Path of a clean checkout of `task.repo_src` at `task.base_commit` (with its .git)."""
+    if not task.repo_src:
+        raise CRRError(f"task {task.instance_id} has no repo_src, so it cannot be checked out locally; "
+                       "give it a repo_src (a git repository or bundle) or run it with --engine docker "
+                       "and an image that holds the repository")
+    src = Path(task.repo_src)
+    if not src.exists():
+        raise CRRError(f"task {task.instance_id}: repo_src {src} does not exist")
+    key = hashlib.sha256(f"{src.resolve()}\0{task.base_commit}".encode()).hexdigest()[:16]
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in task.instance_id)[:80]
+    dest = cache_root() / "checkouts" / f"{safe}-{key}"
+    if dest.is_dir():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{safe}."))
+    try:
+        _git("clone", "-q", "--no-checkout", str(src), str(tmp / "repo"))
+        _git("-c", "advice.detachedHead=false", "checkout", "-q", task.base_commit, cwd=tmp / "repo")
+        try:
+            os.rename(tmp / "repo", dest)
+        except OSError:
+            if not dest.is_dir():  # lost a race to another process: theirs is as good as ours
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
