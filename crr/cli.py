@@ -51,3 +51,28 @@ def emit_json(obj) -> None:
 # ---------------------------------------------------------------------------------------------
 # Commands are added below, one section per area (tasks, sandbox/fork, tool, doctor, demo).
 # ---------------------------------------------------------------------------------------------
+
+
+# --- doctor -----------------------------------------------------------------------------------
+@app.command()
+@friendly
+def doctor(as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON.")) -> None:
+    """Check Python, torch, TRL, swebench, the Docker daemon, the base image, overlayfs, network
+    namespaces and free disk; print what is missing and the command that fixes it."""
+    from rich.table import Table
+
+    from crr.doctor import run_checks
+
+    checks = run_checks()
+    if as_json:
+        emit_json([c.__dict__ for c in checks])
+    else:
+        table = Table(title="crr doctor")
+        for col in ("check", "status", "detail", "fix"):
+            table.add_column(col)
+        for c in checks:
+            status = "[green]ok[/]" if c.ok else ("[red]missing[/]" if c.required else "[yellow]missing[/]")
+            table.add_row(c.name, status, c.detail, "" if c.ok else c.fix)
+        console.print(table)
+    if not all(c.ok for c in checks if c.required):
+        raise typer.Exit(1)
