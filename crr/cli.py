@@ -76,3 +76,388 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the checks 
         console.print(table)
     if not all(c.ok for c in checks if c.required):
         raise typer.Exit(1)
+
+
+# --- fork -------------------------------------------------------------------------------------
+fork_app = typer.Typer(help="Fork engines: benchmark snapshot/restore latency.", no_args_is_help=True)
+app.add_typer(fork_app, name="fork")
+
+
+@fork_app.command("bench")
+@friendly
+def fork_bench_cmd(
+    engine: str = typer.Option("local", "--engine", help="Fork engine: local or docker."),
+    mode: str = typer.Option(None, "--mode", help="local: overlay|copy; docker: overlay|commit; or both."),
+    files: int = typer.Option(5000, "--files", help="Files in the synthetic repository."),
+    repeats: int = typer.Option(20, "--repeats", help="Timed forks."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Time snapshot, restore and fork (snapshot + restore + `true` in the fork) on a synthetic repo."""
+    from rich.table import Table
+
+    from crr.replay.bench import fork_bench
+
+    with err_console.status(f"fork bench: {engine} engine, {files} files, {repeats} repeats"):
+        result = fork_bench(engine, mode, n_files=files, repeats=repeats)
+    if as_json:
+        emit_json(result)
+        return
+    table = Table(title=f"crr fork bench: {engine} engine, {files} files, {repeats} repeats (ms)")
+    table.add_column("mode")
+    for col in ("snapshot p50/p95", "restore p50/p95", "fork p50/p95", "exact"):
+        table.add_column(col, justify="right")
+    for r in result.get("modes", {"": result}).values():
+        table.add_row(r["mode"], *(f"{r[f'{k}_ms_p50']:.1f} / {r[f'{k}_ms_p95']:.1f}"
+                                   for k in ("snapshot", "restore", "fork")),
+                      "[green]yes[/]" if r["exact"] else "[red]NO[/]")
+    console.print(table)
+    for key, ratio in result.items():
+        if key.endswith("_fork_ratio"):
+            console.print(f"{key}: {ratio:.1f}x")
+
+
+# --- tool -------------------------------------------------------------------------------------
+@app.command("tool")
+@friendly
+def tool_command(
+    tasks: str = typer.Option(..., "--tasks", help="A JSONL file, a directory, micro-train, a dataset."),
+    instance: str = typer.Option(..., "--instance", help="instance_id of the task to open."),
+    engine: str = typer.Option("local", "--engine", help="Fork engine: local or docker."),
+    mode: str | None = typer.Option(None, "--mode", help="Docker engine mode: commit or overlay."),
+    call: str | None = typer.Option(None, "--call", help='One tool call, e.g. \'{"name": "view_file", '
+                                    '"arguments": {"path": "setup.py"}}\'.'),
+    script: Path | None = typer.Option(None, "--script", exists=True, dir_okay=False,
+                                       help="A JSON list or JSONL file of tool calls."),
+    run_verifier: bool = typer.Option(False, "--verify", help="Run the held-out tests at the end."),
+    as_json: bool = typer.Option(False, "--json", help="Print observations (and the verdict) as JSON."),
+) -> None:
+    """Run tool calls in a fresh sandbox of one task and show each observation."""
+    from rich.markup import escape
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    from crr.agent.tools import ToolCallError, execute, parse_tool_call, script_calls
+    from crr.agent.verifier import verify
+    from crr.replay import get_engine
+    from crr.tasks.loaders import load_tasks
+
+    if (call is None) == (script is None):
+        raise CRRError("give exactly one of --call JSON or --script FILE")
+    if mode is not None and engine != "docker":
+        raise CRRError("--mode applies to --engine docker only")
+    texts = [call] if call is not None else script_calls(script.read_text())
+    by_id = {t.instance_id: t for t in load_tasks(tasks)}
+    if instance not in by_id:
+        raise CRRError(f"no task {instance!r} in {tasks}; it has e.g. {', '.join(list(by_id)[:5]) or 'none'}")
+    task = by_id[instance]
+    fork_engine = get_engine(engine, **({"mode": mode} if mode else {}))
+    records = []
+    try:
+        with fork_engine.start(task) as sb:
+            for text in texts:
+                try:
+                    parsed = parse_tool_call(text)
+                    title = f"{parsed.name} {json.dumps(parsed.arguments, ensure_ascii=False)}"
+                except ToolCallError:
+                    parsed, title = text, "invalid tool call"
+                obs = execute(sb, parsed)
+                records.append({"call": text, "observation": obs.text, "is_error": obs.is_error,
+                                "terminal": obs.terminal})
+                if not as_json:
+                    style = "red" if obs.is_error else "green" if obs.terminal else "blue"
+                    console.print(Panel(Text(obs.text.rstrip("\n")), title=Text(title), title_align="left",
+                                        border_style=style))
+                if obs.terminal:
+                    break
+            result = verify(sb, task) if run_verifier else None
+    finally:
+        fork_engine.close()
+    if as_json:
+        emit_json({"instance_id": instance, "steps": records,
+                   "verifier": result.to_dict() if result else None})
+    elif result is not None:
+        verdict = (f"[red]infra error:[/] {escape(result.infra_error)}" if result.infra_error else
+                   f"reward [bold]{result.reward:g}[/] ({result.resolution})"
+                   + (f" — {escape(result.note)}" if result.note else ""))
+        console.print(verdict, highlight=False)
+        table = Table("held-out test", "status")
+        for test_id, status in result.statuses.items():
+            table.add_row(Text(test_id), Text(status, style="green" if status == "PASSED" else "red"))
+        if result.statuses:
+            console.print(table)
+
+
+# --- model ------------------------------------------------------------------------------------
+model_app = typer.Typer(help="The policy model: build the tiny default, sample tool calls from a model.",
+                        no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("init")
+@friendly
+def model_init(
+    out: Path = typer.Option(..., "--out", help="New directory for the model and tokenizer."),
+    size: str = typer.Option("tiny", "--size", help="tiny (~3.6M parameters) or small (~13M)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random initial weights."),
+) -> None:
+    """Build the embedded default policy: a random Qwen3-architecture model and a byte-level BPE
+    tokenizer trained offline, with a chat template TRL recognises for tool calling."""
+    from crr.policy.model import CHAT_TEMPLATE, init_tiny_model, load_policy, param_count
+
+    with err_console.status(f"training the tokenizer and building a {size} model"):
+        path = init_tiny_model(out, seed=seed, size=size)
+    model, tokenizer = load_policy(path)
+    console.print(f"{size} Qwen3 model: [bold]{param_count(model):,}[/] parameters, vocab "
+                  f"[bold]{len(tokenizer):,}[/], chat template {CHAT_TEMPLATE} (TRL) -> {path}", highlight=False)
+
+
+@model_app.command("generate")
+@friendly
+def model_generate(
+    model: str | None = typer.Option(None, "--model", help="Model directory or hub id (default: the cached "
+                                     "tiny default, built on first use)."),
+    prompt: str = typer.Option(..., "--prompt", help="The user message (after the paper's system prompt)."),
+    temperature: float = typer.Option(0.6, "--temperature", help="0 is greedy; 0.6 the paper's rollouts."),
+    n: int = typer.Option(4, "--n", help="Samples (one batch)."),
+    seed: int = typer.Option(0, "--seed"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    max_value_chars: int | None = typer.Option(None, "--max-value-chars", help="Bound every string "
+                                               "argument to this many characters (complete calls from "
+                                               "untrained models)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the samples as JSON."),
+) -> None:
+    """Sample grammar-constrained tool calls and show each with its step entropy H_t and grammar
+    rejections."""
+    import dataclasses
+    import time
+
+    from rich.table import Table
+    from rich.text import Text
+
+    from crr.agent.prompt import SYSTEM_PROMPT
+    from crr.policy.backend import TransformersBackend
+    from crr.policy.model import default_model_dir, load_policy
+
+    if n < 1:
+        raise CRRError(f"--n must be at least 1, got {n}")
+    if model is None:
+        with err_console.status("loading the default tiny model (built on first use)"):
+            model = str(default_model_dir())
+    backend = TransformersBackend(*load_policy(model), max_value_chars=max_value_chars)
+    conversation = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": prompt}]
+    start = time.perf_counter()
+    samples = backend.generate([conversation] * n, temperature=temperature, seed=seed,
+                               max_new_tokens=max_new_tokens)
+    elapsed = time.perf_counter() - start
+    if as_json:
+        emit_json([{**dataclasses.asdict(s), "rejection_rate": s.rejection_rate} for s in samples])
+        return
+    table = Table(title=f"{n} tool calls from {model} (T={temperature:g}, seed {seed})")
+    for col, justify in (("#", "right"), ("tool call", "left"), ("tokens", "right"), ("H_t", "right"),
+                         ("rejected", "right"), ("complete", "left")):
+        table.add_column(col, justify=justify)
+    for i, s in enumerate(samples):
+        table.add_row(str(i), Text(s.text), str(len(s.action_ids)), f"{s.entropy:.3f}",
+                      f"{s.grammar_rejections}/{len(s.action_ids)}",
+                      "[red]truncated[/]" if s.truncated else "[green]yes[/]")
+    console.print(table)
+    tokens = sum(len(s.action_ids) for s in samples)
+    rejected = sum(s.grammar_rejections for s in samples)
+    console.print(f"grammar rejection rate {rejected / max(tokens, 1):.1%} ({rejected}/{tokens} tokens); "
+                  f"{tokens / elapsed:.0f} tokens/s", highlight=False)
+
+
+# --- tasks ------------------------------------------------------------------------------------
+tasks_app = typer.Typer(help="Task sets: generate the embedded micro set; validate and inspect task files "
+                             "and datasets.", no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
+
+
+@tasks_app.command("micro")
+@friendly
+def tasks_micro(
+    n: int = typer.Option(32, "--n", help="Number of tasks."),
+    seed: int = typer.Option(0, "--seed", help="Same seed, same tasks, byte for byte."),
+    split: str = typer.Option("train", "--split", help="train or test (disjoint templates)."),
+    flaky_rate: float = typer.Option(0.0, "--flaky-rate", help="Fraction of tasks with one labelled flaky test."),
+    out: Path = typer.Option(..., "--out", help="New (or empty) directory for tasks.jsonl and repos/."),
+) -> None:
+    """Generate micro tasks: small Python packages with one injected bug each, an issue, a gold
+    patch and held-out tests whose FAIL_TO_PASS/PASS_TO_PASS are measured by running pytest."""
+    from collections import Counter
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from crr.tasks.micro import generate_micro
+
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console) as bar:
+        job = bar.add_task(f"micro {split} (seed {seed})", total=n)
+        tasks = generate_micro(out, n=n, seed=seed, split=split, flaky_rate=flaky_rate,
+                               progress=lambda _: bar.advance(job))
+    tiers = ("easy", "medium", "hard")
+    counts = Counter((t.metadata["bug_family"], t.metadata["difficulty"]) for t in tasks)
+    per_tier = Counter(t.metadata["difficulty"] for t in tasks)
+    table = Table(title=f"{len(tasks)} micro tasks ({split}, seed {seed})")
+    table.add_column("bug family")
+    for col in (*tiers, "total"):
+        table.add_column(col, justify="right")
+    for family in sorted({f for f, _ in counts}):
+        row = [counts[(family, tier)] for tier in tiers]
+        table.add_row(family, *map(str, row), str(sum(row)))
+    table.add_row("[bold]total[/]", *(str(per_tier[t]) for t in tiers), f"[bold]{len(tasks)}[/]")
+    console.print(table)
+    flaky = sum(1 for t in tasks if t.metadata.get("flaky"))
+    console.print(f"{flaky} with a labelled flaky test; wrote {Path(out) / 'tasks.jsonl'}", highlight=False)
+
+
+@tasks_app.command("show")
+@friendly
+def tasks_show(
+    source: str = typer.Argument(..., help="A JSONL file, a directory with tasks.jsonl, micro-train/micro-test, "
+                                           "a dataset name, a save_to_disk directory or a .parquet file."),
+    split: str | None = typer.Option(None, "--split", help="Dataset split (datasets only)."),
+    adapter: str | None = typer.Option(None, "--adapter", help="Dataset adapter for local copies: swe-bench, "
+                                       "swe-gym, swe-rebench, swe-bench-live, generic."),
+    limit: int | None = typer.Option(None, "--limit", help="Show at most this many tasks."),
+    as_json: bool = typer.Option(False, "--json", help="Print the validated rows as JSON."),
+) -> None:
+    """Validate a task set and list its tasks (bad rows exit 2 with FILE:LINE and the field)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from crr.tasks.loaders import load_tasks
+
+    tasks = load_tasks(source, split, adapter=adapter)
+    shown = tasks if limit is None else tasks[:limit]
+    if as_json:
+        emit_json([t.to_row() for t in shown])
+        return
+    table = Table(title=f"{len(tasks)} tasks from {source}" + (f" (first {len(shown)})" if len(shown) < len(tasks) else ""))
+    table.add_column("instance_id")
+    table.add_column("repo")
+    table.add_column("#F2P", justify="right")
+    table.add_column("#P2P", justify="right")
+    table.add_column("difficulty")
+    for t in shown:
+        difficulty = t.metadata.get("difficulty") or t.extra.get("difficulty") or ""
+        table.add_row(Text(t.instance_id), Text(t.repo), str(len(t.FAIL_TO_PASS)), str(len(t.PASS_TO_PASS)),
+                      Text(str(difficulty)))
+    console.print(table)
+
+
+# --- filter (the three-rerun determinism filter) ----------------------------------------------
+filter_app = typer.Typer(help="The three-rerun determinism filter: admit only tasks whose held-out tests "
+                              "give the same outcomes in fresh, differently seeded sandboxes.")
+app.add_typer(filter_app, name="filter-tasks")
+
+
+def _filter_progress():
+    """A Rich progress bar and the (on_start, on_result) callbacks that drive it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+    from rich.text import Text
+
+    class TasksPerMinute(ProgressColumn):
+        def render(self, task):
+            return Text(f"{task.speed * 60:.1f} tasks/min" if task.speed else "", style="progress.data.speed")
+
+    progress = Progress(TextColumn("filter"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[admitted]} admitted, {task.fields[discarded]} discarded, "
+                                   "{task.fields[infra_error]} infra"),
+                        TasksPerMinute(), TimeElapsedColumn(), console=err_console)
+    ids: list = []
+
+    def on_start(total: int, done: int) -> None:
+        ids.append(progress.add_task("filter", total=total, completed=done, admitted=0, discarded=0, infra_error=0))
+
+    def on_result(record: dict) -> None:
+        verdict = record["verdict"]
+        progress.update(ids[0], advance=1, **{verdict: progress.tasks[0].fields[verdict] + 1})
+
+    return progress, on_start, on_result
+
+
+@filter_app.callback(invoke_without_command=True)
+@friendly
+def filter_tasks_command(
+    ctx: typer.Context,
+    tasks: str | None = typer.Option(None, "--tasks", help="Task file (JSONL), directory or dataset."),
+    engine: str | None = typer.Option(None, "--engine", help="Fork engine: local (default) or docker."),
+    mode: str | None = typer.Option(None, "--mode", help="Docker engine mode: commit or overlay."),
+    reruns: int | None = typer.Option(None, "--reruns", help="Gold-patch reruns per task (default 3)."),
+    workers: int = typer.Option(2, "--workers", help="Tasks checked in parallel."),
+    out: Path = typer.Option(Path("results/runs"), "--out", help="Where run directories go (or a filter "
+                             "run directory to resume)."),
+    resume: Path | None = typer.Option(None, "--resume", help="Resume this filter-tasks run directory."),
+    limit: int | None = typer.Option(None, "--limit", help="Only the first N tasks."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of the reruns' hash seeds and test orders (default 0)."),
+    timeout: float | None = typer.Option(None, "--timeout", help="Seconds per test run (default 1800)."),
+) -> None:
+    """Filter a task set: pre-check, then the gold patch rerun --reruns times per task; writes
+    admitted.jsonl, discarded.jsonl, infra_errors.jsonl and the discard table into a run directory."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from crr.filter.determinism import filter_config, filter_tasks, load_candidates, open_run
+
+    run, settings = open_run({"tasks": tasks, "engine": engine, "mode": mode, "reruns": reruns,
+                              "limit": limit, "seed": seed, "timeout": timeout}, out, resume)
+    err_console.print(f"run directory: {run.path}", highlight=False)
+    candidates = load_candidates(settings)
+    progress, on_start, on_result = _filter_progress()
+    try:
+        with progress:
+            summary = filter_tasks(candidates, run, filter_config(settings), workers=workers,
+                                   on_start=on_start, on_result=on_result)
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted; finished tasks are kept. Resume with: crr filter-tasks --resume {run.path}",
+                          highlight=False)
+        raise typer.Exit(130) from None
+    console.print((run.path / "discard_table.md").read_text(), highlight=False)
+    console.print(summary.line(), highlight=False, soft_wrap=True)
+    console.print(f"admitted tasks: {run.path / 'admitted.jsonl'}", highlight=False)
+
+
+@filter_app.command("bench")
+@friendly
+def filter_bench_command(
+    n: int = typer.Option(40, "--n", help="Micro tasks to generate."),
+    flaky_rate: float = typer.Option(0.25, "--flaky-rate", help="Fraction of tasks with a planted flaky test."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the micro tasks and of the filter."),
+    engine: str = typer.Option("local", "--engine", help="Fork engine: local or docker."),
+    mode: str | None = typer.Option(None, "--mode", help="Docker engine mode: commit or overlay."),
+    reruns: int = typer.Option(3, "--reruns", help="Gold-patch reruns per task."),
+    workers: int = typer.Option(2, "--workers", help="Tasks checked in parallel."),
+    split: str = typer.Option("train", "--split", help="Micro split: train or test."),
+    out: Path = typer.Option(Path("results/runs"), "--out", help="Where the bench's run directory goes."),
+    as_json: bool = typer.Option(False, "--json", help="Print the score as JSON."),
+) -> None:
+    """Score the filter on micro tasks with planted flaky tests: recall of flaky tasks, false
+    discards of deterministic ones, infra errors, tasks/min."""
+    from rich.table import Table
+
+    from crr.filter.bench import filter_bench
+
+    progress, on_start, on_result = _filter_progress()
+    err_console.print(f"generating {n} micro tasks (flaky rate {flaky_rate}), then filtering them", highlight=False)
+    with progress:
+        result = filter_bench(n, flaky_rate, seed, engine=engine, mode=mode, reruns=reruns, workers=workers,
+                              out=out, split=split, on_start=on_start, on_result=on_result)
+    if as_json:
+        emit_json(result)
+        return
+    table = Table(title=f"crr filter-tasks bench: {engine} engine, n={n}, flaky rate {flaky_rate}, "
+                        f"{reruns} reruns, {workers} workers")
+    for col in ("flaky kind", "tasks", "discarded", "recall", "missed"):
+        table.add_column(col)
+    for kind, k in result["per_kind"].items():
+        table.add_row(kind, str(k["tasks"]), str(k["discarded"]), f"{k['recall']:.2f}", ", ".join(k["missed"]))
+    console.print(table)
+    recall = "n/a" if result["recall"] is None else f"{result['recall']:.3f}"
+    speed = "n/a" if result["tasks_per_min"] is None else f"{result['tasks_per_min']:.1f}"
+    console.print(f"recall {recall} ({result['flaky_discarded']}/{result['flaky_tasks']} flaky tasks discarded; "
+                  f"caught by {result['caught_by']}), false discards {result['false_discards']}/"
+                  f"{result['deterministic_tasks']} deterministic tasks, infra errors {result['infra_errors']}, "
+                  f"{speed} tasks/min", highlight=False, soft_wrap=True)
+    console.print(f"run directory: {result['run_dir']}", highlight=False)

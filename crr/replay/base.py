@@ -26,6 +26,37 @@ if TYPE_CHECKING:
 MAX_OUTPUT_BYTES = 64 * 1024
 
 
+class BoundedOutput:
+    """A command's output kept within `limit` bytes: the first and last `limit // 2` bytes survive.
+
+    Feed it every chunk as it arrives (keep draining a flood; don't stop reading), then take `text()`.
+    """
+
+    def __init__(self, limit: int = MAX_OUTPUT_BYTES):
+        self.half = limit // 2
+        self.head, self.tail = bytearray(), bytearray()
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            del self.tail[:-self.half]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.head) + len(self.tail)
+
+    def text(self) -> str:
+        cut = self.total - len(self.head) - len(self.tail)
+        marker = f"\n[... {cut} bytes of output truncated ...]\n".encode() if cut else b""
+        return bytes(self.head + marker + self.tail).decode("utf-8", errors="replace")
+
+
 @dataclass(frozen=True)
 class ExecResult:
     exit_code: int          # 124 when the command hit its timeout (like coreutils `timeout`)
@@ -57,7 +88,8 @@ class Sandbox(Protocol):
         """Bytes of `path` (relative to the repository root); CRRError if outside it or missing."""
 
     def write_file(self, path: str, data: bytes) -> None:
-        """Write `path` (relative to the repository root); CRRError if it resolves outside it."""
+        """Write `path` (relative to the repository root), creating missing parent directories;
+        CRRError if it resolves outside it."""
 
     def snapshot(self) -> Snapshot: ...
 

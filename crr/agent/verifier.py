@@ -1,0 +1,210 @@
+"""The verifier: the held-out tests turn a sandbox's final state into the terminal reward R.
+
+    result = verify(sandbox, task)   # reward 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes
+
+It works as SWE-bench's harness does, and grades with swebench's own code: take the agent's patch;
+reset the files the test patch touches to base_commit and apply the test patch; run the held-out
+tests between swebench's START/END markers (the task's swebench 5.x `eval_script` when it has one,
+else `task.test_cmd` on the test ids); parse the log with PARSER_REGISTRY[task.log_parser] via
+get_logs_eval, and grade with get_eval_tests_report / get_resolution_status.
+
+Outcomes are kept apart on purpose, because a reward of 0 trains the policy and an infra error
+must not:
+  * reward 1.0 / 0.0: the tests ran (or could not run because of the agent's changes) and decided;
+  * reward 0.0 with a note: the test patch would not apply over the agent's changes, the test run
+    timed out (the agent's code hangs; the timeout is generous so that a healthy suite never
+    meets it), or swebench rejected the log (e.g. the agent broke test collection);
+  * reward None with infra_error: the sandbox failed (SandboxError, dead container), crr's own
+    staging failed, the reset to base_commit failed, or the eval script died before the tests
+    started (e.g. its environment is missing). These are never a reward of 0.
+
+verify() changes the sandbox (test files reset and patched): run it on a fork or at the end.
+
+`seed` (the determinism filter's reruns) exports PYTHONHASHSEED=<seed> in the eval script and gives
+the runner the held-out ids in a seeded order (`seeded_order`); without it nothing is changed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import random
+import shlex
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from swebench.harness.constants import (APPLY_PATCH_FAIL, END_TEST_OUTPUT, FAIL_TO_PASS, PASS_TO_PASS,
+                                        RESET_FAILED, START_TEST_OUTPUT, TEST_EXIT_CODE, EvalType,
+                                        ResolvedStatus)
+from swebench.harness.grading import get_eval_tests_report, get_logs_eval, get_resolution_status
+from swebench.harness.utils import parse_eval_script, record_test_exit_code
+from swebench.types import TestSpec
+from swebench.utils import generate_heredoc_delimiter
+from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
+
+from crr.agent.tools import SCRATCH_DIR, model_patch, truncate
+from crr.errors import CRRError
+from crr.replay.base import Sandbox
+from crr.tasks.schema import Task
+
+log = logging.getLogger(__name__)
+
+VERIFY_TIMEOUT_S = 1800     # swebench's own default per instance
+LOG_KEEP_CHARS = 10_000     # VerifierResult.log keeps the first and last this many characters
+MAX_LOG_BYTES = 16_000_000  # a test run that prints forever is cut here (inside the sandbox)
+MAX_HASH_SEED = 2**32 - 1   # PYTHONHASHSEED's largest value
+
+# Test and harness files (paper: Error-Mode Taxonomy, harness subversion): a patch touching these
+# changes the verifier's target rather than the code under test.
+HARNESS_DIRS = frozenset({"tests", "test", "testing", ".github", ".circleci"})
+HARNESS_FILES = ("test_*.py", "*_test.py", "tests.py", "conftest.py", "pytest.ini", "tox.ini",
+                 "setup.cfg", "pyproject.toml", "noxfile.py", ".coveragerc", "runtests.py")
+
+
+@dataclass
+class VerifierResult:
+    reward: float | None                  # 1.0 resolved, 0.0 not, None on an infra error
+    resolution: str | None                # RESOLVED_FULL / RESOLVED_PARTIAL / RESOLVED_NO
+    statuses: dict[str, str]              # held-out test id -> PASSED/FAILED/ERROR/SKIPPED/XFAIL/MISSING
+    model_patch: str
+    log: str                              # bounded (first and last LOG_KEEP_CHARS characters)
+    report: dict = field(default_factory=dict)  # swebench's get_eval_tests_report
+    infra_error: str | None = None
+    note: str | None = None               # why the reward is 0 when the tests did not decide it
+    timed_out: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def patch_paths(patch: str) -> list[str]:
+    """Every path a unified/git diff touches (both sides of a rename), in order of appearance."""
+    try:
+        files = PatchSet(patch)
+    except UnidiffParseError as e:
+        raise CRRError(f"not a parsable diff: {e}") from None
+    paths: list[str] = []
+    for f in files:
+        for side in (f.source_file, f.target_file):
+            if side != "/dev/null":
+                path = side[2:] if side.startswith(("a/", "b/")) else side
+                if path not in paths:
+                    paths.append(path)
+    return paths
+
+
+def harness_files_touched(model_patch: str, task: Task) -> list[str]:
+    """Files of `model_patch` that are test or harness files: the HARNESS_DIRS / HARNESS_FILES
+    exclusion list plus every file the task's test patch touches. Empty for a clean patch."""
+    if not model_patch.strip():
+        return []
+    held_out = set(patch_paths(task.test_patch)) if task.test_patch.strip() else set()
+
+    def is_harness(path: str) -> bool:
+        parts = path.split("/")
+        return (path in held_out or bool(HARNESS_DIRS.intersection(parts[:-1]))
+                or any(fnmatch.fnmatchcase(parts[-1], pat) for pat in HARNESS_FILES))
+
+    return [p for p in patch_paths(model_patch) if is_harness(p)]
+
+
+def seeded_order(tests: Sequence[str], seed: int) -> list[str]:
+    """`tests` in the order a run with `seed` gives them to the runner: shuffled by seed // 2 and
+    reversed for an odd seed. Seeds 2k and 2k + 1 thus see every two tests in both relative orders,
+    so a pair of such runs exposes any dependence of one test's outcome on another's running first."""
+    order = list(tests)
+    random.Random(seed // 2).shuffle(order)
+    return order[::-1] if seed % 2 else order
+
+
+def eval_script_lines(task: Task, seed: int | None = None) -> list[str]:
+    """The swebench-style eval script (without shebang) for a task that carries none: reset the
+    test-patch files, apply the test patch, run test_cmd on the held-out ids between the markers
+    (in `seeded_order(ids, seed)` when a seed is given)."""
+    base = shlex.quote(task.base_commit)
+    lines: list[str] = []
+    if task.test_patch.strip():
+        files = list(PatchSet(task.test_patch))
+        existing = [shlex.quote(f.source_file[2:]) for f in files if not f.is_added_file]
+        added = [shlex.quote(f.target_file[2:]) for f in files if f.is_added_file]
+        if existing:
+            lines.append(f"git checkout {base} -- {' '.join(existing)} "
+                         f"|| {{ echo '{RESET_FAILED}'; exit 1; }}")
+        if added:  # an agent that created them would make the apply fail
+            lines.append(f"rm -rf -- {' '.join(added)}")
+        patch = task.test_patch if task.test_patch.endswith("\n") else task.test_patch + "\n"
+        delimiter = generate_heredoc_delimiter(patch)
+        lines += [f"git apply --verbose - <<'{delimiter}'\n{patch}{delimiter}",
+                  f"if [ $? -ne 0 ]; then echo '{APPLY_PATCH_FAIL}'; exit 1; fi"]
+    # The ids go on the command line of the runner from this script file, so no argv-size limit of
+    # the engine's exec applies; only the kernel's 2 MB, far above any task's id list.
+    tests = task.held_out_tests if seed is None else seeded_order(task.held_out_tests, seed)
+    ids = " ".join(shlex.quote(t) for t in tests)
+    lines += [f": '{START_TEST_OUTPUT}'", f"{task.test_cmd} {ids}".rstrip(), f": '{END_TEST_OUTPUT}'"]
+    return lines
+
+
+def swebench_spec(task: Task, seed: int | None = None) -> TestSpec:
+    """swebench's TestSpec for the task; its eval script records the test command's exit code and,
+    with a seed, exports PYTHONHASHSEED (a task's own eval script keeps its own test order)."""
+    if seed is not None and not 0 <= seed <= MAX_HASH_SEED:
+        raise CRRError(f"seed must be between 0 and {MAX_HASH_SEED} (PYTHONHASHSEED's range), got {seed}")
+    lines = parse_eval_script(task.eval_script) if task.eval_script else eval_script_lines(task, seed)
+    if not any(TEST_EXIT_CODE in line for line in lines):
+        lines = record_test_exit_code(lines)
+    if seed is not None:
+        lines = [f"export PYTHONHASHSEED={seed}", *lines]
+    return TestSpec(instance_id=task.instance_id, image=task.image or "", eval_script_list=lines,
+                    repo=task.repo, version=task.version, FAIL_TO_PASS=list(task.FAIL_TO_PASS),
+                    PASS_TO_PASS=list(task.PASS_TO_PASS), log_parser=task.log_parser,
+                    eval_type=task.extra.get("eval_type", EvalType.PASS_AND_FAIL.value))
+
+
+def verify(sandbox: Sandbox, task: Task, timeout: float = VERIFY_TIMEOUT_S,
+           seed: int | None = None) -> VerifierResult:
+    """Run the held-out tests on the sandbox's current state and grade them (see module doc)."""
+    spec = swebench_spec(task, seed)
+    try:
+        patch = model_patch(sandbox)
+    except CRRError as e:
+        return _infra(f"could not take the model patch: {e}", "", "")
+    script, log_path = f"{SCRATCH_DIR}/eval.sh", f"{SCRATCH_DIR}/eval.log"
+    try:
+        sandbox.write_file(script, spec.eval_script.encode())
+        run = sandbox.exec(f"bash {script} 2>&1 | head -c {MAX_LOG_BYTES} > {log_path}", timeout=timeout)
+        text = sandbox.read_file(log_path).decode("utf-8", errors="replace")
+    except CRRError as e:  # SandboxError included: the sandbox, not the agent, failed
+        return _infra(f"the test run failed in the sandbox: {e}", patch, "")
+
+    if RESET_FAILED in text:
+        return _infra("resetting the test files to base_commit failed", patch, text)
+    note = None
+    if APPLY_PATCH_FAIL in text:
+        note = "the test patch did not apply over the agent's changes"
+    elif run.timed_out:
+        note = f"the test run timed out after {timeout:g} s (the patched code hangs)"
+    elif START_TEST_OUTPUT not in text:
+        return _infra("the eval script stopped before the tests started", patch, text)
+
+    with tempfile.NamedTemporaryFile("w", suffix=".log", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        status_map, log_ok = get_logs_eval(spec, f.name)
+    gold = {FAIL_TO_PASS: spec.FAIL_TO_PASS, PASS_TO_PASS: spec.PASS_TO_PASS}
+    report = get_eval_tests_report(status_map, gold, eval_type=EvalType(spec.eval_type))
+    resolution = get_resolution_status(report)
+    if not log_ok and note is None:
+        note = "swebench found no valid test results in the log (e.g. the suite failed to collect)"
+    reward = 1.0 if resolution == ResolvedStatus.FULL.value and note is None else 0.0
+    log.info("verified %s: %s (%s)%s", task.instance_id, reward, resolution, f"; {note}" if note else "")
+    return VerifierResult(reward=reward, resolution=resolution, report=report, model_patch=patch,
+                          statuses={t: status_map.get(t, "MISSING") for t in task.held_out_tests},
+                          log=truncate(text, LOG_KEEP_CHARS), note=note, timed_out=run.timed_out)
+
+
+def _infra(reason: str, patch: str, text: str) -> VerifierResult:
+    log.warning("verifier infra error: %s", reason)
+    return VerifierResult(reward=None, resolution=None, statuses={}, model_patch=patch,
+                          log=truncate(text, LOG_KEEP_CHARS), infra_error=reason)

@@ -1,0 +1,344 @@
+"""Generation backends: a batch of conversations in, one grammar-constrained tool call per row out,
+with what the trainer and the CRR selector need per token (paper: Preliminaries; Method,
+"Decision-Point Selector" and "Counterfactual Proposal"; Appendix "Prompt and Tool Catalogue").
+
+Per action token a StepSample keeps three quantities, each under a stated distribution:
+  behaviour_logprobs  log q(token): q = softmax(grammar-masked logits / T), the distribution the token
+                      was sampled from (0.0 under greedy decoding, a point mass);
+  policy_logprobs     log pi_theta(token | context): softmax(raw logits), no mask, T = 1; the trainer's
+                      pi_theta(a|s) and what a forward pass of the trainer recomputes;
+  entropies           entropy of softmax(grammar-masked logits) at T = 1: the policy's own uncertainty
+                      among grammatical continuations, independent of the sampling temperature.
+H_t (`entropy`) is the mean entropy over the semantic tokens: positions where the grammar allowed more
+than one token. Forced structure has a one-token mask, so zero entropy, and is left out.
+
+Sampling uses the Gumbel-max trick: token = argmax(masked logits / T + g) with g ~ Gumbel(0, 1) from a
+torch.Generator seeded per call, which is exact sampling from q and gives, with the same g, the token
+the unconstrained distribution would have chosen, so a grammar rejection is counted exactly.
+
+The CRR proposal q_{not a}(a' | s) ∝ q(a')·1[a' != a] is implemented by rejection: `exclude[i]` is the
+realised call; a row whose sample equals it (canonical JSON, schema defaults filled in) is resampled, up
+to `max_exclusion_tries` draws, after which `exclusion_failed` is set (the paper skips such an index).
+Its log-probability is log q(a') - log(1 - q(a)), where q(a) is the probability of the realised call's
+tokenization under the same q (other tokenizations of the same call are ignored: a lower bound on the
+normaliser that is tight for a trained policy).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from crr.agent.tools import ToolCallError, parse_tool_call
+from crr.errors import CRRError
+from crr.policy.grammar import ToolCallGrammar, ToolCallMatcher, apply_bitmask
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_EXCLUSION_TRIES = 8
+
+
+@dataclass
+class StepSample:
+    """One sampled tool call and its per-token record (see the module docstring for definitions)."""
+    text: str                        # the call's JSON; partial if truncated (then not a valid call)
+    prompt_ids: list[int]
+    action_ids: list[int]            # <tool_call>\n{...}\n</tool_call><|im_end|>
+    behaviour_logprobs: list[float]
+    policy_logprobs: list[float]
+    entropies: list[float]
+    semantic: list[bool]
+    entropy: float                   # H_t: mean of `entropies` over semantic tokens (0.0 if none)
+    grammar_rejections: int
+    temperature: float
+    wall_time_s: float               # from the start of the generate call to this row's last token
+    truncated: bool                  # hit max_new_tokens before the call was complete
+    proposal_logprob: float          # log-probability of the call under the distribution it came from
+    excluded_logprob: float | None = None  # log q(a) of the excluded (realised) call, if any
+    exclusion_failed: bool = False   # every try returned the excluded call (proposal_logprob = -inf)
+    tries: int = 1
+
+    @property
+    def rejection_rate(self) -> float:
+        return self.grammar_rejections / max(len(self.action_ids), 1)
+
+
+class GenerationBackend(Protocol):
+    def generate(self, conversations: list[list[dict]], temperature: float, seed: int, max_new_tokens: int,
+                 exclude: list[str | None] | None = None) -> list[StepSample]: ...
+
+
+def step_entropy(entropies: list[float], semantic: list[bool]) -> float:
+    values = [h for h, s in zip(entropies, semantic) if s]
+    return sum(values) / len(values) if values else 0.0
+
+
+@dataclass
+class _TokenStats:
+    """Per-row distributions at one decoding position (rows x vocabulary)."""
+    masked: torch.Tensor        # grammar-masked logits (-inf where disallowed)
+    policy_logp: torch.Tensor   # log_softmax(raw logits)
+    entropy: torch.Tensor       # (rows,) entropy of softmax(masked)
+    n_allowed: torch.Tensor     # (rows,) tokens the grammar allowed
+    behaviour_logp: torch.Tensor | None  # log_softmax(masked / T); None when greedy
+
+
+def _token_stats(logits: torch.Tensor, bitmask: torch.Tensor, temperature: float) -> _TokenStats:
+    logits = logits.float()
+    masked = logits.clone()
+    apply_bitmask(masked, bitmask)
+    masked_logp = torch.log_softmax(masked, dim=-1)
+    return _TokenStats(masked=masked, policy_logp=torch.log_softmax(logits, dim=-1),
+                       entropy=torch.special.entr(masked_logp.exp()).sum(-1),
+                       n_allowed=torch.isfinite(masked).sum(-1),
+                       behaviour_logp=torch.log_softmax(masked / temperature, dim=-1) if temperature > 0 else None)
+
+
+def _log1mexp(x: float) -> float:
+    """log(1 - exp(x)) for x <= 0, accurate at both ends."""
+    if x == 0.0:
+        return -math.inf
+    return math.log(-math.expm1(x)) if x > -math.log(2) else math.log1p(-math.exp(x))
+
+
+def _same_call(text: str, canonical: str) -> bool:
+    try:
+        return parse_tool_call(text).canonical() == canonical
+    except ToolCallError:
+        return False  # not a complete call (truncated), so not the excluded one
+
+
+def _check_args(conversations: list, temperature: float, max_new_tokens: int,
+                exclude: list[str | None] | None) -> list[str | None] | None:
+    """Validate arguments; returns the canonical form of each excluded call."""
+    if temperature < 0 or not math.isfinite(temperature):
+        raise CRRError(f"temperature must be a finite number >= 0, got {temperature}")
+    if max_new_tokens < 1:
+        raise CRRError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if exclude is None:
+        return None
+    if len(exclude) != len(conversations):
+        raise CRRError(f"exclude has {len(exclude)} entries for {len(conversations)} conversations")
+    if temperature == 0 and any(e is not None for e in exclude):
+        raise CRRError("the counterfactual proposal needs a temperature > 0 (T_cf); greedy decoding cannot "
+                       "avoid the realised action")
+    canonical = []
+    for i, text in enumerate(exclude):
+        try:
+            canonical.append(None if text is None else parse_tool_call(text).canonical())
+        except ToolCallError as e:
+            raise CRRError(f"exclude[{i}] is not a valid tool call ({e})") from None
+    return canonical
+
+
+class TransformersBackend:
+    """Batched grammar-constrained sampling with a transformers causal LM (CPU or GPU).
+
+    A custom loop rather than `model.generate`: each step needs the grammar mask, the masked and raw
+    distributions and the Gumbel draw of every row, which generate's logits processors cannot return.
+    Prompts are left-padded and the KV cache is kept across steps.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, device: str = "cpu",
+                 tools: list[dict] | None = None, max_value_chars: int | None = None,
+                 max_exclusion_tries: int = DEFAULT_MAX_EXCLUSION_TRIES):
+        if tokenizer.pad_token_id is None:
+            raise CRRError("the tokenizer has no pad token; load the model with crr.policy.load_policy")
+        if tools is None:
+            from crr.agent.prompt import TOOL_SCHEMAS
+            tools = TOOL_SCHEMAS
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.device = device
+        self.tools = tools
+        self.max_exclusion_tries = max_exclusion_tries
+        self.grammar = ToolCallGrammar(tokenizer, tools, vocab_size=model.get_output_embeddings().weight.shape[0],
+                                       max_value_chars=max_value_chars)
+
+    def prompt_ids(self, conversation: list[dict]) -> list[int]:
+        return self.tokenizer.apply_chat_template(conversation, tools=self.tools, add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False)
+
+    def generate(self, conversations: list[list[dict]], temperature: float, seed: int, max_new_tokens: int,
+                 exclude: list[str | None] | None = None) -> list[StepSample]:
+        excluded = _check_args(conversations, temperature, max_new_tokens, exclude)
+        prompts = [self.prompt_ids(c) for c in conversations]
+        generator = torch.Generator().manual_seed(seed)
+        samples = self._sample(prompts, temperature, generator, max_new_tokens)
+        if excluded is None:
+            return samples
+        pending = [i for i, c in enumerate(excluded) if c is not None and _same_call(samples[i].text, c)]
+        for tries in range(2, self.max_exclusion_tries + 1):
+            if not pending:
+                break
+            for i, sample in zip(pending, self._sample([prompts[i] for i in pending], temperature, generator,
+                                                       max_new_tokens)):
+                sample.tries, sample.wall_time_s = tries, sample.wall_time_s + samples[i].wall_time_s
+                samples[i] = sample
+            pending = [i for i in pending if _same_call(samples[i].text, excluded[i])]
+        for i in pending:
+            samples[i].exclusion_failed = True
+        for i, text in enumerate(exclude):
+            if text is not None:
+                sample = samples[i]
+                excluded_ids = self.grammar.tokenize(text)
+                sample.excluded_logprob = (-math.inf if excluded_ids is None else
+                                           sum(self.score(prompts[i], excluded_ids, temperature)["behaviour_logprobs"]))
+                sample.proposal_logprob = (-math.inf if sample.exclusion_failed  # q_{not a}(a) = 0
+                                           else sample.proposal_logprob - _log1mexp(sample.excluded_logprob))
+        return samples
+
+    @torch.no_grad()
+    def _sample(self, prompts: list[list[int]], temperature: float, generator: torch.Generator,
+                max_new_tokens: int) -> list[StepSample]:
+        start = time.perf_counter()
+        rows, width = len(prompts), max(map(len, prompts))
+        input_ids = torch.full((rows, width), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((rows, width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p):] = torch.tensor(p)
+            attention[i, width - len(p):] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+                         position_ids=positions.to(self.device), use_cache=True)
+        next_positions = positions[:, -1:] + 1
+
+        matchers = [self.grammar.matcher() for _ in range(rows)]
+        bitmask = self.grammar.allocate_bitmask(rows)
+        record: list[dict[str, list]] = [{"action_ids": [], "behaviour_logprobs": [], "policy_logprobs": [],
+                                          "entropies": [], "semantic": []} for _ in range(rows)]
+        done_at: list[float | None] = [None] * rows
+        for _ in range(max_new_tokens):
+            for i, m in enumerate(matchers):
+                if done_at[i] is None:
+                    m.fill_next_token_bitmask(bitmask, i)
+                else:
+                    bitmask[i] = -1  # finished rows: any token (ignored), keeps their softmax finite
+            logits = out.logits[:, -1, :].float().cpu()
+            stats = _token_stats(logits, bitmask, temperature)
+            if temperature > 0:
+                gumbel = -torch.empty(logits.shape).exponential_(generator=generator).log()
+                chosen = (stats.masked / temperature + gumbel).argmax(-1)
+                unconstrained = (logits / temperature + gumbel).argmax(-1)
+            else:
+                chosen, unconstrained = stats.masked.argmax(-1), logits.argmax(-1)
+            for i, m in enumerate(matchers):
+                if done_at[i] is not None:
+                    continue
+                token = int(chosen[i])
+                m.advance(token, int(unconstrained[i]))
+                r = record[i]
+                r["action_ids"].append(token)
+                r["behaviour_logprobs"].append(0.0 if stats.behaviour_logp is None
+                                               else float(stats.behaviour_logp[i, token]))
+                r["policy_logprobs"].append(float(stats.policy_logp[i, token]))
+                r["entropies"].append(float(stats.entropy[i]))
+                r["semantic"].append(bool(stats.n_allowed[i] > 1))
+                if m.is_terminated:
+                    done_at[i] = time.perf_counter() - start
+            if all(t is not None for t in done_at):
+                break
+            active = torch.tensor([t is None for t in done_at], dtype=torch.long)
+            feed = torch.where(active.bool(), chosen, torch.full_like(chosen, self.tokenizer.pad_token_id))
+            attention = torch.cat([attention, active[:, None]], dim=-1)
+            out = self.model(input_ids=feed[:, None].to(self.device), attention_mask=attention.to(self.device),
+                             position_ids=next_positions.to(self.device), past_key_values=out.past_key_values,
+                             use_cache=True)
+            next_positions = next_positions + 1
+        elapsed = time.perf_counter() - start
+        return [self._step_sample(p, r, m, temperature, elapsed if t is None else t)
+                for p, r, m, t in zip(prompts, record, matchers, done_at)]
+
+    def _step_sample(self, prompt: list[int], r: dict[str, list], matcher: ToolCallMatcher, temperature: float,
+                     wall_time_s: float) -> StepSample:
+        return StepSample(text=self.grammar.call_text(r["action_ids"]), prompt_ids=prompt,
+                          entropy=step_entropy(r["entropies"], r["semantic"]),
+                          grammar_rejections=matcher.rejections, temperature=temperature,
+                          wall_time_s=wall_time_s, truncated=not matcher.is_terminated,
+                          proposal_logprob=sum(r["behaviour_logprobs"]), **r)
+
+    @torch.no_grad()
+    def score(self, prompt_ids: list[int], action_ids: list[int], temperature: float) -> dict[str, list]:
+        """Teacher-forced per-token record of a given action under this backend's definitions:
+        behaviour_logprobs (-inf where the sampler could not emit the token), policy_logprobs, entropies,
+        semantic, and expected_rejections (the unconstrained q's mass outside the mask; at T = 0, whether
+        the unconstrained argmax was disallowed)."""
+        ids = torch.tensor([prompt_ids + action_ids[:-1]], device=self.device)
+        logits = self.model(input_ids=ids).logits[0, len(prompt_ids) - 1:].float().cpu()
+        matcher, bitmask = self.grammar.matcher(), self.grammar.allocate_bitmask(len(action_ids))
+        for k, token in enumerate(action_ids):
+            matcher.fill_next_token_bitmask(bitmask, k)
+            matcher.advance(token)
+        stats = _token_stats(logits, bitmask, temperature)
+        index = torch.tensor(action_ids)[:, None]
+        if temperature > 0:
+            behaviour = stats.behaviour_logp.gather(1, index)[:, 0]
+            rejected = 1 - (stats.masked / temperature).logsumexp(-1).sub((logits / temperature).logsumexp(-1)).exp()
+        else:
+            behaviour = torch.where(stats.masked.argmax(-1) == index[:, 0], 0.0, -math.inf)
+            rejected = (~torch.isfinite(stats.masked.gather(1, logits.argmax(-1)[:, None])[:, 0])).float()
+        return {"behaviour_logprobs": behaviour.tolist(),
+                "policy_logprobs": stats.policy_logp.gather(1, index)[:, 0].tolist(),
+                "entropies": stats.entropy.tolist(), "semantic": (stats.n_allowed > 1).tolist(),
+                "expected_rejections": rejected.tolist()}
+
+
+class VLLMBackend(TransformersBackend):
+    """vLLM sampling on a GPU (optional `gpu` extra) under the same tool-call grammar.
+
+    vLLM samples the calls with xgrammar guided decoding from the same grammar text and reports the
+    behaviour log-probabilities (logprobs_mode="processed_logprobs": after temperature and the mask).
+    Policy log-probabilities, masked entropies and semantic flags come from a teacher-forced pass of
+    the transformers model (`score`), so H_t means the same on both backends; grammar rejections are
+    the expected count. vLLM may tokenize forced structure differently from the canonical tokens the
+    transformers sampler forces; such positions still score as forced. Rejection conditioning and the
+    proposal log-probability are inherited. Not exercised on CPU-only CI; its test skips there.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_path: str,
+                 device: str = "cuda", tools: list[dict] | None = None, max_value_chars: int | None = None,
+                 max_exclusion_tries: int = DEFAULT_MAX_EXCLUSION_TRIES, **llm_kwargs):
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise CRRError(f"the vLLM backend needs vllm ({e}): pip install 'crr[gpu]' on a CUDA machine, or "
+                           "use the transformers backend") from None
+        super().__init__(model, tokenizer, device=device, tools=tools, max_value_chars=max_value_chars,
+                         max_exclusion_tries=max_exclusion_tries)
+        self.llm = LLM(model=model_path, logprobs_mode="processed_logprobs", **llm_kwargs)
+
+    def _sample(self, prompts: list[list[int]], temperature: float, generator: torch.Generator,
+                max_new_tokens: int) -> list[StepSample]:
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        start = time.perf_counter()
+        seeds = torch.randint(2**31 - 1, (len(prompts),), generator=generator).tolist()
+        params = [SamplingParams(temperature=temperature, seed=s, max_tokens=max_new_tokens, logprobs=0,
+                                 stop_token_ids=[self.grammar.eos_token_id],
+                                 structured_outputs=StructuredOutputsParams(grammar=self.grammar.ebnf))
+                  for s in seeds]
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        samples = []
+        for prompt, output in zip(prompts, outputs):
+            completion = output.outputs[0]
+            action = list(completion.token_ids)
+            scored = self.score(prompt, action, temperature)
+            behaviour = ([lp[t].logprob for lp, t in zip(completion.logprobs, action)] if temperature > 0
+                         else [0.0] * len(action))
+            samples.append(StepSample(
+                text=self.grammar.call_text(action), prompt_ids=prompt, action_ids=action,
+                behaviour_logprobs=behaviour, policy_logprobs=scored["policy_logprobs"],
+                entropies=scored["entropies"], semantic=scored["semantic"],
+                entropy=step_entropy(scored["entropies"], scored["semantic"]),
+                grammar_rejections=round(sum(scored["expected_rejections"])), temperature=temperature,
+                wall_time_s=elapsed, truncated=completion.finish_reason == "length",
+                proposal_logprob=sum(behaviour)))
+        return samples

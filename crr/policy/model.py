@@ -1,0 +1,150 @@
+"""The policy model: the embedded tiny default and loading any causal LM.
+
+The default is a small Qwen3-architecture model with random weights and a byte-level BPE tokenizer
+trained offline on the embedded corpus (crr.policy.corpus). Its chat template is TRL's own
+`qwen3_instruct_2507` text, chosen because TRL 1.16 recognises it for tool calling
+(`add_response_schema` maps it to the Qwen3 response parser) and it is prefix-preserving, so
+GRPOTrainer keeps it rather than swapping in a training template; `get_training_chat_template`
+maps it to TRL's `{% generation %}` variant for assistant-only SFT loss. (`qwen3.jinja` is
+recognised too but drops <think> blocks from history, so it is not prefix-preserving.)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+import trl.chat_template_utils as trl_templates
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase,
+                          PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM)
+
+from crr.errors import CRRError
+from crr.policy.corpus import corpus
+
+log = logging.getLogger(__name__)
+
+MODEL_VERSION = "1"  # bump when the recipe below changes: it keys the cache of the default model
+CHAT_TEMPLATE = "qwen3_instruct_2507"
+VOCAB_SIZE = 6144
+CORPUS_SEED = 0  # the tokenizer is part of the recipe: every model seed shares it
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# Qwen keeps the tool tags as added but non-special tokens, so decoding with skip_special_tokens
+# (as TRL does before parsing tool calls) leaves them in the text.
+TOOL_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+# Qwen2/3's pre-tokenizer split: single digits, letter runs, punctuation runs, newlines.
+_QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+SIZES: dict[str, dict[str, int]] = {
+    # about 4.4M parameters (1.2M of them the tied embedding)
+    "tiny": dict(hidden_size=192, intermediate_size=768, num_hidden_layers=6, num_attention_heads=6,
+                 num_key_value_heads=2, head_dim=32),
+    # about 13.7M parameters
+    "small": dict(hidden_size=320, intermediate_size=1280, num_hidden_layers=8, num_attention_heads=10,
+                  num_key_value_heads=2, head_dim=32),
+}
+
+
+def chat_template() -> str:
+    return (trl_templates._CHAT_TEMPLATES_DIR / f"{CHAT_TEMPLATE}.jinja").read_text(encoding="utf-8")
+
+
+def train_tokenizer(vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
+    """A Qwen-style byte-level BPE tokenizer trained on the embedded corpus (deterministic)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_QWEN_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TAGS])
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus(chat_template(), seed=CORPUS_SEED), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", padding_side="left",
+        clean_up_tokenization_spaces=False, model_max_length=8192)
+    tokenizer.chat_template = chat_template()
+    # Sets the response parser TRL's tool loop and `parse_response` use (ValueError if unrecognised).
+    return trl_templates.add_response_schema(tokenizer)
+
+
+def init_tiny_model(out_dir: Path | str, seed: int = 0, size: str = "tiny") -> Path:
+    """Build the default policy (random Qwen3 weights from `seed`, trained tokenizer) into `out_dir`.
+
+    Written to a temporary sibling first and renamed into place, so a crash or a concurrent build never
+    leaves a half-written model behind. `out_dir` must not exist or be empty.
+    """
+    if size not in SIZES:
+        raise CRRError(f"unknown model size {size!r}; choose one of {', '.join(SIZES)}")
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CRRError(f"{out} already exists and is not an empty directory; pass a new --out path")
+    tokenizer = train_tokenizer()
+    config = Qwen3Config(vocab_size=len(tokenizer), max_position_embeddings=8192, tie_word_embeddings=True,
+                         bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, **SIZES[size])
+    with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        try:
+            tmp.rename(out)
+        except OSError:
+            raise CRRError(f"{out} was written by someone else while this build ran; pass a new --out path") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("wrote a %s model (%d parameters, vocab %d) to %s", size, param_count(model), len(tokenizer), out)
+    return out
+
+
+def param_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def load_policy(path_or_hub_id: Path | str, device: str = "cpu",
+                dtype: torch.dtype | str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Any causal LM transformers can load (local directory or hub id), ready for left-padded batches."""
+    name = str(path_or_hub_id)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype if dtype is not None else "auto")
+    except OSError as e:
+        raise CRRError(f"cannot load a model from {name!r} ({e}); pass a directory made by `crr model init` "
+                       "or a hub id that is in the local Hugging Face cache") from None
+    if not tokenizer.chat_template:
+        raise CRRError(f"{name} has no chat template; crr renders tool conversations with it")
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device).eval(), tokenizer
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("CRR_CACHE_DIR") or Path.home() / ".cache" / "crr")
+
+
+def default_model_dir() -> Path:
+    """The tiny default model in the crr cache, built on first use."""
+    path = cache_dir() / "models" / f"tiny-{MODEL_VERSION}"
+    if not (path / "config.json").is_file():
+        log.info("building the default tiny model into %s (first use, a few seconds)", path)
+        try:
+            init_tiny_model(path)
+        except CRRError:
+            if not (path / "config.json").is_file():  # not a concurrent build that won the rename
+                raise
+    return path

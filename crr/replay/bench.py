@@ -1,0 +1,142 @@
+"""Fork latency benchmark (paper: Appendix "Rollout-Dispatch Cost Breakdown": counterfactual
+fork/materialisation is the largest single CRR overhead, 36.2 s per 256 forks, ~141 ms a fork).
+
+A synthetic repository (n_files files of 1-8 KB in ~50 dirs) is started in a sandbox and edited
+a little, as an agent would; then snapshot, restore and fork (snapshot + restore + one trivial
+command in the fork) are timed over `repeats`. Generic over the ForkEngine protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from crr.errors import CRRError, SandboxError
+from crr.replay import get_engine
+from crr.replay.base import tree_digest
+from crr.replay.checkout import base_checkout
+from crr.tasks.schema import Task
+
+log = logging.getLogger(__name__)
+
+MODES = {"local": ("overlay", "copy"), "docker": ("overlay", "commit")}  # "both" compares the two
+_GIT_ENV = {"GIT_AUTHOR_NAME": "crr", "GIT_AUTHOR_EMAIL": "bench@crr.invalid", "GIT_COMMITTER_NAME": "crr",
+            "GIT_COMMITTER_EMAIL": "bench@crr.invalid", "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z",
+            "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z"}
+
+
+def fork_bench(engine_name: str, mode: str | None = None, n_files: int = 5000, n_edited: int = 7,
+               repeats: int = 20) -> dict:
+    """p50/p95 latencies (ms) of snapshot, restore and fork, and whether a fork is exact.
+
+    mode: the engine's mode (local: overlay|copy, docker: overlay|commit), None for its default,
+    or "both" to measure the two and add e.g. `commit_over_overlay_fork_ratio`.
+    """
+    if engine_name not in MODES:
+        raise CRRError(f"unknown fork engine {engine_name!r}; choose one of {', '.join(MODES)}")
+    if mode not in (None, "both", *MODES[engine_name]):
+        raise CRRError(f"engine {engine_name} has modes {', '.join(MODES[engine_name])} (or both); "
+                       f"got {mode!r}")
+    if n_files < 10 or repeats < 1:
+        raise CRRError("the fork benchmark needs at least 10 files and 1 repeat")
+    with tempfile.TemporaryDirectory(prefix="crr-fork-bench-") as tmp:
+        task = synthetic_task(Path(tmp) / "repo", n_files)
+        checkout = base_checkout(task)  # made here so that no timing includes the clone
+        try:
+            if mode != "both":
+                return _measure(engine_name, mode, task, n_files, n_edited, repeats)
+            a, b = MODES[engine_name]
+            runs = {m: _measure(engine_name, m, task, n_files, n_edited, repeats) for m in (a, b)}
+            return {"engine": engine_name, "mode": "both", "n_files": n_files, "repeats": repeats,
+                    "modes": runs,
+                    f"{b}_over_{a}_fork_ratio": runs[b]["fork_ms_p50"] / runs[a]["fork_ms_p50"]}
+        finally:
+            shutil.rmtree(checkout, ignore_errors=True)
+
+
+def synthetic_task(path: Path, n_files: int, seed: int = 0) -> Task:
+    """A committed git repository of `n_files` files (1-8 KB) in ~50 dirs, as a Task."""
+    rng = random.Random(seed)
+    for i in range(n_files):
+        f = path / _file_name(i, n_files)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(rng.randbytes(rng.randint(512, 4096)).hex().encode())  # 1-8 KB of text
+    commit = commit_all(path)
+    return Task(instance_id=f"fork-bench-{n_files}", repo="synthetic/fork-bench", base_commit=commit,
+                problem_statement="", patch="", test_patch="", FAIL_TO_PASS=(), PASS_TO_PASS=(),
+                version="0", repo_src=str(path))
+
+
+def commit_all(path: Path, message: str = "base") -> str:
+    """`git init` at `path` (made if missing), commit everything in it reproducibly; the commit sha."""
+    path.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **_GIT_ENV}
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"],
+                 ["-c", "commit.gpgsign=false", "commit", "-q", "--allow-empty", "-m", message]):
+        subprocess.run(["git", *args], cwd=path, env=env, check=True, capture_output=True)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, env=env, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _file_name(i: int, n_files: int) -> str:
+    return f"pkg_{i % max(1, min(50, n_files // 20)):02d}/mod_{i:05d}.py"
+
+
+def _edit_script(n_files: int, n_edited: int) -> str:
+    """Modify n_edited - 2 files, add 2 (one in a new dir), delete 1, chmod 1: an agent's few edits."""
+    lines = [f"printf 'edit {i}\\n' >> {_file_name(i, n_files)}" for i in range(max(n_edited - 2, 0))]
+    lines += ["mkdir -p added && printf 'new\\n' > added/new_a.py",
+              "printf 'new\\n' > pkg_00/new_b.py"][:n_edited]
+    lines += [f"rm {_file_name(n_files - 1, n_files)}", f"chmod 755 {_file_name(n_files - 2, n_files)}"]
+    return " && ".join(lines)
+
+
+def _measure(engine_name: str, mode: str | None, task: Task, n_files: int, n_edited: int,
+             repeats: int) -> dict:
+    if mode is None:
+        opts = {}
+    else:
+        opts = {"overlay": mode == "overlay"} if engine_name == "local" else {"mode": mode}
+    engine = get_engine(engine_name, **opts)
+    try:
+        with engine.start(task) as parent:
+            res = parent.exec(_edit_script(n_files, n_edited), timeout=60)
+            if res.exit_code != 0:
+                raise SandboxError(f"fork bench: editing the synthetic repo failed: {res.output[-300:]}")
+            want = tree_digest(parent)
+            snap_ms, restore_ms, fork_ms = [], [], []
+            for i in range(repeats + 1):  # round 0 warms caches and checks exactness, untimed
+                t0 = time.perf_counter()
+                snap = parent.snapshot()
+                t1 = time.perf_counter()
+                fork = engine.restore(snap)
+                t2 = time.perf_counter()
+                ran = fork.exec("true", timeout=60)
+                t3 = time.perf_counter()
+                if ran.exit_code != 0:
+                    raise SandboxError(f"fork bench: `true` failed in a fork: {ran.output[-300:]}")
+                if i == 0:
+                    exact = tree_digest(fork) == want
+                else:
+                    snap_ms.append((t1 - t0) * 1e3)
+                    restore_ms.append((t2 - t1) * 1e3)
+                    fork_ms.append((t3 - t0) * 1e3)
+                fork.close()
+                engine.release(snap)
+    finally:
+        engine.close()
+    out = {"engine": engine_name, "mode": getattr(engine, "mode", mode), "n_files": n_files,
+           "n_edited": n_edited, "repeats": repeats, "exact": exact}
+    for key, xs in (("snapshot", snap_ms), ("restore", restore_ms), ("fork", fork_ms)):
+        out[f"{key}_ms_p50"] = round(float(np.percentile(xs, 50)), 3)
+        out[f"{key}_ms_p95"] = round(float(np.percentile(xs, 95)), 3)
+    log.info("fork bench %s/%s: fork p50 %.1f ms", engine_name, out["mode"], out["fork_ms_p50"])
+    return out

@@ -1,0 +1,477 @@
+"""The `local` fork engine: sandboxes are copy-on-write workspaces on this machine (paper:
+Preliminaries, "forkable at horizon h"; the fork cost is Appendix "Rollout-Dispatch Cost Breakdown").
+
+Each sandbox is an overlay workspace (crr.replay.overlay) over the task's cached base checkout, so
+a snapshot copies only the diff and a restore is one mount: a fork costs milliseconds. Commands run
+with bash in the repository root and see it at its real host path.
+
+What each command is held to (probed once per process; a missing piece is logged once):
+- its own session; at the timeout its process group gets SIGTERM, then SIGKILL after a short grace;
+- a fresh PID namespace (`unshare --pid --kill-child`): when the command's shell ends or is killed,
+  the kernel kills everything it started, including processes that left the group with setsid;
+- a fresh network namespace (`unshare --net`): only a loopback device that is down, no network;
+- a pids cgroup per engine (`pids.max`, cgroup v1): a fork bomb hits the cap, not the machine
+  (RLIMIT_NPROC counts all of the user's processes and is not enforced for root at all). Commands
+  are born in it: they are spawned from one thread that joined it once, because moving each new
+  process into a cgroup waits for an RCU grace period (5-25 ms a command here);
+- per-process RLIMIT_AS (memory), RLIMIT_FSIZE (runaway files) and RLIMIT_CORE = 0.
+Without root only the session, the timeout kill, the rlimits and plain copies remain.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import functools
+import itertools
+import json
+import logging
+import os
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Self
+
+from crr.errors import CRRError, SandboxError
+from crr.replay.base import BoundedOutput, ExecResult, Snapshot
+from crr.replay.checkout import base_checkout, cache_root
+from crr.replay.overlay import CopyWorkspace, Layer, OverlayWorkspace, Workspace, overlay_unavailable, unmount
+from crr.tasks.schema import Task
+
+log = logging.getLogger(__name__)
+
+OWNER_FILE = "crr-owner.json"  # marks an engine dir as crr's and names the process that owns it
+_PREFIX = "crr-engine-"
+_GRACE_S = 0.5  # between SIGTERM and SIGKILL at a timeout
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_live: set[LocalEngine] = set()  # strong: an engine left unclosed still holds mounts until exit
+_warned: set[str] = set()
+
+
+def default_workdir() -> Path:
+    return cache_root() / "sandboxes"
+
+
+class LocalEngine:
+    """Fork engine over local overlay workspaces (plain copies where overlayfs is unavailable).
+
+    overlay: True requires overlayfs, False forces plain copies, None picks overlay when it works.
+    mem_limit_mb / fsize_limit_mb are per-process rlimits; pids_limit caps the processes of all its
+    sandboxes together (their commands and everything those start).
+    """
+
+    name = "local"
+
+    def __init__(self, workdir: Path | None = None, overlay: bool | None = None, mem_limit_mb: int = 2048,
+                 fsize_limit_mb: int = 1024, pids_limit: int = 1024):
+        self.workdir = Path(workdir) if workdir else default_workdir()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.mode = "copy" if overlay is False else "overlay"
+        if overlay is not False and (why := overlay_unavailable(self.workdir)):
+            if overlay:
+                raise SandboxError(f"overlayfs is unavailable under {self.workdir}: {why}")
+            _warn_once(f"overlayfs is unavailable under {self.workdir} ({why}); local sandboxes fall "
+                       "back to plain copies (each start, snapshot and restore copies the whole tree)",
+                       key=f"copy fallback under {self.workdir}")
+            self.mode = "copy"
+        self._workspace = OverlayWorkspace if self.mode == "overlay" else CopyWorkspace
+        self._limits = (mem_limit_mb, fsize_limit_mb)
+        self._unshare, namespaces = _namespaces()
+        self.dir = Path(tempfile.mkdtemp(dir=self.workdir, prefix=f"{_PREFIX}{os.getpid()}-"))
+        owner = {"pid": os.getpid(), "start": _start_time(os.getpid())}
+        (self.dir / OWNER_FILE).write_text(json.dumps(owner))
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="crr-spawn")
+        self._cgroup = self._join_pids_cgroup(pids_limit)
+        self.enforced = {"pid_namespace": "pid" in namespaces, "net_namespace": "net" in namespaces,
+                         "pids_cgroup": self._cgroup is not None, "rlimits": "as,fsize,core"}
+        self._sandboxes: set[LocalSandbox] = set()
+        self._snapshots: dict[str, tuple[Layer, Task]] = {}
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        self._closed = False
+        _live.add(self)
+
+    def start(self, task: Task) -> LocalSandbox:
+        base = base_checkout(task)
+        return self._open(task, lambda root: self._workspace(root, base))
+
+    def restore(self, snapshot: Snapshot) -> LocalSandbox:
+        with self._lock:
+            entry = self._snapshots.get(snapshot.id)
+        if entry is None:
+            raise CRRError(f"snapshot {snapshot.id} is not held by this local engine "
+                           "(released, from another engine, or the engine was closed)")
+        layer, task = entry
+        return self._open(task, lambda root: self._workspace.restore(layer, root))
+
+    def release(self, snapshot: Snapshot) -> None:
+        with self._lock:
+            entry = self._snapshots.pop(snapshot.id, None)
+        if entry is not None:
+            entry[0].release()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            sandboxes, self._sandboxes = list(self._sandboxes), set()
+            layers = [layer for layer, _ in self._snapshots.values()]
+            self._snapshots.clear()
+        for sb in sandboxes:
+            sb.close()
+        for layer in layers:
+            layer.release()
+        self._spawner.shutdown()  # its thread leaves the cgroup by exiting
+        _remove_cgroup(self._cgroup)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        _live.discard(self)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _open(self, task: Task, make_workspace) -> LocalSandbox:
+        with self._lock:
+            if self._closed:
+                raise CRRError("this local engine is closed; make a new one")
+            k = next(self._seq)
+        sb_dir = self.dir / f"sb-{k}"
+        for d in (sb_dir, sb_dir / "home", sb_dir / "tmp"):
+            d.mkdir()
+        try:
+            workspace = make_workspace(sb_dir / "ws")
+        except BaseException:
+            shutil.rmtree(sb_dir, ignore_errors=True)
+            raise
+        sb = LocalSandbox(self, task, workspace, sb_dir)
+        with self._lock:
+            self._sandboxes.add(sb)
+        return sb
+
+    def _snapshot(self, sb: LocalSandbox) -> Snapshot:
+        with self._lock:
+            if self._closed:
+                raise CRRError("this local engine is closed; make a new one")
+            k = next(self._seq)
+        layer = sb.workspace.snapshot(self.dir / f"snap-{k}")
+        snap = Snapshot(id=uuid.uuid4().hex[:16], engine=self.name, task_id=sb.task.instance_id,
+                        handle={"path": str(layer.path), "mode": self.mode})
+        with self._lock:
+            self._snapshots[snap.id] = (layer, sb.task)
+        return snap
+
+    def _popen(self, command: str, **kwargs) -> subprocess.Popen:
+        """Start `bash -c command` from the spawner thread (so inside the pids cgroup).
+
+        sh sets the rlimits, then execs unshare, whose PID 1 (a small sh: PID 1 would ignore even
+        `kill -9 $$` from inside) runs bash. A wrapper rather than a preexec_fn lets Popen vfork:
+        forking a trainer with gigabytes of resident memory would cost tens of ms per command.
+        """
+        mem_mb, fsize_mb = self._limits
+        script = f"ulimit -v {mem_mb * 1024}; ulimit -f {fsize_mb * 2048}; ulimit -c 0; exec \"$@\""
+        init = ["/bin/sh", "-c", '"$@"; exit $?', "sh"] if self._unshare else []
+        argv = ["/bin/sh", "-c", script, "sh", *self._unshare, *init, "bash", "-c", command]
+        if "\0" in command:
+            raise CRRError("a command cannot contain a NUL byte")
+        future = self._spawner.submit(subprocess.Popen, argv, **kwargs)
+        try:
+            return future.result()
+        except BlockingIOError:
+            raise SandboxError(f"cannot start a command: too many processes (this engine's pids cgroup "
+                               f"{self._cgroup}; a fork bomb still running in another sandbox?)") from None
+        except OSError as e:
+            if e.errno == errno.E2BIG:
+                raise CRRError(f"command too long ({len(command.encode())} bytes; the kernel takes at most "
+                               "128 KiB in one argument): write large files with write_file") from None
+            raise SandboxError(f"cannot start a command: {e}") from e
+        except BaseException:
+            future.add_done_callback(_kill_spawned)  # interrupted while spawning: don't leave it running
+            raise
+
+    def _join_pids_cgroup(self, limit: int) -> Path | None:
+        """Make this engine's pids cgroup and move the spawner thread (only it) into it, once."""
+        if (root := _pids_cgroup_root()) is None:
+            return None
+        cgroup = root / self.dir.name
+        try:
+            cgroup.mkdir()
+            (cgroup / "pids.max").write_text(str(limit))
+            self._spawner.submit(_join_thread, cgroup).result()
+            return cgroup
+        except OSError as e:
+            _remove_cgroup(cgroup)
+            _warn_once(f"cannot use a pids cgroup under {root} ({e}): a fork bomb in a local sandbox is "
+                       "stopped only by its timeout")
+            return None
+
+
+class LocalSandbox:
+    """One task's repository in a local workspace; commands run as processes in `repo_dir`."""
+
+    def __init__(self, engine: LocalEngine, task: Task, workspace: Workspace, sb_dir: Path):
+        self.task, self.workspace = task, workspace
+        self.repo_dir = str(workspace.tree)
+        self._root = workspace.tree.resolve()
+        self._engine, self._dir = engine, sb_dir
+        self._env = {
+            "PATH": f"{os.path.dirname(sys.executable)}:{_SYSTEM_PATH}",
+            "HOME": str(sb_dir / "home"), "TMPDIR": str(sb_dir / "tmp"), "LANG": "C.UTF-8", "TZ": "UTC",
+            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
+        }
+        self._closed = False
+
+    def exec(self, command: str, timeout: float = 60.0, env: dict[str, str] | None = None) -> ExecResult:
+        """Run `command` with bash in the repository root; `env` adds to or overrides the clean env."""
+        self._check_open()
+        start = time.monotonic()
+        proc = self._engine._popen(command, cwd=self.repo_dir, env={**self._env, **(env or {})},
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        out, timed_out = BoundedOutput(), False
+        try:
+            timed_out = not _drain(proc, out, start + timeout)
+        finally:  # also on KeyboardInterrupt: nothing the command started outlives this call
+            _stop(proc, graceful=timed_out)
+            if timed_out:
+                _drain(proc, out, time.monotonic() + 0.2)
+            proc.stdout.close()
+        code = 124 if timed_out else (128 - proc.returncode if proc.returncode < 0 else proc.returncode)
+        return ExecResult(exit_code=code, output=out.text(), timed_out=timed_out, truncated=out.truncated,
+                          duration_s=time.monotonic() - start)
+
+    def read_file(self, path: str) -> bytes:
+        full = self._resolve(path)
+        try:
+            return full.read_bytes()
+        except OSError as e:
+            raise CRRError(f"cannot read {path!r} in {self.task.instance_id}: {e.strerror}") from None
+
+    def write_file(self, path: str, data: bytes) -> None:
+        full = self._resolve(path)
+        try:
+            full.parent.mkdir(parents=True, exist_ok=True)
+            full.write_bytes(data)
+        except OSError as e:
+            raise CRRError(f"cannot write {path!r} in {self.task.instance_id}: {e.strerror}") from None
+
+    def snapshot(self) -> Snapshot:
+        self._check_open()
+        return self._engine._snapshot(self)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.workspace.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+        with self._engine._lock:
+            self._engine._sandboxes.discard(self)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CRRError(f"sandbox of {self.task.instance_id} is closed")
+
+    def _resolve(self, path: str) -> Path:
+        """The real path of `path` (relative to the repository root, or absolute inside it)."""
+        self._check_open()
+        full = (self._root / path).resolve()  # follows symlinks, so a link to /etc lands outside
+        if not full.is_relative_to(self._root):
+            raise CRRError(f"path {path!r} resolves to {full}, outside the repository {self.repo_dir}; "
+                           "tools may only touch files inside the repository")
+        return full
+
+
+def gc_leftovers(workdir: Path | None = None) -> list[str]:
+    """Remove the mounts, dirs and pids cgroups of local engines whose owning process is gone.
+
+    Only crr's: an engine dir carries OWNER_FILE with its owner's pid and start time, so a live
+    engine (or a reused pid) is never touched; an engine's cgroup is named after its dir and holds
+    its owner's spawner thread for as long as the owner lives. Returns what was removed.
+    """
+    root = Path(workdir) if workdir else default_workdir()
+    removed: list[str] = []
+    cgroups = _pids_cgroup_root()
+    for cgroup in sorted(cgroups.glob(f"{_PREFIX}*")) if cgroups else []:
+        try:
+            owner_pid = cgroup.name.split("-")[2]
+            if owner_pid in (cgroup / "cgroup.procs").read_text().split():
+                continue  # the owner's spawner thread is in it: alive
+        except (OSError, IndexError):
+            continue
+        _kill_cgroup(cgroup)  # commands in flight when the owner died: before unmounting their cwd
+        _remove_cgroup(cgroup)
+        removed.append(str(cgroup))
+    for d in sorted(root.glob(f"{_PREFIX}*")) if root.is_dir() else []:
+        try:
+            owner = json.loads((d / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not an engine dir, or one being created right now
+        if _start_time(owner.get("pid", -1)) == owner.get("start"):
+            continue
+        for mnt in _mounts_under(d):
+            unmount(mnt)
+            removed.append(mnt)
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(str(d))
+    if removed:
+        log.info("removed %d leftovers of crashed local engines under %s", len(removed), root)
+    return removed
+
+
+@atexit.register
+def _close_all() -> None:
+    for engine in list(_live):
+        engine.close()
+
+
+def _drain(proc: subprocess.Popen, out: BoundedOutput, deadline: float) -> bool:
+    """Read the command's output into `out` until EOF (True) or `deadline` (False).
+
+    Reads on even when the output is truncated: a writer blocked on a full pipe would never end.
+    """
+    fd = proc.stdout.fileno()
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0:
+            if sel.select(min(left, 0.1)):
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    return True
+                out.feed(chunk)
+            elif proc.poll() is not None:
+                _signal_group(proc.pid, signal.SIGKILL)  # the shell is done; stragglers hold the pipe
+    return False
+
+
+def _join_thread(cgroup: Path) -> None:
+    """Move the calling thread (only it: cgroup v1 `tasks` takes a thread id) into `cgroup`."""
+    (cgroup / "tasks").write_text(str(threading.get_native_id()))
+
+
+def _kill_spawned(future: Future) -> None:
+    if not future.cancelled() and future.exception() is None:
+        _stop(future.result(), graceful=False)
+
+
+def _stop(proc: subprocess.Popen, graceful: bool) -> None:
+    if graceful and proc.poll() is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _kill_cgroup(cgroup: Path) -> None:
+    """SIGKILL every process in a dead engine's cgroup."""
+    for _ in range(50):
+        try:
+            pids = [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
+        except OSError:
+            return
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.01)
+    log.warning("processes keep appearing in %s", cgroup)
+
+
+def _remove_cgroup(cgroup: Path | None) -> None:
+    if cgroup is None:
+        return
+    for _ in range(50):  # rmdir fails (EBUSY) until the killed processes are reaped
+        try:
+            cgroup.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)
+    log.warning("could not remove cgroup %s", cgroup)
+
+
+@functools.cache
+def _namespaces() -> tuple[list[str], frozenset[str]]:
+    """The `unshare` prefix that works here (probed once) and which namespaces it gives."""
+    unshare = shutil.which("unshare")
+    for flags, kinds in ((["--pid", "--kill-child", "--net"], {"pid", "net"}),
+                         (["--pid", "--kill-child"], {"pid"})):
+        probe = [unshare, *flags, "--", "true"] if unshare else ["false"]
+        if subprocess.run(probe, capture_output=True, check=False).returncode == 0:
+            if "net" not in kinds:
+                _warn_once("network namespaces are unavailable: local sandbox commands can reach the network")
+            return [unshare, *flags, "--"], frozenset(kinds)
+    _warn_once("PID and network namespaces are unavailable (needs root and util-linux unshare): local "
+               "sandbox commands can reach the network, and only the process group is killed at the end")
+    return [], frozenset()
+
+
+@functools.cache
+def _pids_cgroup_root() -> Path | None:
+    """The dir under which each engine gets a pids cgroup, or None.
+
+    cgroup v1 only: v1 can move a single thread, v2 would need a threaded subtree.
+    """
+    root = Path("/sys/fs/cgroup/pids/crr")
+    try:
+        root.mkdir(exist_ok=True)
+        return root
+    except OSError as e:
+        _warn_once(f"no writable cgroup-v1 pids hierarchy ({e}): a fork bomb in a local sandbox is "
+                   "stopped only by its timeout")
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (None if no such process): pid + start
+    time names a process uniquely, where a pid alone may have been reused."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _mounts_under(path: Path) -> list[str]:
+    """Mount points at or below `path`, deepest first (/proc/self/mounts escapes spaces as \\040)."""
+    prefix = str(path.resolve())
+    with open("/proc/self/mounts") as f:
+        points = [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[1]) for line in f]
+    return sorted((p for p in points if p == prefix or p.startswith(prefix + "/")), reverse=True)
+
+
+def _warn_once(message: str, key: str | None = None) -> None:
+    if (key or message) not in _warned:
+        _warned.add(key or message)
+        log.warning(message)

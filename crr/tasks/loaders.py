@@ -1,0 +1,325 @@
+"""Loading task sets: JSONL files, generated directories, the embedded micro set, and SWE datasets.
+
+    load_tasks("tasks.jsonl")                        # a JSONL file: one Task row per line
+    load_tasks("out/")                               # a directory holding tasks.jsonl
+    load_tasks("micro-train")                        # the embedded micro set (generated on first use)
+    load_tasks("SWE-Gym/SWE-Gym")                    # a Hugging Face dataset, through its adapter
+    load_tasks("copy/", adapter="swe-gym")           # a local save_to_disk copy (or a .parquet file)
+
+Every row is validated by Task.from_row and the first bad row aborts the load with a message that
+says where (FILE:LINE, or DATASET[split] row N) and what was expected; nothing is half-loaded.
+Dataset rows pass through one adapter per source that fills what swebench 5.x needs to run a task
+(image, test command, log parser) by that source's conventions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from crr.errors import CRRError, TaskFormatError
+from crr.rundir import atomic_write_text
+from crr.tasks.schema import DEFAULT_LOG_PARSER, KNOWN_EXTRA, Task
+
+log = logging.getLogger(__name__)
+
+TASKS_FILE = "tasks.jsonl"
+MICRO_SETS = {"micro-train": "train", "micro-test": "test"}
+MICRO_DEFAULT_N = 32
+MICRO_DEFAULT_SEED = 0
+
+# Test commands of the SWE-bench repositories whose runner is not plain pytest (swebench 4.x
+# harness/constants/python.py; 5.x dropped these per-repo specs, so rows of the old schema need them).
+SWEBENCH_TEST_CMD = {
+    "astropy/astropy": "pytest -rA -vv -o console_output_style=classic --tb=no -p no:nose",
+    "django/django": "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1",
+    "mwaskom/seaborn": "pytest --no-header -rA",
+    "sphinx-doc/sphinx": "tox --current-env -epy39 -v --",
+    "sympy/sympy": "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose",
+}
+SWEBENCH_DEFAULT_TEST_CMD = "pytest -rA"
+
+
+# ------------------------------------------------------------------------------------ entry points
+
+def load_tasks(source: str, split: str | None = None, *, adapter: str | None = None) -> list[Task]:
+    """Tasks from a JSONL file, a directory with tasks.jsonl, a micro set name, or a dataset."""
+    if source in MICRO_SETS:
+        if split is not None and split != MICRO_SETS[source]:
+            raise CRRError(f"{source} is the {MICRO_SETS[source]} split already; drop --split {split}")
+        return load_micro(MICRO_SETS[source])
+    path = Path(source).expanduser()
+    if path.is_file() and path.suffix == ".parquet":
+        return _load_dataset_rows(source, split, adapter, local=path)
+    if path.is_file():
+        _no_split(source, split)
+        return read_tasks_jsonl(path)
+    if path.is_dir():
+        if (path / TASKS_FILE).is_file():
+            _no_split(source, split)
+            return read_tasks_jsonl(path / TASKS_FILE)
+        if any((path / marker).is_file() for marker in ("dataset_info.json", "state.json", "dataset_dict.json")):
+            return _load_dataset_rows(source, split, adapter, local=path)
+        raise CRRError(f"{path} holds neither {TASKS_FILE} nor a datasets save_to_disk copy; "
+                       f"pass a task file, a directory made by `crr tasks micro`, or a dataset")
+    if path.suffix in (".jsonl", ".json", ".parquet") or source.startswith((".", "/", "~")):
+        raise CRRError(f"{source} does not exist; check the path")
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", source):
+        return _load_dataset_rows(source, split, adapter)
+    raise CRRError(f"{source!r} is not a file, a directory, a micro set ({', '.join(MICRO_SETS)}) "
+                   "or a dataset name like SWE-Gym/SWE-Gym")
+
+
+def read_tasks_jsonl(path: Path | str) -> list[Task]:
+    """Validate every line of a JSONL task file; the first bad line raises TaskFormatError."""
+    path = Path(path)
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TaskFormatError(f"{where}: not valid JSON ({e.msg}, column {e.colno}); "
+                                      "each line must be one JSON object") from None
+            task = _validated(row, where, base_dir=path.parent)
+            if task.instance_id in seen:
+                raise TaskFormatError(f"{where}: duplicate instance_id {task.instance_id!r} "
+                                      f"(first on line {seen[task.instance_id]})")
+            seen[task.instance_id] = lineno
+            tasks.append(task)
+    return tasks
+
+
+def write_tasks(tasks: Iterable[Task], path: Path | str) -> Path:
+    """Write tasks as JSONL atomically; repo_src is stored relative to the file's directory."""
+    path = Path(path)
+    lines = [json.dumps(t.to_row(relative_to=path.parent), sort_keys=True, ensure_ascii=False, default=str)
+             for t in tasks]
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
+    return path
+
+
+def load_micro(split: str, n: int | None = None, seed: int | None = None) -> list[Task]:
+    """The embedded micro set, generated once per machine under the crr cache."""
+    from crr.replay.checkout import cache_root
+    from crr.tasks.micro import generate_micro
+
+    n = MICRO_DEFAULT_N if n is None else n
+    seed = MICRO_DEFAULT_SEED if seed is None else seed
+    target = cache_root() / "micro" / f"{split}-{n}-{seed}"
+    if not (target / TASKS_FILE).is_file():
+        log.info("generating the micro %s set (n=%d, seed=%d) into %s", split, n, seed, target)
+        # generated beside the target and renamed into place, so concurrent first uses are safe
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+        try:
+            generate_micro(tmp / "set", n=n, seed=seed, split=split)
+            try:
+                os.rename(tmp / "set", target)
+            except OSError:
+                if not (target / TASKS_FILE).is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return read_tasks_jsonl(target / TASKS_FILE)
+
+
+def _no_split(source: str, split: str | None) -> None:
+    if split is not None:
+        raise CRRError(f"--split applies to datasets; {source} is a task file, drop --split {split}")
+
+
+def _validated(row: Any, where: str, base_dir: Path | None = None) -> Task:
+    try:
+        return Task.from_row(row, base_dir=base_dir)
+    except TaskFormatError as e:
+        raise TaskFormatError(f"{where}: {e}") from None
+
+
+# ------------------------------------------------------------------------------------ datasets
+
+def _image_swebench(instance_id: str, namespace: str = "swebench") -> str:
+    from swebench.task.checks import expected_image
+
+    return expected_image(instance_id, namespace)
+
+
+def _parser_name(name: str | None, repo: str | None = None) -> str:
+    """A swebench PARSER_REGISTRY key from a dataset's parser field or, failing that, the repo."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+    from swebench.harness.log_parsers.python import MAP_REPO_TO_PARSER_PY
+
+    if name:
+        return name if name in PARSER_REGISTRY or f"parse_log_{name}" not in PARSER_REGISTRY else f"parse_log_{name}"
+    if repo in MAP_REPO_TO_PARSER_PY:
+        return MAP_REPO_TO_PARSER_PY[repo].__name__
+    return DEFAULT_LOG_PARSER
+
+
+def _common(row: dict) -> dict:
+    """The Task fields and known dataset fields of a row; any other column goes to metadata."""
+    own = set(Task.__dataclass_fields__) - {"extra"}
+    out = {k: v for k, v in row.items() if (k in own or k in KNOWN_EXTRA) and v is not None}
+    other = {k: v for k, v in row.items() if k not in out and k not in own and k not in KNOWN_EXTRA}
+    if other:
+        out["metadata"] = {**other, **(out.get("metadata") or {})}
+    return out
+
+
+def swebench_row(row: dict) -> dict:
+    """SWE-bench (princeton-nlp/SWE-bench_Verified, and the 5.x SWE-bench/SWE-bench_Verified with its
+    image/eval_script/log_parser columns)."""
+    out = _common(row)
+    out["image"] = row.get("image") or _image_swebench(row["instance_id"])
+    out["log_parser"] = _parser_name(row.get("log_parser"), row.get("repo"))
+    out["test_cmd"] = SWEBENCH_TEST_CMD.get(row.get("repo"), SWEBENCH_DEFAULT_TEST_CMD)
+    return out
+
+
+def swe_gym_row(row: dict) -> dict:
+    """SWE-Gym: no image column; OpenHands' rule names the image with `__` -> `_s_`."""
+    out = _common(row)
+    # hand-written: swebench knows only the `_1776_` convention of its own images
+    key = f"sweb.eval.x86_64.{row['instance_id']}".replace("__", "_s_")
+    out["image"] = f"xingyaoww/{key}:latest".lower()
+    out["log_parser"] = _parser_name(row.get("log_parser"))
+    out["test_cmd"] = SWEBENCH_DEFAULT_TEST_CMD
+    return out
+
+
+def swe_rebench_row(row: dict) -> dict:
+    """nebius/SWE-rebench: image in `docker_image`, test command and parser in `install_config`."""
+    out = _common(row)
+    image = row.get("docker_image") or row.get("image_name")
+    if image:
+        out["image"] = image
+    config = row.get("install_config") or {}
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except json.JSONDecodeError:
+            raise TaskFormatError("field 'install_config': expected an object or its JSON text") from None
+    if not isinstance(config, dict):
+        raise TaskFormatError("field 'install_config': expected an object")
+    out["log_parser"] = _parser_name(config.get("log_parser"))
+    test_cmd = config.get("test_cmd")
+    out["test_cmd"] = _one_command(test_cmd) if test_cmd else SWEBENCH_DEFAULT_TEST_CMD
+    return out
+
+
+def swe_bench_live_row(row: dict) -> dict:
+    """SWE-bench-Live: `test_cmds` list, short parser names ("pytest"), optional docker_image."""
+    out = _common(row)
+    out["image"] = row.get("docker_image") or _image_swebench(row["instance_id"], "starryzhang")
+    out["log_parser"] = _parser_name(row.get("log_parser"))
+    out["test_cmd"] = _one_command(row.get("test_cmds")) if row.get("test_cmds") else SWEBENCH_DEFAULT_TEST_CMD
+    out.setdefault("version", "none")  # the Live fork's default for rows without a version
+    return out
+
+
+def generic_row(row: dict) -> dict:
+    """Any SWE-bench-shaped dataset: Task fields as they are; `docker_image`/`image_name` as image."""
+    out = _common(row)
+    if "image" not in out and (row.get("docker_image") or row.get("image_name")):
+        out["image"] = row.get("docker_image") or row.get("image_name")
+    if "log_parser" in out:
+        out["log_parser"] = _parser_name(out["log_parser"])
+    return out
+
+
+def _one_command(cmd: str | list[str]) -> str:
+    if isinstance(cmd, list):
+        return " && ".join(str(c) for c in cmd)
+    return str(cmd)
+
+
+ADAPTERS: dict[str, Callable[[dict], dict]] = {
+    "swe-bench": swebench_row,
+    "swe-gym": swe_gym_row,
+    "swe-rebench": swe_rebench_row,
+    "swe-bench-live": swe_bench_live_row,
+    "generic": generic_row,
+}
+# dataset name -> (adapter, default split)
+DATASETS: dict[str, tuple[str, str]] = {
+    "princeton-nlp/SWE-bench_Verified": ("swe-bench", "test"),
+    "SWE-bench/SWE-bench_Verified": ("swe-bench", "test"),
+    "SWE-bench-Live/SWE-bench-Live": ("swe-bench-live", "verified"),
+    "nebius/SWE-rebench": ("swe-rebench", "test"),
+    "SWE-Gym/SWE-Gym": ("swe-gym", "train"),
+}
+
+
+def _adapter(name: str | None, source: str) -> tuple[str, Callable[[dict], dict]]:
+    if name is None:
+        name = DATASETS.get(source, ("generic", ""))[0]
+    name = DATASETS[name][0] if name in DATASETS else name
+    if name not in ADAPTERS:
+        raise CRRError(f"unknown adapter {name!r}; use one of {', '.join(ADAPTERS)} or a dataset name "
+                       f"({', '.join(DATASETS)})")
+    return name, ADAPTERS[name]
+
+
+def _load_dataset_rows(source: str, split: str | None, adapter: str | None,
+                       local: Path | None = None) -> list[Task]:
+    adapter_name, to_row = _adapter(adapter, source)
+    dataset, split = _open_dataset(source, split, local)
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    for i, row in enumerate(dataset):
+        where = f"{source}[{split}] row {i}"
+        if isinstance(row, dict) and isinstance(row.get("instance_id"), str):
+            where += f" ({row['instance_id']})"
+        try:
+            mapped = to_row(row)
+        except (KeyError, TypeError) as e:
+            raise TaskFormatError(f"{where}: the {adapter_name} adapter could not read the row "
+                                  f"(missing or malformed {e}); is this the right --adapter?") from None
+        except TaskFormatError as e:
+            raise TaskFormatError(f"{where}: {e}") from None
+        task = _validated(mapped, where)
+        if task.instance_id in seen:
+            raise TaskFormatError(f"{where}: duplicate instance_id {task.instance_id!r} (first in row {seen[task.instance_id]})")
+        seen[task.instance_id] = i
+        tasks.append(task)
+    log.info("loaded %d tasks from %s[%s] with the %s adapter", len(tasks), source, split, adapter_name)
+    return tasks
+
+
+def _open_dataset(source: str, split: str | None, local: Path | None):
+    import datasets
+
+    if local is not None and local.suffix == ".parquet":
+        return datasets.load_dataset("parquet", data_files=str(local), split="train"), split or "train"
+    if local is not None:
+        data = datasets.load_from_disk(str(local))
+        if isinstance(data, datasets.DatasetDict):
+            if split is None and len(data) == 1:
+                split = next(iter(data))
+            if split not in data:
+                raise CRRError(f"{source} has splits {sorted(data)}; choose one with --split")
+            return data[split], split
+        return data, split or "train"
+    split = split or DATASETS.get(source, ("", "train"))[1]
+    try:
+        return datasets.load_dataset(source, split=split), split
+    except ConnectionError as e:
+        raise CRRError(
+            f"could not reach the Hugging Face hub for {source} ({e}). Where the hub is reachable run "
+            f"`datasets.load_dataset({source!r}, split={split!r}).save_to_disk(DIR)` (or save a .parquet), "
+            f"copy DIR here and pass DIR with --adapter {_adapter(None, source)[0]}") from None
+    except datasets.exceptions.DatasetNotFoundError:
+        raise CRRError(f"dataset {source} was not found on the hub or in the local cache; check the name, "
+                       f"or pass a local save_to_disk directory or .parquet file") from None
+    except ValueError as e:  # e.g. an unknown split
+        raise CRRError(f"could not load {source}[{split}]: {e}") from None

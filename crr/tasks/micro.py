@@ -1,0 +1,526 @@
+"""The embedded micro task set: procedurally generated SWE tasks that run anywhere in seconds.
+
+Each task is a small Python package (a template from crr.tasks.templates plus generic filler
+modules, 3 to 20 modules), with exactly one bug injected by an AST transform (crr.tasks.bugs), an
+issue text written from the bug's observable symptom, a gold patch, and a test patch adding held-out
+tests. FAIL_TO_PASS and PASS_TO_PASS are not predicted but measured: pytest runs before and after
+the gold patch (test patch applied) in a throw-away clone, and swebench's pytest log parser reads
+the results, exactly as the evaluation will.
+
+Determinism: every random choice comes from `random.Random` seeded by strings built from
+(seed, split, index, attempt), git identities and dates are fixed, and the measuring pytest runs pin
+all nondeterminism (PYTHONHASHSEED=0, file order, and a plugin that seeds `random` and freezes
+`time.time_ns` around each test). So the same (n, seed, split, flaky_rate) gives the same rows byte
+for byte. A candidate whose bug is not revealed, or whose gold patch leaves a test failing, is
+replaced by the next attempt for the same index.
+
+Flaky tests (`flaky_rate`): a seed-chosen fraction of tasks get one labelled flaky test among
+PASS_TO_PASS that depends on the hash seed, the test order, unseeded randomness or the clock. The
+pinned measuring runs force its passing branch; unpinned runs (the determinism filter's reruns)
+make it flake. `metadata["flaky"]` records {"kind", "test"} as ground truth for the filter.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import logging
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from crr.errors import CRRError
+from crr.tasks.bugs import FAMILIES, Mutant, iter_mutants, mutants
+from crr.tasks.schema import DEFAULT_LOG_PARSER, DEFAULT_TEST_CMD, Task
+from crr.tasks.templates import FILLERS, TEMPLATES, Module, Template, templates_for
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "test")
+FLAKY_KINDS = ("hash_seed", "test_order", "random", "time")
+MAX_ATTEMPTS = 24         # candidates tried per task before giving up
+MAX_PROBED_MUTANTS = 8    # mutation sites evaluated per candidate
+PYTEST_TIMEOUT_S = 120
+
+# Fixed identity and dates (and no user or system git config) make base_commit a function of content.
+_GIT_ENV = {"GIT_AUTHOR_NAME": "crr micro", "GIT_AUTHOR_EMAIL": "micro@crr.invalid",
+            "GIT_COMMITTER_NAME": "crr micro", "GIT_COMMITTER_EMAIL": "micro@crr.invalid",
+            "GIT_AUTHOR_DATE": "2024-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2024-01-01T00:00:00+0000",
+            "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+
+# Loaded into the measuring pytest runs only (never part of a task's repository).
+_PIN_PLUGIN = '''\
+"""Pin the nondeterminism a micro test can touch, so F2P/P2P measurement is reproducible."""
+import random
+import time
+
+import pytest
+
+FROZEN_NS = 1_700_000_000_000_000_000  # an even microsecond
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    random.seed(0)
+    real = time.time_ns
+    time.time_ns = lambda: FROZEN_NS
+    try:
+        yield
+    finally:
+        time.time_ns = real
+'''
+_PIN_MODULE = "crr_micro_pin"
+
+
+@dataclass(frozen=True)
+class _Case:
+    module: str
+    function: str
+    args: str      # Python source of the call's arguments
+    core: bool     # a template module (bugs live there), not a filler
+
+
+@dataclass
+class _TestFile:
+    module: str
+    header: list[str] = field(default_factory=list)   # import lines
+    visible: list[str] = field(default_factory=list)  # test function sources at base_commit
+    held_out: list[str] = field(default_factory=list)  # added by the test patch
+
+
+def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rate: float = 0.0,
+                   progress: Callable[[Task], None] | None = None) -> list[Task]:
+    """Generate `n` tasks into `out_dir` (tasks.jsonl + repos/<id>.bundle) and return them.
+
+    `out_dir` must not exist or be empty; it is filled atomically (built next to it, then renamed).
+    """
+    if split not in SPLITS:
+        raise CRRError(f"unknown micro split {split!r}; use one of {', '.join(SPLITS)}")
+    if n < 1:
+        raise CRRError(f"--n must be at least 1, got {n}")
+    if not 0.0 <= flaky_rate <= 1.0:
+        raise CRRError(f"--flaky-rate must be between 0 and 1, got {flaky_rate}")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise CRRError(f"{out_dir} already exists and is not an empty directory; choose a new --out "
+                       "(nothing was written)")
+    from crr.tasks.loaders import write_tasks
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    scratch = Path(tempfile.mkdtemp(prefix="crr-micro-"))
+    try:
+        (scratch / f"{_PIN_MODULE}.py").write_text(_PIN_PLUGIN)
+        flaky = _flaky_plan(n, seed, split, flaky_rate)
+        tasks = []
+        for index in range(n):
+            task = _generate_task(index, seed, split, flaky.get(index), build, scratch)
+            tasks.append(task)
+            if progress is not None:
+                progress(task)
+        write_tasks(tasks, build / "tasks.jsonl")
+        if out_dir.exists():
+            out_dir.rmdir()  # empty, checked above
+        os.rename(build, out_dir)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+    # repo_src now points into out_dir, not the build directory
+    return [_rebase(t, build, out_dir) for t in tasks]
+
+
+def _rebase(task: Task, old: Path, new: Path) -> Task:
+    from dataclasses import replace
+
+    return replace(task, repo_src=str(new.resolve() / Path(task.repo_src).relative_to(old.resolve())))
+
+
+# ------------------------------------------------------------------------------------ planning
+
+def _flaky_plan(n: int, seed: int, split: str, rate: float) -> dict[int, str]:
+    """index -> flaky kind for round(rate * n) seed-chosen tasks, kinds in a seed-shuffled cycle."""
+    rng = random.Random(f"micro:{seed}:{split}:{n}:flaky")
+    chosen = sorted(rng.sample(range(n), round(rate * n)))
+    kinds = list(FLAKY_KINDS)
+    rng.shuffle(kinds)
+    return {index: kinds[i % len(kinds)] for i, index in enumerate(chosen)}
+
+
+@functools.lru_cache(maxsize=None)
+def _has_sites(template_name: str, family: str) -> bool:
+    template = next(t for t in TEMPLATES if t.name == template_name)
+    return any(next(iter_mutants(m.source, family, random.Random(0)), None) for m in template.modules)
+
+
+def _choices(index: int, seed: int, split: str) -> tuple[str, list[Template]]:
+    """The task's bug family (a seed-shuffled cycle, so every family appears) and its templates in
+    the order attempts try them (a rotated seed-shuffled cycle, so templates are balanced)."""
+    rng = random.Random(f"micro:{seed}:{split}:order")
+    families = list(FAMILIES)
+    rng.shuffle(families)
+    pool = list(templates_for(split))
+    rng.shuffle(pool)
+    family = families[index % len(families)]
+    rotated = [pool[(index + k) % len(pool)] for k in range(len(pool))]
+    return family, [t for t in rotated if _has_sites(t.name, family)]
+
+
+def _generate_task(index: int, seed: int, split: str, flaky: str | None, out: Path, scratch: Path) -> Task:
+    family, templates = _choices(index, seed, split)
+    instance_id = f"micro-{split}-{seed}-{index}"
+    for attempt in range(MAX_ATTEMPTS):
+        rng = random.Random(f"micro:{seed}:{split}:{index}:{attempt}")
+        work = scratch / f"{instance_id}-{attempt}"
+        try:
+            task = _candidate(instance_id, templates[attempt % len(templates)], family, flaky, split, rng, work, out)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        if task is not None:
+            return task
+        log.debug("%s: attempt %d rejected", instance_id, attempt)
+    raise CRRError(f"could not generate {instance_id} in {MAX_ATTEMPTS} attempts; this is a bug in crr's "
+                   "micro generator, please report the seed and split")
+
+
+# ------------------------------------------------------------------------------------ one candidate
+
+def _candidate(instance_id: str, template: Template, family: str, flaky: str | None, split: str,
+               rng: random.Random, work: Path, out: Path) -> Task | None:
+    package = rng.choice(template.packages)
+    n_decoys = rng.randint(0, 3)
+    target = rng.randint(3, 20)
+    base_count = len(template.modules) + 1 + (n_decoys > 0)  # template modules, __init__, legacy
+    fillers = rng.sample(FILLERS, min(len(FILLERS), max(0, target - base_count)))
+    modules = [*template.modules, *fillers]
+    cases = [_Case(m.name, fn, args, m in template.modules)
+             for m in modules for fn, arg_list in m.cases.items() for args in arg_list]
+
+    # 1. Expected values and candidate bugs, evaluated in a fresh process.
+    repo = work / "repo"
+    files = _package_files(package, template, modules)
+    _write(repo, files)
+    sites = [(m, mu) for m in template.modules for mu in mutants(m.source, family, rng)]
+    rng.shuffle(sites)
+    sites = sites[:MAX_PROBED_MUTANTS]
+    probe = _probe(repo, package, cases, sites)
+    reference = probe["reference"]
+    unusable = [i for i, r in enumerate(reference) if "error" in r]
+    if unusable:
+        log.warning("%s: template %s has unusable cases %s", instance_id, template.name,
+                    [(cases[i].function, reference[i]["error"]) for i in unusable])
+    chosen = next(((m, mu, res) for (m, mu), res in zip(sites, probe["mutants"])
+                   if res["revealing"] and not res["timeout"]), None)
+    if chosen is None:
+        return None
+    bug_module, bug, result = chosen
+    revealing = set(result["revealing"]) - set(unusable)
+    if not revealing:
+        return None
+
+    # 2. Held-out tests: every revealing case plus a few passing ones of the same functions.
+    bug_functions = {cases[i].function for i in revealing}
+    passing_peers = [i for i, c in enumerate(cases) if c.function in bug_functions and i not in revealing
+                     and i not in unusable]
+    held_out = revealing | set(rng.sample(passing_peers, min(2, len(passing_peers))))
+
+    # 3. The repository at base_commit: the bug, decoys, visible tests, maybe a flaky test.
+    files[f"{package}/{bug_module.name}.py"] = bug.source
+    decoys = _decoy_functions(template, bug, bug_module, n_decoys, rng)
+    if decoys:
+        legacy = rng.choice(("legacy", "compat"))
+        files[f"{package}/{legacy}.py"] = _legacy_module(package, bug_module, bug, decoys)
+    tests, test_ids = _test_files(package, modules, cases, reference, held_out, unusable)
+    flaky_test = _plant_flaky(flaky, tests, template, rng) if flaky else None
+    shutil.rmtree(repo)
+    _write(repo, {**files, **{f"tests/test_{t.module}.py": _render(t, held_out=False) for t in tests.values()}})
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", f"{package}: initial import")
+    base_commit = _git(repo, "rev-parse", "HEAD").strip()
+
+    # 4. Test patch and gold patch as real git diffs against base_commit.
+    test_patch = _diff(repo, {f"tests/test_{t.module}.py": _render(t, held_out=True)
+                              for t in tests.values() if t.held_out})
+    patch = _diff(repo, {f"{package}/{bug_module.name}.py": bug_module.source})
+
+    # 5. Measure FAIL_TO_PASS / PASS_TO_PASS.
+    _git(repo, "apply", "-", stdin=test_patch)
+    before = _pytest(repo, work.parent)
+    _git(repo, "apply", "-", stdin=patch)
+    after = _pytest(repo, work.parent)
+    if not after or any(status != "PASSED" for status in after.values()):
+        return None  # the gold patch must pass everything
+    f2p = [t for t in after if before.get(t) != "PASSED"]
+    p2p = [t for t in after if before.get(t) == "PASSED"]
+    held_ids = {test_ids[i] for i in held_out}
+    if not f2p or not set(f2p) <= held_ids or (flaky_test and flaky_test not in p2p):
+        return None
+
+    # 6. The issue text, from one measured failing test.
+    case_of = {tid: i for i, tid in test_ids.items()}
+    symptoms = sorted((i for i in (case_of[t] for t in f2p) if str(i) in result["observed"]),
+                      key=lambda i: (len(cases[i].args) + len(result["observed"][str(i)]), i))
+    if not symptoms:
+        return None
+    shown = rng.choice(symptoms[:3])
+    problem = _issue(rng, package, template, cases[shown], reference[shown], result["observed"][str(shown)])
+
+    bundle = out / "repos" / f"{instance_id}.bundle"
+    bundle.parent.mkdir(parents=True, exist_ok=True)
+    _git(repo, "bundle", "create", "-q", str(bundle), "HEAD", "main")
+
+    n_modules = sum(1 for path in files if path.startswith(f"{package}/"))
+    indirect = bug.function not in bug_functions
+    metadata = {
+        "split": split, "template": template.name, "bug_family": family,
+        "difficulty": _difficulty(n_modules, len(decoys), family, indirect),
+        "n_modules": n_modules, "n_decoys": len(decoys), "package": package,
+        "buggy_file": f"{package}/{bug_module.name}.py", "buggy_function": bug.function,
+        "flaky": {"kind": flaky, "test": flaky_test} if flaky else None,
+    }
+    return Task(instance_id=instance_id, repo=f"micro/{template.name}", base_commit=base_commit,
+                problem_statement=problem, patch=patch, test_patch=test_patch,
+                FAIL_TO_PASS=tuple(f2p), PASS_TO_PASS=tuple(p2p), version="1.0",
+                log_parser=DEFAULT_LOG_PARSER, repo_src=str(bundle.resolve()), test_cmd=DEFAULT_TEST_CMD,
+                metadata=metadata)
+
+
+def _difficulty(n_modules: int, n_decoys: int, family: str, indirect: bool) -> str:
+    """Tier from what makes localisation hard: package size, look-alike code, the bug's kind, and
+    whether the symptom shows only through callers of the buggy function."""
+    score = (0 if n_modules <= 5 else 1 if n_modules <= 11 else 2) + (n_decoys + 1) // 2 + FAMILIES[family] + indirect
+    return "easy" if score <= 2 else "medium" if score <= 4 else "hard"
+
+
+# ------------------------------------------------------------------------------------ files
+
+def _package_files(package: str, template: Template, modules: list[Module]) -> dict[str, str]:
+    names = ", ".join(f"`{m.name}`" for m in modules)
+    files = {
+        "README.md": f"# {package}\n\nA small library to {template.purpose}.\n\nModules: {names}.\n\n"
+                     "Run the tests with `python -m pytest`.\n",
+        "pyproject.toml": f'[project]\nname = "{package}"\nversion = "1.0.0"\nrequires-python = ">=3.9"\n\n'
+                          '[tool.pytest.ini_options]\ntestpaths = ["tests"]\n',
+        f"{package}/__init__.py": f'"""{package}: {template.purpose}."""\n\n__version__ = "1.0.0"\n',
+    }
+    files.update({f"{package}/{m.name}.py": m.source for m in modules})
+    return files
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def _test_files(package: str, modules: list[Module], cases: list[_Case], reference: list[dict],
+                held_out: set[int], unusable: list[int]) -> tuple[dict[str, _TestFile], dict[int, str]]:
+    """One test file per tested module; returns the files and case index -> pytest node id."""
+    files: dict[str, _TestFile] = {}
+    test_ids: dict[int, str] = {}
+    counters: dict[str, int] = {}
+    for part in (False, True):  # visible tests first, so held-out ones continue their numbering
+        for i, case in enumerate(cases):
+            if i in unusable or (i in held_out) != part:
+                continue
+            tf = files.setdefault(case.module, _TestFile(case.module))
+            counters[case.function] = counters.get(case.function, 0) + 1
+            name = f"test_{case.function}_{counters[case.function]}"
+            call = f"{case.function}({case.args})"
+            ref = reference[i]
+            if "raises" in ref:
+                body = f"    with pytest.raises({ref['raises']}):\n        {call}\n"
+            elif isinstance(ast.literal_eval(ref["value"]), float):
+                body = f"    assert {call} == pytest.approx({ref['value']})\n"
+            else:
+                body = f"    assert {call} == {ref['value']}\n"
+            (tf.held_out if part else tf.visible).append(f"def {name}():\n{body}")
+            test_ids[i] = f"tests/test_{case.module}.py::{name}"
+    for module, tf in files.items():
+        functions = list(dict.fromkeys(c.function for c in cases if c.module == module))
+        tf.header = ["import pytest", "", f"from {package}.{module} import {', '.join(functions)}"]
+    return files, test_ids
+
+
+def _render(tf: _TestFile, held_out: bool) -> str:
+    tests = tf.visible + (tf.held_out if held_out else [])
+    return "\n".join(tf.header) + "\n\n\n" + "\n\n".join(tests)
+
+
+def _decoy_functions(template: Template, bug: Mutant, bug_module: Module, n: int,
+                     rng: random.Random) -> list[tuple[Module, str]]:
+    """(module, function) pairs copied into a legacy module: the buggy function first (its copy
+    keeps the bug, so fixing the copy fixes nothing), then other template functions."""
+    if n == 0:
+        return []
+    others = [(m, f.name) for m in template.modules for f in ast.parse(m.source).body
+              if isinstance(f, ast.FunctionDef) and f.name != bug.function]
+    return [(bug_module, bug.function), *rng.sample(others, min(n - 1, len(others)))]
+
+
+def _legacy_module(package: str, bug_module: Module, bug: Mutant, decoys: list[tuple[Module, str]]) -> str:
+    imports: list[str] = []
+    bodies: list[str] = []
+    copied = {name for _, name in decoys}
+    for module, name in decoys:
+        source = bug.source if module is bug_module else module.source
+        tree = ast.parse(source)
+        func = next(f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == name)
+        bodies.append(ast.get_source_segment(source, func))
+        used = {n.id for n in ast.walk(func) if isinstance(n, ast.Name)}
+        for stmt in tree.body:  # the module-level names the copy needs, imported from where they live
+            if isinstance(stmt, ast.Import):
+                imports += [f"import {a.name}" for a in stmt.names if (a.asname or a.name) in used]
+            elif isinstance(stmt, ast.ImportFrom):
+                pkg_rel = "." * stmt.level + (stmt.module or "")
+                imports += [f"from {pkg_rel} import {a.name}" for a in stmt.names
+                            if (a.asname or a.name) in used and a.name not in copied]
+            else:
+                defined = [stmt.name] if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) else [
+                    t.id for t in getattr(stmt, "targets", []) if isinstance(t, ast.Name)]
+                imports += [f"from .{module.name} import {d}" for d in defined if d in used and d not in copied]
+    doc = (f'"""Deprecated entry points kept for code written against {package} 0.x.\n\n'
+           f'New code should import these from the modules they moved to.\n"""\n')
+    head = "\n".join(dict.fromkeys(sorted(imports, key=lambda s: (not s.startswith("import"), s))))
+    return doc + ("\n" + head + "\n" if head else "") + "\n\n" + "\n\n\n".join(bodies) + "\n"
+
+
+# ------------------------------------------------------------------------------------ flaky tests
+
+_FLAKY_WORDS = ("north", "south", "east", "west", "amber", "cobalt", "violet", "olive", "alpha", "delta")
+
+
+def _plant_flaky(kind: str, tests: dict[str, _TestFile], template: Template, rng: random.Random) -> str:
+    """Append a flaky test to a template module's visible tests; returns its node id."""
+    module = rng.choice([m.name for m in template.modules if m.name in tests])
+    tf = tests[module]
+    stem = module
+    if kind == "hash_seed":
+        words = rng.sample(_FLAKY_WORDS, 4)
+        literal = "{" + ", ".join(json.dumps(w) for w in words) + "}"
+        order = _hash_seed_zero_order(literal)
+        name = f"test_{stem}_labels_render_in_order"
+        tf.visible.append(f"def {name}():\n    labels = {literal}\n    assert \", \".join(labels) == {json.dumps(order)}\n")
+    elif kind == "test_order":
+        word = rng.choice(_FLAKY_WORDS)
+        name = f"test_{stem}_audit_log_starts_empty"
+        tf.visible.append(f"_AUDIT_LOG = []\n\n\ndef {name}():\n    assert _AUDIT_LOG == []\n")
+        tf.visible.append(f"def test_{stem}_audit_log_records():\n    _AUDIT_LOG.append({word!r})\n"
+                          f"    assert _AUDIT_LOG[-1] == {word!r}\n")
+    elif kind == "random":
+        name = f"test_{stem}_jitter_in_upper_band"
+        tf.header.insert(0, "import random")
+        tf.visible.append(f"def {name}():\n    jitter = random.random()\n    assert jitter >= 0.5\n")
+    elif kind == "time":
+        name = f"test_{stem}_clock_token_is_even"
+        tf.header.insert(0, "import time")
+        tf.visible.append(f"def {name}():\n    token = time.time_ns() // 1000\n    assert token % 2 == 0\n")
+    else:
+        raise ValueError(f"unknown flaky kind {kind!r}")
+    return f"tests/test_{module}.py::{name}"
+
+
+def _hash_seed_zero_order(literal: str) -> str:
+    """How the set literal iterates under PYTHONHASHSEED=0, the seed the measuring runs use."""
+    out = subprocess.run([sys.executable, "-c", f"print(', '.join({literal}))"], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONHASHSEED": "0"}, check=True)
+    return out.stdout.strip()
+
+
+# ------------------------------------------------------------------------------------ issue text
+
+def _issue(rng: random.Random, package: str, template: Template, case: _Case, reference: dict, observed: str) -> str:
+    call = f"{case.function}({case.args})"
+    expected = f"`{reference['value']}`" if "value" in reference else f"a `{reference['raises']}`"
+    raised = observed.startswith("raises ")
+    observed_md = f"raises `{observed[7:]}`" if raised else f"returns `{observed[8:]}`"
+    if raised:
+        title = f"{case.function}() raises {observed[7:].split(':')[0]} for valid input"
+    else:
+        title = rng.choice((f"`{case.function}` gives a wrong result",
+                            f"Unexpected output from {package}.{case.module}.{case.function}",
+                            f"{case.function}() returns the wrong value"))
+    if "raises" in reference:
+        expected_line = f"I expected it to raise {expected}."
+    else:
+        expected_line = f"I expected {expected}."
+    style = rng.randrange(3)
+    if style == 0:
+        shown = f"Traceback (most recent call last):\n  ...\n{observed[7:]}" if raised else observed[8:]
+        body = (f"I'm using {package} to {template.purpose}. This call gives the wrong answer:\n\n"
+                f"```python\n>>> from {package}.{case.module} import {case.function}\n>>> {call}\n{shown}\n```\n\n"
+                f"{expected_line}")
+    elif style == 1:
+        body = (f"**Describe the bug**\n`{call}` {observed_md}.\n\n**To reproduce**\n```python\n"
+                f"from {package}.{case.module} import {case.function}\nprint({call})\n```\n\n"
+                f"**Expected behaviour**\n{expected_line}")
+    else:
+        body = (f"Calling `{package}.{case.module}.{case.function}({case.args})` {observed_md}. "
+                f"{expected_line} Could someone take a look?")
+    return f"{title}\n\n{body}\n"
+
+
+# ------------------------------------------------------------------------------------ processes
+
+def _git(repo: Path, *args: str, stdin: str | None = None) -> str:
+    """git with the pinned identity/dates and no user config (crr.replay.checkout's helper uses the
+    user's environment, which would make base_commit and the diffs machine-dependent)."""
+    out = subprocess.run(["git", *args], cwd=repo, input=stdin, capture_output=True, text=True,
+                         env={**os.environ, **_GIT_ENV})
+    if out.returncode != 0:
+        raise CRRError(f"git {' '.join(args)} failed in {repo}: {out.stderr.strip()[-400:]}")
+    return out.stdout
+
+
+def _diff(repo: Path, files: dict[str, str]) -> str:
+    """The unified diff that turns base_commit into base_commit + `files`; the tree is reset after."""
+    _write(repo, files)
+    _git(repo, "add", "-A")
+    try:
+        return _git(repo, "diff", "--cached", "--no-color", "--no-ext-diff", "--full-index")
+    finally:
+        _git(repo, "reset", "-q", "--hard")
+
+
+def _probe(repo: Path, package: str, cases: list[_Case], sites: list[tuple[Module, Mutant]]) -> dict:
+    request = {"root": str(repo), "package": package,
+               "cases": [{"module": c.module, "function": c.function, "args": c.args} for c in cases],
+               "mutants": [{"file": f"{package}/{m.name}.py", "source": mu.source} for m, mu in sites],
+               "probe_cases": [i for i, c in enumerate(cases) if c.core]}
+    out = subprocess.run([sys.executable, "-m", "crr.tasks.probe"], input=json.dumps(request), text=True,
+                         capture_output=True, timeout=PYTEST_TIMEOUT_S, env=_pinned_env())
+    if out.returncode != 0:
+        raise CRRError(f"the micro probe failed: {out.stderr.strip()[-600:]}")
+    return json.loads(out.stdout)
+
+
+def _pinned_env(plugin_dir: Path | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
+    if plugin_dir is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugin_dir), env.get("PYTHONPATH")]))
+    return env
+
+
+def _pytest(repo: Path, plugin_dir: Path) -> dict[str, str]:
+    """Test id -> status of one pinned pytest run, read by swebench's pytest parser."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
+    # plain asserts and no timeout plugin only make the run faster; outcomes are the same
+    cmd = [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "-p", "no:randomly",
+           "-p", "no:timeout", "--assert=plain", "-p", _PIN_MODULE]
+    try:
+        out = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=PYTEST_TIMEOUT_S,
+                             env=_pinned_env(plugin_dir))
+    except subprocess.TimeoutExpired:
+        return {}
+    return PARSER_REGISTRY[DEFAULT_LOG_PARSER](out.stdout, None)
+

@@ -1,0 +1,58 @@
+"""Shared fixtures: offline, isolated caches, and real git-backed tasks.
+
+Every test session gets its own CRR_CACHE_DIR (base checkouts, sandboxes) so tests never write to
+~/.cache, and HF_HUB_OFFLINE=1 so nothing reaches for a model hub.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from crr.replay.bench import commit_all
+from crr.tasks.schema import Task
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["CRR_CACHE_DIR"] = tempfile.mkdtemp(prefix="crr-test-cache-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cache = os.environ.pop("CRR_CACHE_DIR", None)
+    if cache and Path(cache).name.startswith("crr-test-cache-"):
+        # A leaked mount would make rmtree delete through it; unmount first (tests check for leaks).
+        with open("/proc/mounts") as f:
+            mounts = [line.split()[1] for line in f if line.split()[1].startswith(cache + "/")]
+        for mnt in sorted(mounts, reverse=True):
+            subprocess.run(["umount", "-l", mnt], capture_output=True, check=False)
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def git_repo(path: Path, files: dict[str, str]) -> str:
+    """Make a git repository at `path` holding `files` in one commit; returns the commit sha."""
+    for rel, text in files.items():
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).write_text(text)
+    return commit_all(path)
+
+
+@pytest.fixture
+def make_task(tmp_path: Path) -> Callable[..., Task]:
+    """make_task(files, instance_id="t1", **task_fields) -> a Task over a real, committed git repo."""
+
+    def make(files: dict[str, str], instance_id: str = "t1", **task_fields) -> Task:
+        repo = Path(tempfile.mkdtemp(dir=tmp_path, prefix=f"repo-{instance_id}-"))
+        commit = git_repo(repo, files)
+        defaults = {"instance_id": instance_id, "repo": f"local/{instance_id}", "base_commit": commit,
+                    "problem_statement": "", "patch": "", "test_patch": "", "FAIL_TO_PASS": (),
+                    "PASS_TO_PASS": (), "version": "0", "repo_src": str(repo)}
+        return Task(**{**defaults, **task_fields})
+
+    return make

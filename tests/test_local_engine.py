@@ -1,0 +1,376 @@
+"""The local fork engine on real git repositories, real processes and real overlay mounts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from crr.errors import CRRError, SandboxError
+from crr.replay import get_engine
+from crr.replay.base import MAX_OUTPUT_BYTES, ForkEngine, Sandbox, tree_digest
+from crr.replay.local import LocalEngine, gc_leftovers
+from crr.replay.overlay import OverlayWorkspace
+
+FILES = {"README.md": "hello\n", "pkg/__init__.py": "", "pkg/core.py": "def f():\n    return 1\n",
+         "pkg/sub/deep.py": "X = 1\n", "docs/guide.txt": "guide\n", "gone/a.txt": "a\n", "gone/b.txt": "b\n"}
+# Every kind of change a fork must reproduce: contents, modes, deletions (files and a whole dir, then
+# the dir re-created), new files in new nested dirs, symlinks to files and dirs, an empty dir.
+EDITS = ("printf 'def f():\\n    return 2\\n' > pkg/core.py && chmod 755 pkg/sub/deep.py && rm README.md "
+         "&& rm -r gone && mkdir -p gone new/a/b empty && echo fresh > gone/c.txt && echo n > new/a/b/n.py "
+         "&& ln -s pkg/core.py link.py && ln -s pkg dirlink")
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="overlayfs and namespaces need root")
+
+
+@pytest.fixture(params=[pytest.param(True, marks=needs_root, id="overlay"), pytest.param(False, id="copy")])
+def engine(request, tmp_path):
+    eng = LocalEngine(workdir=tmp_path / "sandboxes", overlay=request.param)
+    yield eng
+    eng.close()
+    assert not _mounts_under(tmp_path), "a mount outlived its engine"
+
+
+@pytest.fixture
+def task(make_task):
+    return make_task(FILES)
+
+
+def _mounts_under(path: Path) -> list[str]:
+    with open("/proc/self/mounts") as f:
+        return [line for line in f if line.split()[1].startswith(str(path))]
+
+
+def _procs_with(*argv: str) -> list[int]:
+    """Pids whose command line is exactly `argv`."""
+    want = "\0".join(argv).encode() + b"\0"
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and (d / "cmdline").read_bytes() == want:
+                pids.append(int(d.name))
+        except OSError:
+            pass
+    return pids
+
+
+def test_protocol_and_registry(engine):
+    assert isinstance(engine, ForkEngine)
+    assert isinstance(get_engine("local", workdir=engine.workdir), LocalEngine)
+    with pytest.raises(CRRError, match="choose one of local, docker"):
+        get_engine("vm")
+
+
+def test_restore_is_exact(engine, task):
+    with engine.start(task) as parent:
+        assert isinstance(parent, Sandbox)
+        res = parent.exec(EDITS)
+        assert res.exit_code == 0, res.output
+        want = tree_digest(parent)
+        snap = parent.snapshot()
+        with engine.restore(snap) as fork:
+            assert tree_digest(fork) == want
+            assert fork.read_file("pkg/core.py") == b"def f():\n    return 2\n"
+            assert fork.read_file("new/a/b/n.py") == b"n\n"
+            assert fork.read_file("gone/c.txt") == b"fresh\n"
+            root = Path(fork.repo_dir)
+            assert not (root / "README.md").exists() and not (root / "gone/a.txt").exists()
+            assert os.stat(root / "pkg/sub/deep.py").st_mode & 0o777 == 0o755
+            assert os.readlink(root / "link.py") == "pkg/core.py" and os.readlink(root / "dirlink") == "pkg"
+            assert (root / "empty").is_dir() and not any((root / "empty").iterdir())
+            status = "git status --porcelain | sort"
+            assert fork.exec(status).output == parent.exec(status).output
+        engine.release(snap)
+
+
+def test_forks_are_isolated(engine, task):
+    with engine.start(task) as parent:
+        parent.write_file("shared.txt", b"parent\n")
+        snap = parent.snapshot()
+        with engine.restore(snap) as a, engine.restore(snap) as b:
+            a.write_file("shared.txt", b"a\n")
+            a.exec("rm pkg/core.py && echo a > only_a.txt")
+            parent.write_file("after.txt", b"parent later\n")
+            assert b.read_file("shared.txt") == b"parent\n" and b.read_file("pkg/core.py")
+            assert parent.read_file("shared.txt") == b"parent\n" and parent.read_file("pkg/core.py")
+            for sb in (parent, b):
+                assert sb.exec("test -e only_a.txt").exit_code == 1
+            for sb in (a, b):
+                assert sb.exec("test -e after.txt").exit_code == 1
+            with engine.restore(snap) as c:  # the snapshot is unchanged by everything above
+                assert c.read_file("shared.txt") == b"parent\n" and c.exec("ls").output == b.exec("ls").output
+        engine.release(snap)
+
+
+def test_fork_of_fork_ten_generations(engine, task):
+    sb = engine.start(task)
+    expected = {}
+    for gen in range(10):
+        edit = f"echo {gen} > gen{gen}.txt && echo {gen} >> pkg/core.py"
+        if gen == 2:
+            edit += " && rm -r pkg/sub"          # a whiteout over a base dir
+        if gen == 4:
+            edit += " && mkdir pkg/sub && echo new > pkg/sub/other.py"  # recreated: must stay opaque
+        if gen == 6:
+            edit += " && rm gen1.txt"            # a whiteout over a layer-only file
+        assert sb.exec(edit).exit_code == 0
+        expected[gen] = tree_digest(sb)
+        snap = sb.snapshot()
+        child = engine.restore(snap)
+        engine.release(snap)                     # the child keeps its layer alive
+        sb.close()
+        assert tree_digest(child) == expected[gen]
+        if engine.mode == "overlay":
+            (mount,) = _mounts_under(Path(child.repo_dir))
+            lowers = mount.split("lowerdir=")[1].split(",")[0].split(":")
+            assert len(lowers) == 2, lowers      # flattened: layer + base, however deep
+        sb = child
+    assert sb.exec("test -e pkg/sub/deep.py").exit_code == 1  # the base's deep.py stays hidden
+    assert sb.read_file("pkg/sub/other.py") == b"new\n"
+    assert sb.exec("ls gen*.txt").output.split() == [f"gen{g}.txt" for g in range(10) if g != 1]
+    assert sb.read_file("pkg/core.py").endswith(b"".join(b"%d\n" % g for g in range(10)))
+    sb.close()
+    assert sorted(p.name for p in engine.dir.iterdir()) == ["crr-owner.json"]  # layers freed by refcount
+
+
+def test_release_keeps_layer_until_last_fork_closes(engine, task):
+    with engine.start(task) as sb:
+        sb.write_file("x.txt", b"x")
+        snap = sb.snapshot()
+        layer = Path(snap.handle["path"])
+        fork = engine.restore(snap)
+        engine.release(snap)
+        engine.release(snap)  # idempotent
+        assert fork.read_file("x.txt") == b"x"
+        assert layer.exists() == (engine.mode == "overlay")  # a copy fork does not stack on its layer
+        with pytest.raises(CRRError, match="not held"):
+            engine.restore(snap)
+        fork.close()
+        assert not layer.exists()
+
+
+def test_exec_codes_env_and_limits(engine, task):
+    with engine.start(task) as sb:
+        assert sb.exec("exit 3").exit_code == 3
+        assert sb.exec("kill -9 $$").exit_code == 137
+        res = sb.exec("echo out; echo err >&2; pwd")
+        assert res.output.splitlines() == ["out", "err", sb.repo_dir] and not res.truncated
+        env = sb.exec("command -v python; echo $HOME $LANG $PYTHONHASHSEED $PYTHONDONTWRITEBYTECODE")
+        env = env.output.split()
+        assert env[0] == str(Path(sys.executable).parent / "python")
+        assert env[1] != os.environ.get("HOME") and env[2:] == ["C.UTF-8", "0", "1"]
+        assert sb.exec("echo $PYTHONHASHSEED", env={"PYTHONHASHSEED": "7"}).output == "7\n"
+        table = sb.exec("cat /proc/self/limits").output.splitlines()
+        limits = {ln[:26].strip(): ln[26:].split() for ln in table}
+        assert limits["Max address space"][:2] == [str(2048 << 20)] * 2
+        assert limits["Max core file size"][:2] == ["0", "0"]
+        assert limits["Max file size"][:2] == [str(1024 << 20)] * 2
+
+
+def test_bad_commands_are_crr_errors(engine, task):
+    with engine.start(task) as sb:
+        with pytest.raises(CRRError, match="NUL"):
+            sb.exec("echo a\0b")
+        with pytest.raises(CRRError, match="too long"):
+            sb.exec("echo " + "x" * 200_000)
+        assert sb.exec("echo ok").output == "ok\n"
+
+
+def test_ctrl_c_during_a_command_kills_it(engine, task):
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    with engine.start(task) as sb:
+        old = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.5)
+            with pytest.raises(KeyboardInterrupt):
+                sb.exec("sleep 106.7 & sleep 106.7", timeout=30)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        assert _procs_with("sleep", "106.7") == []
+        assert sb.exec("echo usable").output == "usable\n"
+
+
+def test_overlay_refuses_paths_it_cannot_express(tmp_path):
+    (tmp_path / "a:b").mkdir()
+    with pytest.raises(CRRError, match="cannot take the path"):
+        OverlayWorkspace(tmp_path / "ws", tmp_path / "a:b")
+    assert not (tmp_path / "ws").exists()
+
+
+def test_runaway_file_is_cut_at_the_size_limit(task, tmp_path):
+    with LocalEngine(workdir=tmp_path / "sb", fsize_limit_mb=1) as eng, eng.start(task) as sb:
+        res = sb.exec("head -c 5000000 /dev/zero > big.bin")
+        assert res.exit_code != 0
+        assert len(sb.read_file("big.bin")) == 1 << 20
+
+
+def test_timeout_kills_the_whole_process_tree(engine, task):
+    with engine.start(task) as sb:
+        t0 = time.monotonic()
+        res = sb.exec("sleep 101.7 & sleep 101.7", timeout=1)
+        assert res.timed_out and res.exit_code == 124
+        assert time.monotonic() - t0 < 2.5
+        assert _procs_with("sleep", "101.7") == []
+        # Background processes never outlive the command that started them (stateless sandbox).
+        t0 = time.monotonic()
+        assert sb.exec("(sleep 102.7 &) ; echo started", timeout=30).output == "started\n"
+        assert time.monotonic() - t0 < 2.5 and _procs_with("sleep", "102.7") == []
+
+
+def test_output_flood_is_bounded(engine, task):
+    with engine.start(task) as sb:
+        res = sb.exec("yes", timeout=1)
+        assert res.timed_out and res.truncated
+        assert len(res.output.encode()) < MAX_OUTPUT_BYTES + 100
+        assert res.output.startswith("y\ny\n") and "bytes of output truncated" in res.output
+        res = sb.exec("head -c 3000000 /dev/urandom; echo; echo THE-END")  # ends by itself
+        assert res.exit_code == 0 and res.truncated and res.output.endswith("THE-END\n")
+
+
+@needs_root
+def test_fork_bomb_is_bounded(task, tmp_path):
+    with LocalEngine(workdir=tmp_path / "sb", pids_limit=32) as eng, eng.start(task) as sb:
+        assert eng.enforced["pids_cgroup"] and eng.enforced["pid_namespace"]
+        spawn = textwrap.dedent("""\
+            import subprocess
+            n = 0
+            for _ in range(200):
+                try:
+                    subprocess.Popen(["sleep", "103.7"])
+                    n += 1
+                except OSError:
+                    break
+            print(n)
+            """)
+        res = sb.exec(f"python -c '{spawn}'", timeout=30)
+        assert res.exit_code == 0, res.output
+        assert 0 < int(res.output.split()[-1]) < 32  # the cgroup capped it
+        assert _procs_with("sleep", "103.7") == []  # and all of them died with the command
+        res = sb.exec("while true; do sleep 104.7 & done", timeout=2)  # bash retries forks: a stall
+        assert res.timed_out and _procs_with("sleep", "104.7") == []
+        assert sb.exec("echo alive").output == "alive\n"
+    assert not (Path("/sys/fs/cgroup/pids/crr") / eng.dir.name).exists()  # the engine's cgroup went with it
+
+
+def test_no_network_inside(engine, task):
+    if not engine.enforced["net_namespace"]:
+        pytest.skip("network namespaces are unavailable on this machine")
+    with engine.start(task) as sb:
+        devices = sb.exec("tail -n +3 /proc/net/dev | cut -d: -f1").output.split()
+        assert devices == ["lo"]
+        res = sb.exec("python -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)\"")
+        assert res.exit_code != 0 and "unreachable" in res.output
+
+
+def test_paths_outside_the_repository_are_refused(engine, task, tmp_path):
+    with engine.start(task) as sb:
+        sb.exec("ln -s /etc etc_link && ln -s ../../.. up")
+        for bad in ("../x", "/etc/passwd", "etc_link/passwd", "up/secret", "pkg/../../x"):
+            with pytest.raises(CRRError, match="outside the repository"):
+                sb.read_file(bad)
+            with pytest.raises(CRRError, match="outside the repository"):
+                sb.write_file(bad, b"nope")
+        assert not (Path(sb.repo_dir).parent / "x").exists()
+        sb.write_file(f"{sb.repo_dir}/pkg/abs.py", b"ok")  # absolute but inside: fine
+        sb.write_file("brand/new/file.txt", b"made")
+        assert sb.read_file("pkg/abs.py") == b"ok" and sb.read_file("brand/new/file.txt") == b"made"
+        with pytest.raises(CRRError, match="cannot read"):
+            sb.read_file("missing.txt")
+
+
+def test_nothing_outlives_close_or_an_exception(engine, task):
+    sb = engine.start(task)
+    sb_root = Path(sb.repo_dir).parent.parent
+    sb.close()
+    sb.close()  # idempotent
+    assert not sb_root.exists() and not _mounts_under(sb_root)
+    with pytest.raises(CRRError, match="closed"):
+        sb.exec("true")
+    with pytest.raises(RuntimeError, match="agent crashed"), engine.start(task) as sb2:
+        sb2.snapshot()
+        raise RuntimeError("agent crashed")
+    assert not _mounts_under(engine.dir)
+    engine.start(task)  # left open: engine.close() must take it and its snapshots down
+    engine.start(task).snapshot()
+    engine.close()
+    engine.close()
+    assert not engine.dir.exists() and not _mounts_under(engine.workdir)
+    with pytest.raises(CRRError, match="closed"):
+        engine.start(task)
+
+
+_CRASH = """
+import json, os, sys, threading, time
+from crr.replay.local import LocalEngine
+from crr.tasks.schema import Task
+task = Task(**json.loads(sys.argv[1]))
+engine = LocalEngine(workdir=sys.argv[2])
+sb = engine.start(task)
+sb.exec("echo dirty > x.txt")
+engine.restore(sb.snapshot())
+print(engine.dir, flush=True)
+if sys.argv[3] == "crash":
+    threading.Thread(target=sb.exec, args=("sleep 105.7",), kwargs={"timeout": 100}, daemon=True).start()
+    time.sleep(0.5)
+    os._exit(1)  # no atexit, no finally: what a SIGKILL or power loss leaves behind
+"""
+
+
+def _run_owner(task, workdir: Path, how: str) -> Path:
+    row = {k: v for k, v in task.__dict__.items() if k not in ("metadata", "extra")}
+    out = subprocess.run([sys.executable, "-c", _CRASH, json.dumps(row), str(workdir), how],
+                         capture_output=True, text=True, timeout=60, env=os.environ, check=False)
+    assert out.returncode == (1 if how == "crash" else 0), out.stderr
+    return Path(out.stdout.strip())
+
+
+@needs_root
+def test_gc_leftovers_removes_crashed_engines_only(task, tmp_path):
+    workdir = tmp_path / "sandboxes"
+    dead = _run_owner(task, workdir, "crash")
+    cgroup = Path("/sys/fs/cgroup/pids/crr") / dead.name
+    assert dead.is_dir() and len(_mounts_under(dead)) == 2 and cgroup.is_dir()
+    assert _procs_with("sleep", "105.7")  # a command in flight outlived its owner
+    with LocalEngine(workdir=workdir) as live, live.start(task) as sb:
+        removed = gc_leftovers(workdir)
+        assert str(dead) in removed and str(cgroup) in removed
+        assert sum(r.startswith(str(dead)) and r.endswith("/tree") for r in removed) == 2
+        assert not dead.exists() and not _mounts_under(dead) and not cgroup.exists()
+        assert _procs_with("sleep", "105.7") == []
+        assert sb.exec("echo still here").output == "still here\n"  # a live engine is not touched
+        assert [r for r in gc_leftovers(workdir) if str(workdir) in r or live.dir.name in r] == []
+
+
+@needs_root
+def test_exit_without_close_leaves_nothing(task, tmp_path):
+    owner_dir = _run_owner(task, tmp_path / "sandboxes", "exit")
+    assert owner_dir.name.startswith("crr-engine-")
+    assert not owner_dir.exists() and not _mounts_under(tmp_path)
+
+
+@needs_root
+def test_overlay_unavailable_falls_back_to_copies_once(task, tmp_path, caplog):
+    base = tmp_path / "base"
+    base.mkdir()
+    with OverlayWorkspace(tmp_path / "ws", base) as ws:  # an upper dir cannot live on overlayfs
+        with pytest.raises(SandboxError, match="overlayfs is unavailable"):
+            LocalEngine(workdir=ws.tree / "sb", overlay=True)
+        with caplog.at_level(logging.WARNING, logger="crr.replay.local"):
+            engines = [LocalEngine(workdir=ws.tree / "sb") for _ in range(2)]
+        assert [e.mode for e in engines] == ["copy", "copy"]
+        assert sum("fall back to plain copies" in r.message for r in caplog.records) == 1
+        with engines[0].start(task) as sb:
+            assert sb.read_file("pkg/core.py").startswith(b"def f")
+        for e in engines:
+            e.close()

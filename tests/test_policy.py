@@ -1,0 +1,301 @@
+"""The policy: the tiny default model, its tokenizer and chat template under TRL, grammar-constrained
+tool calls with per-token log-probabilities and entropy, and the CRR proposal's exclusion."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import jsonschema
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+from typer.testing import CliRunner
+
+from crr.agent.prompt import SYSTEM_PROMPT, TOOL_SCHEMAS
+from crr.agent.tools import parse_tool_call
+from crr.errors import CRRError
+from crr.policy import TransformersBackend, VLLMBackend, default_model_dir, init_tiny_model, load_policy
+from crr.policy.backend import DEFAULT_MAX_EXCLUSION_TRIES
+from crr.policy.model import MODEL_VERSION, SIZES, param_count
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+MAX_VALUE_CHARS = 6
+# Worst case for the longest call with 6-character values (every character its own token, escapes
+# as \uXXXX) is about 125 tokens, so bounded calls always complete within this budget.
+BUDGET = 160
+_BY_NAME = {t["function"]["name"]: t["function"]["parameters"] for t in TOOL_SCHEMAS}
+
+
+def conversation(issue: str = "Fix the off-by-one error in calc/core.py") -> list[dict]:
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": issue}]
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """The default model, built on first use into a fresh crr cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CRR_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        path = default_model_dir()
+        assert path.name == f"tiny-{MODEL_VERSION}"
+        mtime = (path / "model.safetensors").stat().st_mtime_ns
+        assert default_model_dir() == path  # cached: not rebuilt
+        assert (path / "model.safetensors").stat().st_mtime_ns == mtime
+    return path
+
+
+@pytest.fixture(scope="session")
+def policy(tiny_dir):
+    return load_policy(tiny_dir)
+
+
+@pytest.fixture(scope="session")
+def backend(policy):
+    return TransformersBackend(*policy, max_value_chars=MAX_VALUE_CHARS)
+
+
+def teacher_forced(model, grammar, prompt_ids, action_ids, temperature):
+    """Independent reference: one full forward pass, the grammar masks replayed by a fresh matcher."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt_ids + action_ids])).logits[0].float()
+    matcher, behaviour, policy_lp, entropy = grammar.matcher(), [], [], []
+    for k, token in enumerate(action_ids):
+        row = logits[len(prompt_ids) + k - 1]
+        masked = row.masked_fill(~matcher.allowed(), -math.inf)
+        p = torch.softmax(masked, -1)
+        behaviour.append(float(torch.log_softmax(masked / temperature, -1)[token]))
+        policy_lp.append(float(torch.log_softmax(row, -1)[token]))
+        entropy.append(float(-(p[p > 0] * p[p > 0].log()).sum()))
+        matcher.advance(token)
+    return behaviour, policy_lp, entropy
+
+
+# ----------------------------------------------------------------------------- the model
+
+def test_tiny_model_loads_offline_with_its_tokenizer(tiny_dir, policy):
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    assert model.config.model_type == "qwen3"
+    assert 4_000_000 < param_count(model) < 5_000_000
+    assert 4000 <= len(tokenizer) <= 8000 and model.config.vocab_size == len(tokenizer)
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
+    call = '<tool_call>\n{"name": "submit_patch", "arguments": {}}\n</tool_call>'
+    ids = tokenizer.encode(call, add_special_tokens=False)
+    assert ids[0] == tokenizer.convert_tokens_to_ids("<tool_call>") and tokenizer.decode(ids) == call
+    assert tokenizer.decode(ids, skip_special_tokens=True) == call  # tool tags are not special: parsers see them
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+    # the small size, counted without allocating weights
+    with torch.device("meta"):
+        small = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tokenizer), tie_word_embeddings=True, **SIZES["small"]))
+    assert 12_000_000 < param_count(small) < 15_000_000
+
+
+def test_init_is_deterministic_per_seed_and_refuses_to_overwrite(tiny_dir, tmp_path):
+    runner = CliRunner()
+    from crr.cli import app
+
+    result = runner.invoke(app, ["model", "init", "--out", str(tmp_path / "again"), "--seed", "0"])
+    assert result.exit_code == 0, result.output
+    assert "4,4" in result.output and "parameters" in result.output and "vocab 6,1" in result.output
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json"):
+        assert (tmp_path / "again" / name).read_bytes() == (tiny_dir / name).read_bytes(), name
+    other = init_tiny_model(tmp_path / "seed1", seed=1)
+    assert (other / "tokenizer.json").read_bytes() == (tiny_dir / "tokenizer.json").read_bytes()
+    assert (other / "model.safetensors").read_bytes() != (tiny_dir / "model.safetensors").read_bytes()
+    result = runner.invoke(app, ["model", "init", "--out", str(tmp_path / "again")])
+    assert result.exit_code == 2 and "not an empty directory" in result.output
+    with pytest.raises(CRRError, match="unknown model size"):
+        init_tiny_model(tmp_path / "x", size="huge")
+    with pytest.raises(CRRError, match="cannot load a model"):
+        load_policy(tmp_path / "missing")
+
+
+def test_chat_template_renders_tool_turns_and_trl_keeps_it(policy, tmp_path):
+    import trl.chat_template_utils as ctu
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    model, tokenizer = policy
+    call = {"type": "function", "function": {"name": "view_file", "arguments": {"path": "calc/core.py", "start": 3}}}
+    messages = [*conversation(), {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "name": "view_file", "content": "   3\tdef add(a, b):"}]
+    text = tokenizer.apply_chat_template(messages, tools=TOOL_SCHEMAS, tokenize=False, add_generation_prompt=True)
+    assert SYSTEM_PROMPT in text and '"name": "edit_file"' in text  # the tool catalogue
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "view_file", "arguments": {"path": "calc/core.py", '
+            '"start": 3}}\n</tool_call><|im_end|>\n') in text
+    assert "<|im_start|>user\n<tool_response>\n   3\tdef add(a, b):\n</tool_response><|im_end|>\n" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    # TRL recognises it: tool calling, prefix preservation, its response parser, its training variant
+    assert ctu.supports_tool_calling(tokenizer) and ctu.is_chat_template_prefix_preserving(tokenizer)
+    assert tokenizer.response_template is not None  # saved with the tokenizer
+    assert ctu.get_training_chat_template(tokenizer) == ctu.qwen3_instruct_2507_training_chat_template
+    parsed = tokenizer.parse_response('<tool_call>\n{"name": "view_file", "arguments": {"path": "a.py"}}\n'
+                                      "</tool_call><|im_end|>", prefix="")
+    assert parsed["tool_calls"][0]["function"] == {"name": "view_file", "arguments": {"path": "a.py"}}
+
+    def view_file(path: str) -> str:
+        """Show a file.
+
+        Args:
+            path: the file
+        """
+        return path
+
+    args = GRPOConfig(output_dir=str(tmp_path), report_to="none", per_device_train_batch_size=2, num_generations=2,
+                      max_completion_length=8, use_cpu=True, bf16=False, save_strategy="no")
+    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+                          train_dataset=Dataset.from_dict({"prompt": [conversation()[1:]] * 2}),
+                          processing_class=tokenizer, tools=[view_file])
+    assert trainer.chat_template is None  # prefix-preserving: TRL did not swap in a training template
+
+
+# ----------------------------------------------------------------------------- constrained generation
+
+def test_every_sampled_call_is_a_valid_call(backend, policy):
+    _, tokenizer = policy
+    samples = backend.generate([conversation()] * 8, temperature=1.0, seed=3, max_new_tokens=BUDGET)
+    names = set()
+    for s in samples:
+        assert not s.truncated
+        call = json.loads(s.text)
+        assert list(call) == ["name", "arguments"]
+        jsonschema.validate(call["arguments"], _BY_NAME[call["name"]])  # independent of the grammar
+        assert parse_tool_call(s.text).name == call["name"]
+        names.add(call["name"])
+        # the action is exactly what the chat template renders for this call
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]}],
+            tokenize=False)
+        if "\\" not in s.text:  # tojson may spell escapes differently
+            assert rendered == f"<|im_start|>assistant\n{tokenizer.decode(s.action_ids)}\n"
+        assert s.action_ids[-1] == tokenizer.eos_token_id
+        retokenized = backend.grammar.tokenize(s.text)  # a tokenization the sampler can emit
+        assert tokenizer.decode(retokenized) == tokenizer.decode(s.action_ids)
+    assert len(names) >= 2
+
+
+def test_unbounded_grammar_calls_parse_or_are_flagged_truncated(policy):
+    backend = TransformersBackend(*policy)  # the schema's own (unbounded) strings
+    samples = backend.generate([conversation()] * 8, temperature=0.6, seed=0, max_new_tokens=24)
+    for s in samples:
+        if s.truncated:
+            assert len(s.action_ids) == 24 and s.action_ids[-1] != policy[1].eos_token_id
+        else:
+            parse_tool_call(s.text)
+    assert any(not s.truncated for s in samples)
+
+
+def test_greedy_is_deterministic(backend):
+    a = backend.generate([conversation()] * 2, temperature=0.0, seed=0, max_new_tokens=BUDGET)
+    b = backend.generate([conversation()] * 2, temperature=0.0, seed=99, max_new_tokens=BUDGET)
+    assert [s.action_ids for s in a] == [s.action_ids for s in b]
+    assert a[0].action_ids == a[1].action_ids
+    assert all(lp == 0.0 for lp in a[0].behaviour_logprobs) and a[0].proposal_logprob == 0.0
+
+
+def test_sampling_is_reproducible_for_a_seed_and_varies_across_seeds(backend):
+    batch = [conversation()] * 6
+    a = backend.generate(batch, temperature=0.6, seed=7, max_new_tokens=BUDGET)
+    b = backend.generate(batch, temperature=0.6, seed=7, max_new_tokens=BUDGET)
+    c = backend.generate(batch, temperature=0.6, seed=8, max_new_tokens=BUDGET)
+    assert [(s.action_ids, s.behaviour_logprobs, s.entropies) for s in a] == \
+           [(s.action_ids, s.behaviour_logprobs, s.entropies) for s in b]
+    assert [s.action_ids for s in a] != [s.action_ids for s in c]
+    assert len({tuple(s.action_ids) for s in a}) > 1  # rows of one batch draw independently
+
+
+def test_entropy_is_zero_on_forced_tokens_and_H_t_averages_semantic_tokens(backend):
+    samples = backend.generate([conversation()] * 4, temperature=0.6, seed=1, max_new_tokens=BUDGET)
+    for s in samples:
+        matcher = backend.grammar.matcher()
+        for token, h, semantic in zip(s.action_ids, s.entropies, s.semantic):
+            assert semantic == (int(matcher.allowed().sum()) > 1)
+            if not semantic:
+                assert h == 0.0
+            matcher.advance(token)
+        assert not s.semantic[0] and not s.semantic[-1]  # <tool_call> and the eos are forced
+        semantic_h = [h for h, sem in zip(s.entropies, s.semantic) if sem]
+        assert semantic_h and s.entropy == pytest.approx(sum(semantic_h) / len(semantic_h))
+        assert s.entropy > 0
+        assert 0 <= s.grammar_rejections <= len(s.action_ids)
+
+
+def test_logprobs_match_a_teacher_forced_pass(backend, policy):
+    model, _ = policy
+    batch = [conversation("x"), conversation("a longer issue text, so the batch is left-padded " * 3)]
+    for temperature in (0.6, 1.3):
+        for s in backend.generate(batch, temperature=temperature, seed=5, max_new_tokens=BUDGET):
+            behaviour, policy_lp, entropy = teacher_forced(model, backend.grammar, s.prompt_ids, s.action_ids,
+                                                           temperature)
+            assert s.behaviour_logprobs == pytest.approx(behaviour, abs=1e-4)
+            assert s.policy_logprobs == pytest.approx(policy_lp, abs=1e-4)
+            assert s.entropies == pytest.approx(entropy, abs=1e-4)
+            assert s.proposal_logprob == pytest.approx(sum(behaviour), abs=1e-3)
+
+
+def test_exclude_never_returns_the_realised_call(policy):
+    model, _ = policy
+    # two tools, so the excluded call (submit_patch) carries much of the mass and resampling happens
+    tools = [t for t in TOOL_SCHEMAS if t["function"]["name"] in ("submit_patch", "run_tests")]
+    backend = TransformersBackend(*policy, tools=tools, max_value_chars=MAX_VALUE_CHARS)
+    realised = '{"name": "submit_patch", "arguments": {}}'
+    samples = backend.generate([conversation()] * 8, temperature=0.7, seed=0, max_new_tokens=BUDGET,
+                               exclude=[realised] * 8)
+    for s in samples:
+        assert not s.exclusion_failed
+        assert parse_tool_call(s.text).canonical() != parse_tool_call(realised).canonical()
+    assert any(s.tries > 1 for s in samples)
+    prompt, excluded_ids = samples[0].prompt_ids, backend.grammar.tokenize(realised)
+    logq = sum(teacher_forced(model, backend.grammar, prompt, excluded_ids, 0.7)[0])
+    for s in samples:
+        assert s.excluded_logprob == pytest.approx(logq, abs=1e-4)
+        assert s.proposal_logprob == pytest.approx(sum(s.behaviour_logprobs) - math.log1p(-math.exp(logq)), abs=1e-4)
+    # a catalogue of one call: every try is the excluded call, so the proposal has no support
+    submit_only = TransformersBackend(*policy, tools=[t for t in tools if t["function"]["name"] == "submit_patch"])
+    [s] = submit_only.generate([conversation()], temperature=0.7, seed=0, max_new_tokens=BUDGET, exclude=[realised])
+    assert s.exclusion_failed and s.tries == DEFAULT_MAX_EXCLUSION_TRIES
+    assert s.excluded_logprob == pytest.approx(0.0, abs=1e-5)
+    assert s.proposal_logprob == -math.inf
+
+
+def test_bad_generation_input_is_a_crr_error(backend):
+    conv = [conversation()]
+    for kwargs, message in [(dict(temperature=-1.0), "temperature"), (dict(max_new_tokens=0), "max_new_tokens"),
+                            (dict(exclude=[None, None]), "2 entries"), (dict(exclude=["{oops"]), "not a valid"),
+                            (dict(temperature=0.0, exclude=['{"name": "submit_patch", "arguments": {}}']), "T_cf")]:
+        args = dict(temperature=0.7, seed=0, max_new_tokens=8) | kwargs
+        with pytest.raises(CRRError, match=message):
+            backend.generate(conv, **args)
+
+
+def test_cli_model_generate(tiny_dir):
+    from crr.cli import app
+
+    result = CliRunner().invoke(app, ["model", "generate", "--model", str(tiny_dir), "--prompt", "Fix calc/core.py",
+                                      "--n", "2", "--max-value-chars", "4", "--seed", "1"])
+    assert result.exit_code == 0, result.output
+    assert "H_t" in result.output and "grammar rejection rate" in result.output and '"name"' in result.output
+    result = CliRunner().invoke(app, ["model", "generate", "--model", str(tiny_dir), "--prompt", "x", "--n", "2",
+                                      "--max-value-chars", "4", "--json"])
+    records = json.loads(result.stdout)
+    assert len(records) == 2 and {"text", "entropy", "behaviour_logprobs", "rejection_rate"} <= set(records[0])
+
+
+# ----------------------------------------------------------------------------- vLLM (GPU only)
+
+def test_vllm_backend(policy, tiny_dir):
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(CRRError, match="pip install 'crr\\[gpu\\]'"):
+            VLLMBackend(*policy, model_path=str(tiny_dir))
+        pytest.skip("vllm is not installed (the optional `gpu` extra); checked its CRRError instead")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU: the vLLM backend needs one")
+    model, tokenizer = load_policy(tiny_dir, device="cuda")
+    backend = VLLMBackend(model, tokenizer, model_path=str(tiny_dir), max_value_chars=MAX_VALUE_CHARS,
+                          gpu_memory_utilization=0.3)
+    for s in backend.generate([conversation()] * 4, temperature=0.6, seed=0, max_new_tokens=BUDGET):
+        parse_tool_call(s.text)
+        assert len(s.behaviour_logprobs) == len(s.action_ids) == len(s.entropies)
