@@ -461,3 +461,37 @@ def filter_bench_command(
                   f"{result['deterministic_tasks']} deterministic tasks, infra errors {result['infra_errors']}, "
                   f"{speed} tasks/min", highlight=False, soft_wrap=True)
     console.print(f"run directory: {result['run_dir']}", highlight=False)
+
+
+# --- sandbox ----------------------------------------------------------------------------------
+sandbox_app = typer.Typer(help="Sandboxes: clean up what crashed runs left behind.", no_args_is_help=True)
+app.add_typer(sandbox_app, name="sandbox")
+
+
+@sandbox_app.command("gc")
+@friendly
+def sandbox_gc(
+    all_: bool = typer.Option(False, "--all", help="Also remove the per-task image and /testbed caches."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would be removed."),
+) -> None:
+    """Remove the containers, snapshot images, mounts and directories of crashed crr runs (only
+    crr's, only those whose owning process is gone)."""
+    from crr.errors import SandboxError
+    from crr.replay import docker as docker_engine
+    from crr.replay.local import gc_leftovers
+
+    verb = "would remove" if dry_run else "removed"
+    try:
+        removed = docker_engine.gc(all=all_, dry_run=dry_run)
+        console.print(f"docker: {verb} {len(removed)}", highlight=False)
+        for item in removed:
+            console.print(f"  {item}", highlight=False)
+    except SandboxError as e:
+        console.print(f"docker: skipped ({e})", highlight=False)
+    if dry_run:  # gc_leftovers has no dry run
+        console.print("local: skipped (no dry run for local engine leftovers)", highlight=False)
+        return
+    removed = gc_leftovers()
+    console.print(f"local: {verb} {len(removed)}", highlight=False)
+    for item in removed:
+        console.print(f"  {item}", highlight=False)

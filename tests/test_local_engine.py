@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -263,14 +264,27 @@ def test_fork_bomb_is_bounded(task, tmp_path):
     assert not (Path("/sys/fs/cgroup/pids/crr") / eng.dir.name).exists()  # the engine's cgroup went with it
 
 
-def test_no_network_inside(engine, task):
+_SERVE = """python -c "
+import pathlib, socket, time
+s = socket.socket(); s.bind(('127.0.0.1', 8765)); s.listen()
+socket.create_connection(('127.0.0.1', 8765)); pathlib.Path('bound').touch(); print('served'); time.sleep(%s)"
+"""
+
+
+def test_no_network_but_a_private_loopback(engine, task):
     if not engine.enforced["net_namespace"]:
         pytest.skip("network namespaces are unavailable on this machine")
-    with engine.start(task) as sb:
-        devices = sb.exec("tail -n +3 /proc/net/dev | cut -d: -f1").output.split()
-        assert devices == ["lo"]
-        res = sb.exec("python -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)\"")
+    with engine.start(task) as a, engine.start(task) as b, ThreadPoolExecutor(1) as pool:
+        assert a.exec("tail -n +3 /proc/net/dev | cut -d: -f1").output.split() == ["lo"]
+        res = a.exec("python -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)\"")
         assert res.exit_code != 0 and "unreachable" in res.output
+        held = pool.submit(a.exec, _SERVE % 3)
+        deadline = time.monotonic() + 10
+        while not (Path(a.repo_dir) / "bound").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (Path(a.repo_dir) / "bound").exists()
+        assert b.exec(_SERVE % 0).output == "served\n"  # the same port, held by `a` right now
+        assert held.result().output == "served\n"
 
 
 def test_paths_outside_the_repository_are_refused(engine, task, tmp_path):

@@ -46,10 +46,11 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Literal
+from typing import Literal, Self
 
 import docker
 import docker.errors
@@ -78,8 +79,8 @@ _GRACE_S = 10.0  # client-side guard: how long past its timeout an action may ru
 # never sees EOF) and runs that action's script with stdout on the action's `out` FIFO, then writes
 # its exit status; the host reads `out` to EOF. While it waits for an action, dash also reaps the
 # orphans that the kernel re-parents to PID 1, so killed trees leave no zombies against pids_limit.
-_PID1 = ["sh", "-c", f"cd /; exec 3<>{CTL_DIR}/req; while :; do if read -r id <&3; then "
-         f'd={CTL_DIR}/$id; {{ sh "$d/cmd" 2>"$d/err"; echo $? >"$d/rc"; }} >"$d/out"; fi; done']
+_PID1 = ["sh", "-c", (f"cd /; exec 3<>{CTL_DIR}/req; while :; do if read -r id <&3; then "
+                      f'd={CTL_DIR}/$id; {{ sh "$d/cmd" 2>"$d/err"; echo $? >"$d/rc"; }} >"$d/out"; fi; done')]
 
 # One action, after `set -- TIMEOUT COMMAND`. Coreutils `timeout` bounds it (TERM, then KILL 2 s
 # later). The command's stderr is joined to its stdout, so the action's stderr (`err`) carries only
@@ -199,7 +200,7 @@ class DockerSandbox:
 
     repo_dir = REPO_DIR
 
-    def __init__(self, engine: "DockerEngine", task: Task, box: _Container, image: str, depth: int = 0,
+    def __init__(self, engine: DockerEngine, task: Task, box: _Container, image: str, depth: int = 0,
                  snapshot_id: str | None = None, workspace: OverlayWorkspace | None = None):
         self.engine, self.task, self.box, self.image, self.depth = engine, task, box, image, depth
         self.name = box.name
@@ -349,7 +350,7 @@ class DockerSandbox:
             self.closed = True
         self.engine._close_sandbox(self)
 
-    def __enter__(self) -> "DockerSandbox":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -494,9 +495,21 @@ class DockerEngine:
                 for fut in queue:
                     if fut.exception() is None:
                         self._discard(fut.result())
+            self._sweep()
             _dispose_root(self.root)
 
-    def __enter__(self) -> "DockerEngine":
+    def _sweep(self) -> None:
+        """Remove whatever still carries this engine's label (a start or commit cut short by an
+        interrupt, say): nothing outlives its owner."""
+        label = f"{ENGINE}={self.id}"
+        try:
+            for c in self.api.containers(all=True, filters={"label": label}):
+                self.api.remove_container(c["Id"], force=True)
+            _remove_images(self.api, self.api.images(all=True, filters={"label": [label, f"{ROLE}=snapshot"]}))
+        except (docker.errors.DockerException, requests.RequestException) as e:
+            log.warning("engine %s: could not remove all its leftovers (%s); crr sandbox gc will", self.id, e)
+
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -623,6 +636,7 @@ class DockerEngine:
                     nano_cpus=int(self.cpus * 1e9), pids_limit=self.pids_limit, mounts=mounts)
                 box.id = container.id
                 container.start()
+                self._wait_for_pid1(box)
                 if slot is not None:
                     attrs = self.api.inspect_container(container.id)
                     box.pid, box.upper = attrs["State"]["Pid"], attrs["GraphDriver"]["Data"].get("UpperDir", "")
@@ -631,6 +645,25 @@ class DockerEngine:
             self._discard(box)
             raise
         return box
+
+    def _wait_for_pid1(self, box: _Container, limit_s: float = 30.0) -> None:
+        """Return once PID 1 holds the request FIFO (open() fails with ENXIO until it does)."""
+        deadline, next_check = time.monotonic() + limit_s, time.monotonic() + 1.0
+        while True:
+            try:
+                os.close(os.open(box.ctl / "req", os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW))
+                return
+            except OSError as e:
+                if e.errno != errno.ENXIO:
+                    raise
+            if time.monotonic() > next_check:  # a PID 1 that died (no sh in the image?) won't come
+                state = self.api.inspect_container(box.id)["State"]
+                if not state["Running"] or time.monotonic() > deadline:
+                    logs = self.api.logs(box.id, tail=5).decode(errors="replace").strip()
+                    raise SandboxError(f"container {box.name} did not come up ({state['Status']}); "
+                                       f"its image needs /bin/sh; log: {logs or '(empty)'}")
+                next_check = time.monotonic() + 1.0
+            time.sleep(0.002)
 
     def _discard(self, box: _Container) -> None:
         if box.id:
@@ -746,7 +779,11 @@ class DockerEngine:
             fut = queue.popleft() if queue else self._background.submit(self._start_warm, image)
             if len(queue) < self.pool_size:
                 self._background.submit(self._refill, image)
-        return fut.result()
+        try:
+            return fut.result()
+        except BaseException:  # interrupted while waiting: the container must not go astray
+            fut.add_done_callback(lambda f: f.exception() or self._discard(f.result()))
+            raise
 
     def _start_warm(self, image: str) -> _Container:
         slot = self.root / "slots" / uuid.uuid4().hex[:12]
@@ -826,12 +863,18 @@ def gc(all: bool = False, dry_run: bool = False) -> list[str]:
         if not dry_run:
             with contextlib.suppress(docker.errors.NotFound):
                 api.remove_container(c["Id"], force=True)
-    # Newest first and by tag: a parent snapshot is then only untagged, and pruned with its child.
-    for im in sorted(api.images(all=True, filters={"label": f"{OWNER}=crr"}), key=lambda i: -i["Created"]):
-        labels, tags = im.get("Labels") or {}, [t for t in im.get("RepoTags") or [] if t != "<none>:<none>"]
-        role = labels.get(ROLE)
-        if not ((role == "snapshot" and not _owner_alive(labels)) or (role == "task" and all)):
-            continue
+    images = [im for im in api.images(all=True, filters={"label": f"{OWNER}=crr"})
+              if ((im.get("Labels") or {}).get(ROLE) == "snapshot" and not _owner_alive(im["Labels"]))
+              or ((im.get("Labels") or {}).get(ROLE) == "task" and all)]
+    return done + _remove_images(api, images, dry_run) + _gc_host(all, dry_run)
+
+
+def _remove_images(api: docker.APIClient, images: list[dict], dry_run: bool = False) -> list[str]:
+    """Remove images newest first and by tag, so that a parent snapshot is only untagged and goes
+    with its last child; one in use by a container is left (and logged). Returns what went."""
+    done: list[str] = []
+    for im in sorted(images, key=lambda i: -i["Created"]):
+        tags = [t for t in im.get("RepoTags") or [] if t != "<none>:<none>"]
         for ref in tags or [im["Id"]]:
             try:
                 if not dry_run:
@@ -839,9 +882,9 @@ def gc(all: bool = False, dry_run: bool = False) -> list[str]:
                 done.append(f"image {ref if tags else ref[7:19]}")
             except docker.errors.NotFound:
                 pass
-            except docker.errors.APIError as e:  # in use by a container, or a parent of another image
+            except docker.errors.APIError as e:
                 log.info("left image %s: %s", ref, e.explanation)
-    return done + _gc_host(all, dry_run)
+    return done
 
 
 def _gc_host(all: bool, dry_run: bool) -> list[str]:

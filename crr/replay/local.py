@@ -9,11 +9,13 @@ What each command is held to (probed once per process; a missing piece is logged
 - its own session; at the timeout its process group gets SIGTERM, then SIGKILL after a short grace;
 - a fresh PID namespace (`unshare --pid --kill-child`): when the command's shell ends or is killed,
   the kernel kills everything it started, including processes that left the group with setsid;
-- a fresh network namespace (`unshare --net`): only a loopback device that is down, no network;
+- a network namespace per sandbox with only its own loopback up: no network, yet tests that serve
+  on 127.0.0.1 work, and concurrent forks never contend for the same port;
 - a pids cgroup per engine (`pids.max`, cgroup v1): a fork bomb hits the cap, not the machine
   (RLIMIT_NPROC counts all of the user's processes and is not enforced for root at all). Commands
   are born in it: they are spawned from one thread that joined it once, because moving each new
-  process into a cgroup waits for an RCU grace period (5-25 ms a command here);
+  process into a cgroup waits for an RCU grace period (5-25 ms a command here). The same thread
+  enters a sandbox's network namespace (setns) before spawning its command;
 - per-process RLIMIT_AS (memory), RLIMIT_FSIZE (runaway files) and RLIMIT_CORE = 0.
 Without root only the session, the timeout kill, the rlimits and plain copies remain.
 """
@@ -21,7 +23,9 @@ Without root only the session, the timeout kill, the rlimits and plain copies re
 from __future__ import annotations
 
 import atexit
+import ctypes
 import errno
+import fcntl
 import functools
 import itertools
 import json
@@ -31,6 +35,8 @@ import re
 import selectors
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -53,6 +59,8 @@ OWNER_FILE = "crr-owner.json"  # marks an engine dir as crr's and names the proc
 _PREFIX = "crr-engine-"
 _GRACE_S = 0.5  # between SIGTERM and SIGKILL at a timeout
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_CLONE_NEWNET, _SIOCSIFFLAGS, _IFF_UP = 0x40000000, 0x8914, 0x1
+_libc = ctypes.CDLL(None, use_errno=True)
 _live: set[LocalEngine] = set()  # strong: an engine left unclosed still holds mounts until exit
 _warned: set[str] = set()
 
@@ -85,13 +93,14 @@ class LocalEngine:
             self.mode = "copy"
         self._workspace = OverlayWorkspace if self.mode == "overlay" else CopyWorkspace
         self._limits = (mem_limit_mb, fsize_limit_mb)
-        self._unshare, namespaces = _namespaces()
+        self._unshare = _pid_namespace()
         self.dir = Path(tempfile.mkdtemp(dir=self.workdir, prefix=f"{_PREFIX}{os.getpid()}-"))
         owner = {"pid": os.getpid(), "start": _start_time(os.getpid())}
         (self.dir / OWNER_FILE).write_text(json.dumps(owner))
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="crr-spawn")
         self._cgroup = self._join_pids_cgroup(pids_limit)
-        self.enforced = {"pid_namespace": "pid" in namespaces, "net_namespace": "net" in namespaces,
+        self._netns = self._probe_netns()
+        self.enforced = {"pid_namespace": bool(self._unshare), "net_namespace": self._netns,
                          "pids_cgroup": self._cgroup is not None, "rlimits": "as,fsize,core"}
         self._sandboxes: set[LocalSandbox] = set()
         self._snapshots: dict[str, tuple[Layer, Task]] = {}
@@ -150,12 +159,16 @@ class LocalEngine:
         sb_dir = self.dir / f"sb-{k}"
         for d in (sb_dir, sb_dir / "home", sb_dir / "tmp"):
             d.mkdir()
+        netns = None
         try:
+            netns = self._spawner.submit(_new_netns).result() if self._netns else None
             workspace = make_workspace(sb_dir / "ws")
         except BaseException:
+            if netns is not None:
+                os.close(netns)
             shutil.rmtree(sb_dir, ignore_errors=True)
             raise
-        sb = LocalSandbox(self, task, workspace, sb_dir)
+        sb = LocalSandbox(self, task, workspace, sb_dir, netns)
         with self._lock:
             self._sandboxes.add(sb)
         return sb
@@ -172,20 +185,20 @@ class LocalEngine:
             self._snapshots[snap.id] = (layer, sb.task)
         return snap
 
-    def _popen(self, command: str, **kwargs) -> subprocess.Popen:
-        """Start `bash -c command` from the spawner thread (so inside the pids cgroup).
+    def _popen(self, command: str, netns: int | None, **kwargs) -> subprocess.Popen:
+        """Start `bash -c command` from the spawner thread, in the pids cgroup and network namespace.
 
-        sh sets the rlimits, then execs unshare, whose PID 1 (a small sh: PID 1 would ignore even
-        `kill -9 $$` from inside) runs bash. A wrapper rather than a preexec_fn lets Popen vfork:
-        forking a trainer with gigabytes of resident memory would cost tens of ms per command.
+        unshare's child, PID 1 of the new namespace, is a small sh that sets the rlimits and runs
+        bash (as PID 1, bash would ignore even `kill -9 $$`). A wrapper rather than a preexec_fn
+        lets Popen vfork: forking a trainer with gigabytes of resident memory costs tens of ms.
         """
-        mem_mb, fsize_mb = self._limits
-        script = f"ulimit -v {mem_mb * 1024}; ulimit -f {fsize_mb * 2048}; ulimit -c 0; exec \"$@\""
-        init = ["/bin/sh", "-c", '"$@"; exit $?', "sh"] if self._unshare else []
-        argv = ["/bin/sh", "-c", script, "sh", *self._unshare, *init, "bash", "-c", command]
         if "\0" in command:
             raise CRRError("a command cannot contain a NUL byte")
-        future = self._spawner.submit(subprocess.Popen, argv, **kwargs)
+        mem_mb, fsize_mb = self._limits
+        limits = f"ulimit -v {mem_mb * 1024}; ulimit -f {fsize_mb * 2048}; ulimit -c 0"
+        init = f'{limits}; "$@"; exit $?' if self._unshare else f'{limits}; exec "$@"'
+        argv = [*self._unshare, "/bin/sh", "-c", init, "sh", "bash", "-c", command]
+        future = self._spawner.submit(_spawn, netns, argv, **kwargs)
         try:
             return future.result()
         except BlockingIOError:
@@ -197,8 +210,18 @@ class LocalEngine:
                                "128 KiB in one argument): write large files with write_file") from None
             raise SandboxError(f"cannot start a command: {e}") from e
         except BaseException:
-            future.add_done_callback(_kill_spawned)  # interrupted while spawning: don't leave it running
+            # Interrupted while spawning: don't leave it running.
+            future.add_done_callback(functools.partial(_kill_spawned, pid_namespace=bool(self._unshare)))
             raise
+
+    def _probe_netns(self) -> bool:
+        try:
+            os.close(self._spawner.submit(_new_netns).result())
+            return True
+        except OSError as e:
+            _warn_once(f"network namespaces are unavailable ({e}): local sandbox commands can reach the "
+                       "network")
+            return False
 
     def _join_pids_cgroup(self, limit: int) -> Path | None:
         """Make this engine's pids cgroup and move the spawner thread (only it) into it, once."""
@@ -220,11 +243,12 @@ class LocalEngine:
 class LocalSandbox:
     """One task's repository in a local workspace; commands run as processes in `repo_dir`."""
 
-    def __init__(self, engine: LocalEngine, task: Task, workspace: Workspace, sb_dir: Path):
+    def __init__(self, engine: LocalEngine, task: Task, workspace: Workspace, sb_dir: Path,
+                 netns: int | None):
         self.task, self.workspace = task, workspace
         self.repo_dir = str(workspace.tree)
         self._root = workspace.tree.resolve()
-        self._engine, self._dir = engine, sb_dir
+        self._engine, self._dir, self._netns = engine, sb_dir, netns
         self._env = {
             "PATH": f"{os.path.dirname(sys.executable)}:{_SYSTEM_PATH}",
             "HOME": str(sb_dir / "home"), "TMPDIR": str(sb_dir / "tmp"), "LANG": "C.UTF-8", "TZ": "UTC",
@@ -236,14 +260,14 @@ class LocalSandbox:
         """Run `command` with bash in the repository root; `env` adds to or overrides the clean env."""
         self._check_open()
         start = time.monotonic()
-        proc = self._engine._popen(command, cwd=self.repo_dir, env={**self._env, **(env or {})},
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        proc = self._engine._popen(command, self._netns, cwd=self.repo_dir,
+                                   env={**self._env, **(env or {})}, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         out, timed_out = BoundedOutput(), False
         try:
             timed_out = not _drain(proc, out, start + timeout)
         finally:  # also on KeyboardInterrupt: nothing the command started outlives this call
-            _stop(proc, graceful=timed_out)
+            _stop(proc, graceful=timed_out, pid_namespace=bool(self._engine._unshare))
             if timed_out:
                 _drain(proc, out, time.monotonic() + 0.2)
             proc.stdout.close()
@@ -275,6 +299,8 @@ class LocalSandbox:
             return
         self._closed = True
         self.workspace.close()
+        if self._netns is not None:
+            os.close(self._netns)  # the namespace goes with its last process
         shutil.rmtree(self._dir, ignore_errors=True)
         with self._engine._lock:
             self._engine._sandboxes.discard(self)
@@ -366,20 +392,41 @@ def _join_thread(cgroup: Path) -> None:
     (cgroup / "tasks").write_text(str(threading.get_native_id()))
 
 
-def _kill_spawned(future: Future) -> None:
+def _kill_spawned(future: Future, pid_namespace: bool) -> None:
     if not future.cancelled() and future.exception() is None:
-        _stop(future.result(), graceful=False)
+        _stop(future.result(), graceful=False, pid_namespace=pid_namespace)
 
 
-def _stop(proc: subprocess.Popen, graceful: bool) -> None:
+def _stop(proc: subprocess.Popen, graceful: bool, pid_namespace: bool) -> None:
+    """End the command and everything it started (in a PID namespace: returns once they are gone)."""
     if graceful and proc.poll() is None:
         _signal_group(proc.pid, signal.SIGTERM)
         try:
             proc.wait(_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
+    if pid_namespace and proc.poll() is None:
+        # Kill unshare's child (the namespace's PID 1) first: the kernel then kills and reaps the whole
+        # namespace before unshare can reap PID 1 and exit, so the wait below outlasts every process.
+        for pid in _children(proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            pass
     _signal_group(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -422,19 +469,35 @@ def _remove_cgroup(cgroup: Path | None) -> None:
 
 
 @functools.cache
-def _namespaces() -> tuple[list[str], frozenset[str]]:
-    """The `unshare` prefix that works here (probed once) and which namespaces it gives."""
+def _pid_namespace() -> list[str]:
+    """The `unshare` prefix that gives each command a PID namespace, or [] where it cannot (probed once)."""
     unshare = shutil.which("unshare")
-    for flags, kinds in ((["--pid", "--kill-child", "--net"], {"pid", "net"}),
-                         (["--pid", "--kill-child"], {"pid"})):
-        probe = [unshare, *flags, "--", "true"] if unshare else ["false"]
-        if subprocess.run(probe, capture_output=True, check=False).returncode == 0:
-            if "net" not in kinds:
-                _warn_once("network namespaces are unavailable: local sandbox commands can reach the network")
-            return [unshare, *flags, "--"], frozenset(kinds)
-    _warn_once("PID and network namespaces are unavailable (needs root and util-linux unshare): local "
-               "sandbox commands can reach the network, and only the process group is killed at the end")
-    return [], frozenset()
+    prefix = [unshare, "--pid", "--kill-child", "--"] if unshare else []
+    if prefix and subprocess.run([*prefix, "true"], capture_output=True, check=False).returncode == 0:
+        return prefix
+    _warn_once("PID namespaces are unavailable (needs root and util-linux unshare): only the process "
+               "group of a local sandbox command is killed when it ends")
+    return []
+
+
+def _new_netns() -> int:
+    """Move the calling thread into a fresh network namespace with its loopback up; an fd on it.
+
+    ctypes because Python 3.11 has neither os.unshare nor os.setns; the ioctl is `ip link set lo up`.
+    """
+    if _libc.unshare(_CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # a socket of the new namespace
+        ifreq = struct.pack("16sH22x", b"lo", _IFF_UP)
+        fcntl.ioctl(s, _SIOCSIFFLAGS, ifreq)
+    return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def _spawn(netns: int | None, argv: list[str], **kwargs) -> subprocess.Popen:
+    """On the spawner thread: enter the sandbox's network namespace, then start the command there."""
+    if netns is not None and _libc.setns(netns, _CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return subprocess.Popen(argv, **kwargs)
 
 
 @functools.cache

@@ -47,8 +47,8 @@ class Layer:
     another; the directory is deleted when the last one is released.
     """
 
-    def __init__(self, path: Path, base: Path | None):
-        self.path, self.base = path, base
+    def __init__(self, path: Path, base: Path):
+        self.path, self.base = path, base  # base: the tree this layer sits on (overlay mode)
         self._refs, self._lock = 1, threading.Lock()
 
     def acquire(self) -> Layer:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import ast
 import copy
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 # name -> how hard the bug is to localise and fix (0-2), used for the difficulty tier
 FAMILIES: dict[str, int] = {
@@ -112,7 +112,7 @@ def _swap_child(root: ast.AST, old: ast.AST, new: ast.AST) -> None:
                 setattr(parent, name, new)
                 return
             if isinstance(value, list) and any(v is old for v in value):
-                value[[i for i, v in enumerate(value) if v is old][0]] = new
+                value[next(i for i, v in enumerate(value) if v is old)] = new
                 return
     raise AssertionError("node not found in its tree")
 

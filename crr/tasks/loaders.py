@@ -20,8 +20,9 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from crr.errors import CRRError, TaskFormatError
 from crr.rundir import atomic_write_text

@@ -32,12 +32,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from crr.errors import CRRError
 from crr.tasks.bugs import FAMILIES, Mutant, iter_mutants, mutants
+from crr.tasks.loaders import TASKS_FILE, read_tasks_jsonl, write_tasks
 from crr.tasks.schema import DEFAULT_LOG_PARSER, DEFAULT_TEST_CMD, Task
 from crr.tasks.templates import FILLERS, TEMPLATES, Module, Template, templates_for
 
@@ -48,6 +49,9 @@ FLAKY_KINDS = ("hash_seed", "test_order", "random", "time")
 MAX_ATTEMPTS = 24         # candidates tried per task before giving up
 MAX_PROBED_MUTANTS = 8    # mutation sites evaluated per candidate
 PYTEST_TIMEOUT_S = 120
+# Package size per tier: (modules, decoy functions) ranges. Tiers cycle like bug families, so a set
+# spans sizes; the difficulty label is still computed from what the task ends up with.
+SIZES = {"small": ((3, 6), (0, 1)), "medium": ((6, 12), (1, 2)), "large": ((12, 20), (2, 3))}
 
 # Fixed identity and dates (and no user or system git config) make base_commit a function of content.
 _GIT_ENV = {"GIT_AUTHOR_NAME": "crr micro", "GIT_AUTHOR_EMAIL": "micro@crr.invalid",
@@ -100,6 +104,8 @@ def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rat
     """Generate `n` tasks into `out_dir` (tasks.jsonl + repos/<id>.bundle) and return them.
 
     `out_dir` must not exist or be empty; it is filled atomically (built next to it, then renamed).
+    Task i depends only on (seed, split, i) and its flaky kind, so with flaky_rate 0 a larger n
+    extends a smaller one.
     """
     if split not in SPLITS:
         raise CRRError(f"unknown micro split {split!r}; use one of {', '.join(SPLITS)}")
@@ -111,8 +117,6 @@ def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rat
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise CRRError(f"{out_dir} already exists and is not an empty directory; choose a new --out "
                        "(nothing was written)")
-    from crr.tasks.loaders import write_tasks
-
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
     scratch = Path(tempfile.mkdtemp(prefix="crr-micro-"))
@@ -125,21 +129,14 @@ def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rat
             tasks.append(task)
             if progress is not None:
                 progress(task)
-        write_tasks(tasks, build / "tasks.jsonl")
+        write_tasks(tasks, build / TASKS_FILE)
         if out_dir.exists():
             out_dir.rmdir()  # empty, checked above
         os.rename(build, out_dir)
     finally:
         shutil.rmtree(build, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
-    # repo_src now points into out_dir, not the build directory
-    return [_rebase(t, build, out_dir) for t in tasks]
-
-
-def _rebase(task: Task, old: Path, new: Path) -> Task:
-    from dataclasses import replace
-
-    return replace(task, repo_src=str(new.resolve() / Path(task.repo_src).relative_to(old.resolve())))
+    return read_tasks_jsonl(out_dir / TASKS_FILE)  # what is on disk, with repo_src inside out_dir
 
 
 # ------------------------------------------------------------------------------------ planning
@@ -153,33 +150,33 @@ def _flaky_plan(n: int, seed: int, split: str, rate: float) -> dict[int, str]:
     return {index: kinds[i % len(kinds)] for i, index in enumerate(chosen)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _has_sites(template_name: str, family: str) -> bool:
     template = next(t for t in TEMPLATES if t.name == template_name)
     return any(next(iter_mutants(m.source, family, random.Random(0)), None) for m in template.modules)
 
 
-def _choices(index: int, seed: int, split: str) -> tuple[str, list[Template]]:
-    """The task's bug family (a seed-shuffled cycle, so every family appears) and its templates in
-    the order attempts try them (a rotated seed-shuffled cycle, so templates are balanced)."""
+def _choices(index: int, seed: int, split: str) -> tuple[str, str, list[Template]]:
+    """The task's bug family and size (seed-shuffled cycles, so every family and size appears) and
+    its templates in the order attempts try them (a rotated seed-shuffled cycle, for balance)."""
     rng = random.Random(f"micro:{seed}:{split}:order")
-    families = list(FAMILIES)
-    rng.shuffle(families)
-    pool = list(templates_for(split))
-    rng.shuffle(pool)
+    families, sizes, pool = list(FAMILIES), list(SIZES), list(templates_for(split))
+    for order in (families, sizes, pool):
+        rng.shuffle(order)
     family = families[index % len(families)]
     rotated = [pool[(index + k) % len(pool)] for k in range(len(pool))]
-    return family, [t for t in rotated if _has_sites(t.name, family)]
+    return family, sizes[index % len(sizes)], [t for t in rotated if _has_sites(t.name, family)]
 
 
 def _generate_task(index: int, seed: int, split: str, flaky: str | None, out: Path, scratch: Path) -> Task:
-    family, templates = _choices(index, seed, split)
+    family, size, templates = _choices(index, seed, split)
     instance_id = f"micro-{split}-{seed}-{index}"
     for attempt in range(MAX_ATTEMPTS):
         rng = random.Random(f"micro:{seed}:{split}:{index}:{attempt}")
         work = scratch / f"{instance_id}-{attempt}"
         try:
-            task = _candidate(instance_id, templates[attempt % len(templates)], family, flaky, split, rng, work, out)
+            task = _candidate(instance_id, templates[attempt % len(templates)], family, size, flaky, split, rng,
+                              work, out)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         if task is not None:
@@ -191,11 +188,12 @@ def _generate_task(index: int, seed: int, split: str, flaky: str | None, out: Pa
 
 # ------------------------------------------------------------------------------------ one candidate
 
-def _candidate(instance_id: str, template: Template, family: str, flaky: str | None, split: str,
+def _candidate(instance_id: str, template: Template, family: str, size: str, flaky: str | None, split: str,
                rng: random.Random, work: Path, out: Path) -> Task | None:
     package = rng.choice(template.packages)
-    n_decoys = rng.randint(0, 3)
-    target = rng.randint(3, 20)
+    (low, high), (fewest, most) = SIZES[size]
+    n_decoys = rng.randint(fewest, most)
+    target = rng.randint(low, high)
     base_count = len(template.modules) + 1 + (n_decoys > 0)  # template modules, __init__, legacy
     fillers = rng.sample(FILLERS, min(len(FILLERS), max(0, target - base_count)))
     modules = [*template.modules, *fillers]
@@ -236,7 +234,7 @@ def _candidate(instance_id: str, template: Template, family: str, flaky: str | N
     if decoys:
         legacy = rng.choice(("legacy", "compat"))
         files[f"{package}/{legacy}.py"] = _legacy_module(package, bug_module, bug, decoys)
-    tests, test_ids = _test_files(package, modules, cases, reference, held_out, unusable)
+    tests, test_ids = _test_files(package, cases, reference, held_out, unusable)
     flaky_test = _plant_flaky(flaky, tests, template, rng) if flaky else None
     shutil.rmtree(repo)
     _write(repo, {**files, **{f"tests/test_{t.module}.py": _render(t, held_out=False) for t in tests.values()}})
@@ -321,19 +319,20 @@ def _write(root: Path, files: dict[str, str]) -> None:
         path.write_text(text)
 
 
-def _test_files(package: str, modules: list[Module], cases: list[_Case], reference: list[dict],
-                held_out: set[int], unusable: list[int]) -> tuple[dict[str, _TestFile], dict[int, str]]:
+def _test_files(package: str, cases: list[_Case], reference: list[dict], held_out: set[int],
+                unusable: list[int]) -> tuple[dict[str, _TestFile], dict[int, str]]:
     """One test file per tested module; returns the files and case index -> pytest node id."""
     files: dict[str, _TestFile] = {}
     test_ids: dict[int, str] = {}
-    counters: dict[str, int] = {}
+    counters: dict[tuple[str, str], int] = {}
     for part in (False, True):  # visible tests first, so held-out ones continue their numbering
         for i, case in enumerate(cases):
             if i in unusable or (i in held_out) != part:
                 continue
             tf = files.setdefault(case.module, _TestFile(case.module))
-            counters[case.function] = counters.get(case.function, 0) + 1
-            name = f"test_{case.function}_{counters[case.function]}"
+            key = (case.module, case.function)
+            counters[key] = counters.get(key, 0) + 1
+            name = f"test_{case.function}_{counters[key]}"
             call = f"{case.function}({case.args})"
             ref = reference[i]
             if "raises" in ref:
@@ -473,7 +472,7 @@ def _issue(rng: random.Random, package: str, template: Template, case: _Case, re
 def _git(repo: Path, *args: str, stdin: str | None = None) -> str:
     """git with the pinned identity/dates and no user config (crr.replay.checkout's helper uses the
     user's environment, which would make base_commit and the diffs machine-dependent)."""
-    out = subprocess.run(["git", *args], cwd=repo, input=stdin, capture_output=True, text=True,
+    out = subprocess.run(["git", *args], check=False, cwd=repo, input=stdin, capture_output=True, text=True,
                          env={**os.environ, **_GIT_ENV})
     if out.returncode != 0:
         raise CRRError(f"git {' '.join(args)} failed in {repo}: {out.stderr.strip()[-400:]}")
@@ -495,7 +494,7 @@ def _probe(repo: Path, package: str, cases: list[_Case], sites: list[tuple[Modul
                "cases": [{"module": c.module, "function": c.function, "args": c.args} for c in cases],
                "mutants": [{"file": f"{package}/{m.name}.py", "source": mu.source} for m, mu in sites],
                "probe_cases": [i for i, c in enumerate(cases) if c.core]}
-    out = subprocess.run([sys.executable, "-m", "crr.tasks.probe"], input=json.dumps(request), text=True,
+    out = subprocess.run([sys.executable, "-m", "crr.tasks.probe"], check=False, input=json.dumps(request), text=True,
                          capture_output=True, timeout=PYTEST_TIMEOUT_S, env=_pinned_env())
     if out.returncode != 0:
         raise CRRError(f"the micro probe failed: {out.stderr.strip()[-600:]}")
@@ -518,7 +517,7 @@ def _pytest(repo: Path, plugin_dir: Path) -> dict[str, str]:
     cmd = [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "-p", "no:randomly",
            "-p", "no:timeout", "--assert=plain", "-p", _PIN_MODULE]
     try:
-        out = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=PYTEST_TIMEOUT_S,
+        out = subprocess.run(cmd, check=False, cwd=repo, capture_output=True, text=True, timeout=PYTEST_TIMEOUT_S,
                              env=_pinned_env(plugin_dir))
     except subprocess.TimeoutExpired:
         return {}

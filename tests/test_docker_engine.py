@@ -1,0 +1,358 @@
+"""The Docker fork engine (commit and overlay modes) and sandbox gc, on a real daemon, real images,
+real git repositories and real mounts. Skipped only when no Docker daemon answers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+from typer.testing import CliRunner
+
+from crr.errors import CRRError, SandboxError
+from crr.replay.base import MAX_OUTPUT_BYTES, ForkEngine, Sandbox, tree_digest
+from crr.replay.checkout import cache_root
+from crr.replay.docker import DEFAULT_BASE_IMAGE, DockerEngine, docker_client, gc
+
+pytestmark = pytest.mark.docker
+
+FILES = {"README.md": "hello\n", "pkg/__init__.py": "", "pkg/core.py": "def f():\n    return 1\n",
+         "pkg/sub/deep.py": "X = 1\n", "run.sh": "#!/bin/sh\necho run\n", "gone/a.txt": "a\n"}
+# Every kind of change a fork must reproduce: contents, modes, deletions (a file, a whole dir, then
+# the dir re-created), new files in new nested dirs, symlinks, an empty dir.
+EDITS = ("printf 'def f():\\n    return 2\\n' > pkg/core.py && chmod 755 run.sh && chmod 600 pkg/sub/deep.py "
+         "&& rm README.md && rm -r gone && mkdir -p gone new/a/b empty && echo fresh > gone/c.txt "
+         "&& echo n > new/a/b/n.py && ln -s pkg/core.py link.py")
+
+
+@pytest.fixture(scope="module")
+def client():
+    try:
+        client = docker_client()
+    except SandboxError as e:
+        pytest.skip(str(e))
+    yield client
+    # Task images are a cache keyed by commit; drop the ones these tests built.
+    for im in client.api.images(filters={"label": "org.crr.role=task"}):
+        if (im.get("Labels") or {}).get("org.crr.task", "").startswith("dk-"):
+            for tag in im.get("RepoTags") or []:
+                client.api.remove_image(tag)
+
+
+@pytest.fixture(scope="module")
+def api(client):
+    return client.api
+
+
+@pytest.fixture(scope="module", params=["commit", "overlay"])
+def engine(request, api):
+    eng = DockerEngine(mode=request.param)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def task(make_task):
+    return make_task(FILES, instance_id="dk-t")
+
+
+def _procs(sb) -> str:
+    return sb.exec("ps -eo stat=,args=", timeout=30).output
+
+
+def test_protocol(engine, task):
+    assert isinstance(engine, ForkEngine)
+    with engine.start(task) as sb:
+        assert isinstance(sb, Sandbox) and sb.repo_dir == "/testbed"
+
+
+def test_restore_is_exact(engine, task):
+    with engine.start(task) as sb:
+        base = tree_digest(sb)
+        assert sb.exec(EDITS).exit_code == 0
+        edited = tree_digest(sb)
+        assert edited != base
+        snap = sb.snapshot()
+        with engine.restore(snap) as fork:
+            assert tree_digest(fork) == edited
+            assert fork.exec("test -x run.sh && ! test -e README.md && test -d empty "
+                             "&& test \"$(readlink link.py)\" = pkg/core.py").exit_code == 0
+            # fork of a fork (overlay: the snapshot flattens the parent layer and the new upper)
+            assert fork.exec("rm pkg/core.py && echo again >> gone/c.txt && chmod 700 new").exit_code == 0
+            deeper = tree_digest(fork)
+            snap2 = fork.snapshot()
+        with engine.restore(snap2) as fork2:
+            assert tree_digest(fork2) == deeper
+        engine.release(snap2)
+        engine.release(snap)
+
+
+def test_forks_are_isolated(engine, task):
+    with engine.start(task) as parent:
+        parent.write_file("shared.txt", b"parent\n")
+        snap = parent.snapshot()
+        with engine.restore(snap) as a, engine.restore(snap) as b:
+            a.write_file("shared.txt", b"a\n")
+            a.exec("rm pkg/core.py")
+            b.write_file("only_b.txt", b"b\n")
+            parent.write_file("after.txt", b"late\n")
+            assert a.read_file("shared.txt") == b"a\n" and b.read_file("shared.txt") == b"parent\n"
+            assert parent.read_file("shared.txt") == b"parent\n"
+            assert b.exec("test -e pkg/core.py").exit_code == 0
+            assert parent.exec("test -e pkg/core.py").exit_code == 0
+            assert a.exec("test -e only_b.txt || test -e after.txt").exit_code == 1
+            assert b.exec("test -e after.txt").exit_code == 1
+        engine.release(snap)
+
+
+def test_task_given_as_image(engine, api, task):
+    """A task with an image and no repo_src (SWE-bench style: the repository at /testbed)."""
+    with DockerEngine(mode="commit") as builder, builder.start(task) as sb:
+        image = sb.image  # crr-task:<key>: the base image plus the repository
+        want = tree_digest(sb)
+    image_task = dataclasses.replace(task, instance_id="dk-image", image=image, repo_src=None)
+    with engine.start(image_task) as sb:
+        assert tree_digest(sb) == want
+        assert sb.exec("git log --format=%H -1").output.strip() == task.base_commit
+
+
+def test_missing_image_is_a_clear_error(engine, task):
+    with pytest.raises(SandboxError, match="never pulls"):
+        engine.start(dataclasses.replace(task, image="crr-no-such-image:1"))
+    with DockerEngine(mode=engine.mode, image="crr-no-such-base:1") as other, \
+            pytest.raises(SandboxError, match="build-base-image.sh"):
+        other.start(task)
+
+
+def test_timeout_kills_the_whole_process_tree(engine, task):
+    with engine.start(task) as sb:
+        res = sb.exec("sleep 300 & (setsid sleep 301 &); echo started; sleep 30", timeout=1)
+        assert (res.exit_code, res.timed_out) == (124, True) and "started" in res.output
+        assert res.duration_s < 8
+        # A command that ends while its background child lives on returns at once ...
+        res = sb.exec("sleep 302 & echo bg", timeout=20)
+        assert (res.exit_code, res.output, res.timed_out) == (0, "bg\n", False) and res.duration_s < 5
+        # ... and nothing either action started survives into the next one, not even as a zombie.
+        procs = _procs(sb)
+        assert "sleep 30" not in procs and not [ln for ln in procs.splitlines() if ln.startswith("Z")]
+        # Exiting 124 by itself is not a timeout.
+        assert sb.exec("exit 124", timeout=20).timed_out is False
+
+
+def test_exec_output_env_and_exit_codes(engine, task):
+    with engine.start(task) as sb:
+        res = sb.exec("echo out; echo err >&2; pwd; exit 3")
+        assert (res.exit_code, res.output) == (3, "out\nerr\n/testbed\n")
+        res = sb.exec('echo "$TZ $PYTHONHASHSEED $FOO"', env={"FOO": "bar baz"})
+        assert res.output == "UTC 0 bar baz\n"
+        assert sb.exec("cat").output == ""  # stdin is empty, never the host's
+        with pytest.raises(CRRError):
+            sb.exec("true", timeout=0)
+
+
+def test_output_flood_is_bounded(engine, task):
+    with engine.start(task) as sb:
+        res = sb.exec("yes", timeout=2)
+        assert res.timed_out and res.truncated and res.output.startswith("y\ny\n")
+        assert len(res.output.encode()) <= MAX_OUTPUT_BYTES + 100
+        res = sb.exec("head -c 3000000 /dev/zero | tr '\\0' x; echo; echo END", timeout=60)
+        assert res.exit_code == 0 and res.truncated and res.output.endswith("END\n")
+        assert len(res.output.encode()) <= MAX_OUTPUT_BYTES + 100
+
+
+def test_container_is_locked_down(engine, api, task):
+    with engine.start(task) as sb:
+        res = sb.exec("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=3)\"",
+                      timeout=30)
+        assert res.exit_code != 0 and "unreachable" in res.output
+        assert "eth0" not in sb.exec("cat /proc/net/dev").output
+        attrs = api.inspect_container(sb.box.id)
+        host = attrs["HostConfig"]
+        assert host["NetworkMode"] == "none" and host["PidsLimit"] == 512
+        assert host["Memory"] == 2 * 1024 ** 3 and host["NanoCpus"] == 10 ** 9
+        labels = attrs["Config"]["Labels"]
+        assert labels["org.crr.owner"] == "crr" and labels["org.crr.engine"] == engine.id
+        assert labels["org.crr.pid"] == str(os.getpid())
+
+
+def test_paths_outside_the_repository_are_rejected(engine, task):
+    with engine.start(task) as sb:
+        assert sb.exec("ln -s /etc etc_link && ln -s ../../etc/passwd pkg/pw").exit_code == 0
+        for bad in ("../etc/passwd", "/etc/passwd", "pkg/../../etc/passwd", "etc_link/passwd", "pkg/pw", ""):
+            with pytest.raises(CRRError):
+                sb.read_file(bad)
+        for bad in ("etc_link/evil", "/tmp/evil", "pkg/../../evil"):
+            with pytest.raises(CRRError):
+                sb.write_file(bad, b"x")
+        assert sb.exec("test -e /etc/evil || test -e /tmp/evil || test -e /evil").exit_code == 1
+        with pytest.raises(CRRError, match="no such file"):
+            sb.read_file("missing.txt")
+        with pytest.raises(CRRError, match="directory"):
+            sb.read_file("pkg")
+        sb.exec("chmod 755 run.sh")
+        sb.write_file("run.sh", b"#!/bin/sh\necho edited\n")  # an edit keeps the mode
+        sb.write_file("a/b/new.txt", b"\x00\xffbytes")
+        assert sb.exec("./run.sh").output == "edited\n"
+        assert sb.read_file("a/b/new.txt") == b"\x00\xffbytes"
+
+
+def test_dead_container_is_a_sandbox_error(engine, api, task):
+    sb = engine.start(task)
+    api.kill(sb.box.id)
+    with pytest.raises(SandboxError, match=f"{sb.name} of task dk-t is gone"):
+        sb.exec("true")
+    sb.close()
+
+    sb = engine.start(task)
+    threading.Timer(1.0, lambda: api.remove_container(sb.box.id, force=True)).start()
+    start = time.monotonic()
+    with pytest.raises(SandboxError, match="gone"):
+        sb.exec("sleep 60", timeout=120)
+    assert time.monotonic() - start < 15
+    if engine.mode == "commit":  # (an overlay snapshot reads only the host workspace, which is intact)
+        with pytest.raises(SandboxError, match="gone"):
+            sb.snapshot()
+    sb.close()
+
+
+def test_released_snapshot_goes_when_its_last_fork_closes(engine, api, task):
+    with engine.start(task) as sb:
+        snap = sb.snapshot()
+        fork = engine.restore(snap)
+        engine.release(snap)
+        with pytest.raises(CRRError, match="not held"):
+            engine.restore(snap)
+        if engine.mode == "commit":
+            api.inspect_image(snap.handle["image"])  # still there: the fork came from it
+            fork.close()
+            with pytest.raises(docker.errors.ImageNotFound):
+                api.inspect_image(snap.handle["image"])
+        else:
+            assert Path(snap.handle["layer"]).is_dir()
+            fork.close()
+            assert not Path(snap.handle["layer"]).exists()
+
+
+@pytest.mark.slow  # two export/import flattens of the ~300 MB base image: ~30 s on 2 busy cores
+def test_commit_chain_is_flattened(api, task):
+    """Fork of a fork of ... in commit mode, past the layer limit (here flatten_depth=3)."""
+    with DockerEngine(mode="commit", flatten_depth=3) as eng:
+        sb, depths = eng.start(task), []
+        for gen in range(6):
+            sb.exec(f"echo {gen} > gen{gen}")
+            want = tree_digest(sb)
+            snap = sb.snapshot()
+            depths.append(snap.handle["depth"])
+            assert len(api.inspect_image(snap.handle["image"])["RootFS"]["Layers"]) == depths[-1] <= 3
+            sb.close()
+            sb = eng.restore(snap)
+            eng.release(snap)  # the image stays while `sb` runs on it
+            assert tree_digest(sb) == want
+        assert 1 in depths  # flattened at least once
+        res = sb.exec("cat gen*; pwd; echo $PATH")
+        assert res.output.split("\n")[:7] == ["0", "1", "2", "3", "4", "5", "/testbed"]
+        assert "/usr/bin" in res.output
+        sb.close()
+        assert api.images(filters={"label": [f"org.crr.engine={eng.id}", "org.crr.role=snapshot"]}) == []
+
+
+def test_overlay_pool_reuses_only_clean_containers(api, task):
+    with DockerEngine(mode="overlay", pool_size=1) as eng:
+        def settle():  # let the pool's background starts and recycles finish
+            eng._background.submit(lambda: None).result()
+
+        a = eng.start(task)
+        a_name, fresh = a.name, tree_digest(a)
+        a.exec("echo scratch > in_repo.txt")  # /testbed is the workspace's, not the container's
+        settle()
+        a.close()
+        settle()  # the pool: [a spare container, a]
+        b = eng.start(task)  # the spare
+        b.exec("echo dirty > /tmp/dirty")
+        b_id = b.box.id
+        b.close()
+        settle()
+        assert not api.containers(all=True, filters={"id": b_id}), "a dirty container went back to the pool"
+        with eng.start(task) as c:
+            assert c.name == a_name  # the clean one came back
+            assert tree_digest(c) == fresh and c.exec("test -e /tmp/dirty").exit_code == 1
+
+
+@pytest.mark.parametrize("mode", ["commit", "overlay"])
+def test_close_leaves_nothing_behind(api, task, mode):
+    eng = DockerEngine(mode=mode)
+    sb = eng.start(task)
+    sb.exec("echo x > f && sleep 300 &")
+    snap = sb.snapshot()
+    fork = eng.restore(snap)
+    fork.snapshot()  # left unreleased, like `fork`, `sb` and `snap`
+    root = eng.root
+    eng.close()
+    label = f"org.crr.engine={eng.id}"
+    assert api.containers(all=True, filters={"label": label}) == []
+    assert api.images(all=True, filters={"label": [label, "org.crr.role=snapshot"]}) == []
+    assert not root.exists()
+    with open("/proc/self/mountinfo") as f:
+        assert str(root) not in f.read()
+    eng.close()  # idempotent
+    with pytest.raises(CRRError, match="closed"):
+        eng.start(task)
+
+
+def test_gc_removes_only_crashed_runs(client, task):
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    owner = {"org.crr.owner": "crr", "org.crr.role": "sandbox", "org.crr.engine": "gctest",
+             "org.crr.host": socket.gethostname()}
+    tag = uuid.uuid4().hex[:8]
+    crashed = client.containers.create(DEFAULT_BASE_IMAGE, entrypoint=["true"], name=f"crr-gc-crashed-{tag}",
+                                       labels={**owner, "org.crr.pid": str(gone.pid), "org.crr.pidstart": "1"})
+    live = client.containers.create(DEFAULT_BASE_IMAGE, entrypoint=["true"], name=f"crr-gc-live-{tag}",
+                                    labels={**owner, "org.crr.pid": str(os.getpid())})
+    foreign = client.containers.create(DEFAULT_BASE_IMAGE, entrypoint=["true"], name=f"not-crr-{tag}",
+                                       labels={"org.example.owner": "someone"})
+    # A crashed overlay-mode engine's host dir, with a mount left in it.
+    root = cache_root() / "docker" / f"crr-docker-{gone.pid}-gctest{tag}"
+    (root / "slots" / "s").mkdir(parents=True)
+    (root / "owner.json").write_text(json.dumps({**owner, "org.crr.pid": str(gone.pid)}))
+    subprocess.run(["mount", "--bind", str(root / "slots" / "s"), str(root / "slots" / "s")], check=True)
+    try:
+        preview = gc(dry_run=True)
+        assert f"container crr-gc-crashed-{tag}" in preview and f"dir {root}" in preview
+        crashed.reload()  # still there
+        removed = gc()
+        assert f"container crr-gc-crashed-{tag}" in removed and f"mount {root}/slots/s" in removed
+        with pytest.raises(docker.errors.NotFound):
+            crashed.reload()
+        live.reload()
+        foreign.reload()
+        assert not root.exists()
+        assert not any(f"crr-gc-live-{tag}" in r or f"not-crr-{tag}" in r for r in removed)
+        with DockerEngine(mode="commit") as eng, eng.start(task):
+            pass  # makes sure a task image exists
+        assert any(r.startswith("image crr-task:") for r in gc(all=True, dry_run=True))
+    finally:
+        for c in (crashed, live, foreign):
+            try:
+                c.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+        subprocess.run(["umount", "-l", str(root / "slots" / "s")], capture_output=True, check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_cli_sandbox_gc_dry_run(api):
+    from crr.cli import app
+
+    res = CliRunner().invoke(app, ["sandbox", "gc", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "docker" in res.output and "local" in res.output
