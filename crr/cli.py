@@ -198,7 +198,7 @@ app.add_typer(model_app, name="model")
 @friendly
 def model_init(
     out: Path = typer.Option(..., "--out", help="New directory for the model and tokenizer."),
-    size: str = typer.Option("tiny", "--size", help="tiny (~3.6M parameters) or small (~13M)."),
+    size: str = typer.Option("tiny", "--size", help="tiny (~4.4M parameters) or small (~13.6M)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random initial weights."),
 ) -> None:
     """Build the embedded default policy: a random Qwen3-architecture model and a byte-level BPE
@@ -495,3 +495,92 @@ def sandbox_gc(
     console.print(f"local: {verb} {len(removed)}", highlight=False)
     for item in removed:
         console.print(f"  {item}", highlight=False)
+
+
+@model_app.command("bench")
+@friendly
+def model_bench(
+    model: str | None = typer.Option(None, "--model", help="Model directory or hub id (default: the tiny default)."),
+    batch: int = typer.Option(8, "--batch", help="Calls sampled together (G)."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
+    temperature: float = typer.Option(0.6, "--temperature"),
+    repeats: int = typer.Option(3, "--repeats", help="Timed batches."),
+    max_value_chars: int | None = typer.Option(None, "--max-value-chars"),
+    threads: int | None = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Time grammar-constrained generation on the paper's prompt: tokens/s and grammar rejection rate."""
+    from crr.policy.bench import generation_bench
+    from crr.policy.model import default_model_dir
+
+    if batch < 1 or repeats < 1:
+        raise CRRError("--batch and --repeats must be at least 1")
+    with err_console.status("generation bench"):
+        result = generation_bench(model or str(default_model_dir()), batch=batch, max_new_tokens=max_new_tokens,
+                                  temperature=temperature, repeats=repeats, max_value_chars=max_value_chars,
+                                  threads=threads)
+    if as_json:
+        emit_json(result)
+        return
+    console.print(f"{result['model']}: batch {batch}, prompt {result['prompt_tokens']} tokens, T={temperature:g}, "
+                  f"{result['threads']} thread(s): [bold]{result['tokens_per_s']:.0f} tokens/s[/] "
+                  f"({result['generated_tokens']} tokens in {result['seconds']:.1f} s); grammar rejection rate "
+                  f"{result['grammar_rejection_rate']:.1%}; truncated {result['truncated_rate']:.0%}; "
+                  f"mean H_t {result['mean_step_entropy']:.2f}", highlight=False)
+
+
+# --- demo (the main job until the trainer lands) ----------------------------------------------
+@app.command()
+@friendly
+def demo(
+    engine: str = typer.Option("local", help="Fork engine: local (overlayfs) or docker."),
+    mode: str = typer.Option("commit", help="Docker fork mode: commit or overlay."),
+    seed: int = typer.Option(0, help="Seed of the generated micro task."),
+    out: Path = typer.Option(Path("results/runs"), help="Where the run directory goes."),
+) -> None:
+    """The environment demo: a scripted expert solves a generated micro task through the five tools;
+    the sandbox is forked at two decision points, an alternative action is rolled forward in each
+    fork, and the verifier scores both branches: A_t = R(tau) - R(tau~_t)."""
+    from rich.table import Table
+
+    from crr.demo import run_demo
+    from crr.replay import get_engine
+    from crr.rundir import RunDir
+    from crr.tasks.micro import generate_micro
+
+    run = RunDir.create("demo", f"seed{seed}", root=out, config={"engine": engine, "mode": mode, "seed": seed},
+                        seeds={"task": seed})
+    with console.status("generating a micro task (its FAIL_TO_PASS/PASS_TO_PASS come from real pytest runs)"):
+        task = generate_micro(run.path / "tasks", n=1, seed=seed, split="train")[0]
+    console.print(f"[bold]task[/] {task.instance_id}: {task.problem_statement.splitlines()[0]}")
+    opts = {"mode": mode} if engine == "docker" else {}
+    fork_engine = get_engine(engine, **opts)
+    try:
+        with console.status(f"episode and forks on the {engine} engine"):
+            result = run_demo(task, fork_engine, run)
+    finally:
+        fork_engine.close()
+
+    def short(call: dict) -> str:
+        args = call["arguments"]
+        main = args.get("path") or args.get("command") or args.get("test_filter") or ""
+        lines = f":{args['start']}-{args['end']}" if "start" in args and "end" in args else ""
+        return f"{call['name']}({main}{lines})"
+
+    steps = Table(title=f"realised trajectory tau  (R = {result.reward:g})")
+    for col in ("t", "action", "type", "observation"):
+        steps.add_column(col)
+    for s in result.steps:
+        steps.add_row(str(s.t), short(s.call), "-" if s.tool_type is None else f"{s.tool_type:g}",
+                      s.observation.strip().splitlines()[0][:60] if s.observation.strip() else "")
+    console.print(steps)
+    forks = Table(title="counterfactual forks: A_t = R(tau) - R(tau~_t)")
+    for col in ("t", "a_t", "a~_t", "R(tau)", "R(tau~)", "A_t", "snap ms", "restore ms"):
+        forks.add_column(col)
+    for f in result.forks:
+        fmt = lambda v: "infra" if v is None else f"{v:g}"  # noqa: E731
+        forks.add_row(str(f.t), short(f.realised), short(f.counterfactual),
+                      fmt(f.r_realised), fmt(f.r_counterfactual), fmt(f.advantage),
+                      f"{f.snapshot_ms:.1f}", f"{f.restore_ms:.1f}")
+    console.print(forks)
+    console.print(f"run directory: {run.path}")

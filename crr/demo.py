@@ -123,6 +123,6 @@ def run_demo(task: Task, engine: ForkEngine, run: RunDir | None = None) -> DemoR
         for f in forks:
             run.append("forks.jsonl", {**asdict(f), "advantage": f.advantage})
         run.write_json("summary.json", {"instance_id": task.instance_id, "reward": realised.reward,
-                                        "per_test_status": realised.status,
+                                        "per_test_status": realised.statuses,
                                         "contrasts": {f.t: f.advantage for f in forks}})
     return result

@@ -282,10 +282,10 @@ def test_exclude_never_returns_the_realised_call(policy):
 
 def test_bad_generation_input_is_a_crr_error(backend):
     conv = [conversation()]
-    for kwargs, message in [(dict(temperature=-1.0), "temperature"), (dict(max_new_tokens=0), "max_new_tokens"),
-                            (dict(exclude=[None, None]), "2 entries"), (dict(exclude=["{oops"]), "not a valid"),
-                            (dict(temperature=0.0, exclude=['{"name": "submit_patch", "arguments": {}}']), "T_cf")]:
-        args = dict(temperature=0.7, seed=0, max_new_tokens=8) | kwargs
+    for kwargs, message in [({"temperature": -1.0}, "temperature"), ({"max_new_tokens": 0}, "max_new_tokens"),
+                            ({"exclude": [None, None]}, "2 entries"), ({"exclude": ["{oops"]}, "not a valid"),
+                            ({"temperature": 0.0, "exclude": ['{"name": "submit_patch", "arguments": {}}']}, "T_cf")]:
+        args = {"temperature": 0.7, "seed": 0, "max_new_tokens": 8} | kwargs
         with pytest.raises(CRRError, match=message):
             backend.generate(conv, **args)
 

@@ -19,14 +19,13 @@ the unconstrained distribution would have chosen, so a grammar rejection is coun
 The CRR proposal q_{not a}(a' | s) ∝ q(a')·1[a' != a] is implemented by rejection: `exclude[i]` is the
 realised call; a row whose sample equals it (canonical JSON, schema defaults filled in) is resampled, up
 to `max_exclusion_tries` draws, after which `exclusion_failed` is set (the paper skips such an index).
-Its log-probability is log q(a') - log(1 - q(a)), where q(a) is the probability of the realised call's
-tokenization under the same q (other tokenizations of the same call are ignored: a lower bound on the
-normaliser that is tight for a trained policy).
+Its log-probability is log q(a') - log(1 - q(a)), where q(a) is the probability under the same q of one
+tokenization of the realised call (ToolCallGrammar.tokenize): a lower bound on the action's mass, tight
+when the policy concentrates on one tokenization of a call, as a trained policy does.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from dataclasses import dataclass
@@ -35,11 +34,10 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from crr.agent.prompt import TOOL_SCHEMAS
 from crr.agent.tools import ToolCallError, parse_tool_call
 from crr.errors import CRRError
 from crr.policy.grammar import ToolCallGrammar, ToolCallMatcher, apply_bitmask
-
-log = logging.getLogger(__name__)
 
 DEFAULT_MAX_EXCLUSION_TRIES = 8
 
@@ -150,15 +148,12 @@ class TransformersBackend:
                  max_exclusion_tries: int = DEFAULT_MAX_EXCLUSION_TRIES):
         if tokenizer.pad_token_id is None:
             raise CRRError("the tokenizer has no pad token; load the model with crr.policy.load_policy")
-        if tools is None:
-            from crr.agent.prompt import TOOL_SCHEMAS
-            tools = TOOL_SCHEMAS
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = device
-        self.tools = tools
+        self.tools = TOOL_SCHEMAS if tools is None else tools
         self.max_exclusion_tries = max_exclusion_tries
-        self.grammar = ToolCallGrammar(tokenizer, tools, vocab_size=model.get_output_embeddings().weight.shape[0],
+        self.grammar = ToolCallGrammar(tokenizer, self.tools, vocab_size=model.get_output_embeddings().weight.shape[0],
                                        max_value_chars=max_value_chars)
 
     def prompt_ids(self, conversation: list[dict]) -> list[int]:
@@ -206,7 +201,7 @@ class TransformersBackend:
             attention[i, width - len(p):] = 1
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-                         position_ids=positions.to(self.device), use_cache=True)
+                         position_ids=positions.to(self.device), use_cache=True, logits_to_keep=1)
         next_positions = positions[:, -1:] + 1
 
         matchers = [self.grammar.matcher() for _ in range(rows)]
@@ -249,7 +244,7 @@ class TransformersBackend:
             attention = torch.cat([attention, active[:, None]], dim=-1)
             out = self.model(input_ids=feed[:, None].to(self.device), attention_mask=attention.to(self.device),
                              position_ids=next_positions.to(self.device), past_key_values=out.past_key_values,
-                             use_cache=True)
+                             use_cache=True, logits_to_keep=1)
             next_positions = next_positions + 1
         elapsed = time.perf_counter() - start
         return [self._step_sample(p, r, m, temperature, elapsed if t is None else t)

@@ -79,10 +79,11 @@ the a an and or not but if else elif for in is are was were be been being has ha
 done can will shall may of to on at by as it its they them their we our you your he she his her
 reproduce reproduction steps expected behaviour actual traceback environment platform linux windows
 macos operating system install installed upgrade downgrade pinned workaround suggestion proposal
-""".split()
+""".split()  # noqa: SIM905 (a word bank reads best as text)
 _NAMES = [w for w in _WORDS if w.isidentifier() and not keyword.iskeyword(w)]  # usable as identifiers
-_PACKAGES = "calc textkit datefmt minijson shapes inventory ledger units tabular geom".split()
-_MODULES = "core utils parser config models io cli helpers stats render format convert".split()
+_PACKAGES = ("calc", "textkit", "datefmt", "minijson", "shapes", "inventory", "ledger", "units", "tabular", "geom")
+_MODULES = ("core", "utils", "parser", "config", "models", "io", "cli", "helpers", "stats", "render", "format",
+            "convert")
 _ERRORS = ("ValueError", "TypeError", "KeyError", "IndexError", "AssertionError", "ZeroDivisionError",
            "AttributeError")
 _OPS = ("+", "-", "*", "//", "%")
@@ -112,12 +113,12 @@ def _function(rng: random.Random) -> str:
     name, a, b = _ident(rng), rng.choice(_NAMES), rng.choice(_NAMES)
     op, n = rng.choice(_OPS), rng.randint(0, 100)
     body = rng.choice([
-        f"    if {a} is None:\n        raise {rng.choice(_ERRORS)}(\"{a} must be set\")\n"
-        f"    return {a} {op} {b}\n",
-        f"    {name}_out = []\n    for {a}_i in {a}:\n        if {a}_i > {n}:\n"
-        f"            {name}_out.append({a}_i {op} {b})\n    return {name}_out\n",
-        f"    total = 0\n    for i in range(len({a})):\n        total += {a}[i] {op} {n}\n"
-        f"    return total / max(len({a}), 1)\n",
+        (f"    if {a} is None:\n        raise {rng.choice(_ERRORS)}(\"{a} must be set\")\n"
+         f"    return {a} {op} {b}\n"),
+        (f"    {name}_out = []\n    for {a}_i in {a}:\n        if {a}_i > {n}:\n"
+         f"            {name}_out.append({a}_i {op} {b})\n    return {name}_out\n"),
+        (f"    total = 0\n    for i in range(len({a})):\n        total += {a}[i] {op} {n}\n"
+         f"    return total / max(len({a}), 1)\n"),
         f"    return {{k: v for k, v in {a}.items() if v != {b}}}\n",
         f"    with open({a}) as f:\n        return [line.strip() for line in f if line.strip()]\n",
     ])

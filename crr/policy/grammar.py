@@ -21,16 +21,14 @@ and they are not semantic tokens.
 from __future__ import annotations
 
 import copy
-import logging
 
 import numpy as np
 import torch
 import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
+from crr.agent.prompt import TOOL_SCHEMAS
 from crr.errors import CRRError
-
-log = logging.getLogger(__name__)
 
 TOOL_CALL_OPEN = "<tool_call>\n"
 TOOL_CALL_CLOSE = "\n</tool_call>"
@@ -70,9 +68,7 @@ class ToolCallGrammar:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, tools: list[dict] | None = None,
                  vocab_size: int | None = None, max_value_chars: int | None = None):
-        if tools is None:
-            from crr.agent.prompt import TOOL_SCHEMAS
-            tools = TOOL_SCHEMAS
+        tools = TOOL_SCHEMAS if tools is None else tools
         if tokenizer.eos_token_id is None:
             raise CRRError("the tokenizer has no eos token; the grammar ends a call with it")
         if max_value_chars is not None and max_value_chars < 1:
@@ -113,7 +109,7 @@ class ToolCallGrammar:
                 self._keep[word] &= ~bit
         self._keep_t = torch.from_numpy(self._keep)
 
-    def matcher(self) -> "ToolCallMatcher":
+    def matcher(self) -> ToolCallMatcher:
         return ToolCallMatcher(self)
 
     def allocate_bitmask(self, batch_size: int) -> torch.Tensor:

@@ -20,8 +20,15 @@ from pathlib import Path
 import torch
 import trl.chat_template_utils as trl_templates
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase,
-                          PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from crr.errors import CRRError
 from crr.policy.corpus import corpus
@@ -41,11 +48,11 @@ _QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 SIZES: dict[str, dict[str, int]] = {
     # about 4.4M parameters (1.2M of them the tied embedding)
-    "tiny": dict(hidden_size=192, intermediate_size=768, num_hidden_layers=6, num_attention_heads=6,
-                 num_key_value_heads=2, head_dim=32),
+    "tiny": {"hidden_size": 192, "intermediate_size": 768, "num_hidden_layers": 6, "num_attention_heads": 6,
+             "num_key_value_heads": 2, "head_dim": 32},
     # about 13.7M parameters
-    "small": dict(hidden_size=320, intermediate_size=1280, num_hidden_layers=8, num_attention_heads=10,
-                  num_key_value_heads=2, head_dim=32),
+    "small": {"hidden_size": 320, "intermediate_size": 1280, "num_hidden_layers": 8, "num_attention_heads": 10,
+              "num_key_value_heads": 2, "head_dim": 32},
 }
 
 

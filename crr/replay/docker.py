@@ -77,8 +77,8 @@ _GRACE_S = 10.0  # client-side guard: how long past its timeout an action may ru
 
 # PID 1 serves actions: it reads an action id from the request FIFO (held open read-write, so that it
 # never sees EOF) and runs that action's script with stdout on the action's `out` FIFO, then writes
-# its exit status; the host reads `out` to EOF. While it waits for an action, dash also reaps the
-# orphans that the kernel re-parents to PID 1, so killed trees leave no zombies against pids_limit.
+# its exit status; the host reads `out` to EOF. Waiting for an action, dash's waitpid(-1) also reaps
+# the orphans the kernel re-parents to PID 1, so killed trees leave no zombies against pids_limit.
 _PID1 = ["sh", "-c", (f"cd /; exec 3<>{CTL_DIR}/req; while :; do if read -r id <&3; then "
                       f'd={CTL_DIR}/$id; {{ sh "$d/cmd" 2>"$d/err"; echo $? >"$d/rc"; }} >"$d/out"; fi; done')]
 
@@ -138,6 +138,7 @@ def _owner_alive(labels: dict) -> bool:
 
 
 def _mount_call(source: str | None, target: str, flags: int) -> None:
+    # mount(2) directly, as crr.replay.overlay does: spawning mount(8) would cost ~5 ms a fork.
     if _libc.mount(source.encode() if source else None, target.encode(), None, flags, None) != 0:
         err = ctypes.get_errno()
         raise SandboxError(f"mount (flags {flags:#x}) of {source} on {target} failed: {os.strerror(err)}; "
@@ -240,7 +241,7 @@ class DockerSandbox:
             finally:
                 shutil.rmtree(action, ignore_errors=True)
         if rc is None or not rc.strip().isdigit():
-            self._check_alive()  # a container killed mid-command is not a failing test
+            self._check_alive(settle_s=5.0)  # a container killed mid-command is not a failing test
             raise SandboxError(f"an action in container {self.name} (task {self.task.instance_id}) ended "
                                "without an exit status; its command channel was tampered with")
         code = int(rc)
@@ -254,7 +255,7 @@ class DockerSandbox:
             fd = os.open(self.box.ctl / "req", os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         except OSError as e:
             if e.errno == errno.ENXIO:  # nobody reads the FIFO: PID 1 is gone
-                self._check_alive()
+                self._check_alive(settle_s=5.0)
             raise SandboxError(f"the command channel of container {self.name} (task "
                                f"{self.task.instance_id}) is broken ({e.strerror}); close this sandbox") from None
         try:
@@ -362,16 +363,27 @@ class DockerSandbox:
         if self.closed:
             raise CRRError(f"sandbox {self.name} of task {self.task.instance_id} is closed")
 
-    def _check_alive(self) -> None:
-        """Raise a SandboxError naming the container and the task if the container is not running."""
-        try:
-            state = self._api.inspect_container(self.box.id)["State"]
-            detail = None if state.get("Running") else f"{state.get('Status')}, exit code {state.get('ExitCode')}"
-        except docker.errors.NotFound:
-            detail = "removed"
-        if detail:
-            raise SandboxError(f"container {self.name} of task {self.task.instance_id} is gone ({detail}); "
-                               "this sandbox is lost: close it and start or restore another")
+    def _check_alive(self, settle_s: float = 0.0) -> None:
+        """Raise a SandboxError naming the container and the task if the container is not running.
+
+        settle_s: keep asking that long while it still looks alive (a container being killed or
+        removed reports Running for a moment after its processes are gone).
+        """
+        deadline = time.monotonic() + settle_s
+        while True:
+            try:
+                state = self._api.inspect_container(self.box.id)["State"]
+                detail = None if state.get("Running") else f"{state.get('Status')}, exit code {state.get('ExitCode')}"
+            except docker.errors.NotFound:
+                detail = "removed"
+            except (docker.errors.DockerException, requests.RequestException) as e:
+                detail = f"the daemon cannot say: {e}"
+            if detail:
+                raise SandboxError(f"container {self.name} of task {self.task.instance_id} is gone ({detail}); "
+                                   "this sandbox is lost: close it and start or restore another")
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
 
     @contextlib.contextmanager
     def _call(self, what: str) -> Iterator[None]:
@@ -518,12 +530,13 @@ class DockerEngine:
     # -- images ---------------------------------------------------------------------------------
 
     def _require_image(self, image: str, task: Task) -> dict:
-        try:
-            return self.api.inspect_image(image)
-        except docker.errors.ImageNotFound:
-            how = ("build it with scripts/build-base-image.sh" if image == self.base_image
-                   else f"it is task {task.instance_id}'s image: build or load it on this machine")
-            raise SandboxError(f"Docker image {image} is not present; {how} (crr never pulls images)") from None
+        with _docker_errors(f"inspect image {image}"):
+            try:
+                return self.api.inspect_image(image)
+            except docker.errors.ImageNotFound:
+                how = ("build it with scripts/build-base-image.sh" if image == self.base_image
+                       else f"it is task {task.instance_id}'s image: build or load it on this machine")
+                raise SandboxError(f"Docker image {image} is not present; {how} (crr never pulls images)") from None
 
     def _layers(self, image: str) -> int:
         with _docker_errors(f"inspect image {image}"):

@@ -218,6 +218,8 @@ def _candidate(instance_id: str, template: Template, family: str, size: str, fla
     if chosen is None:
         return None
     bug_module, bug, result = chosen
+    log.debug("%s: %s bug in %s.%s line %d (%s)", instance_id, family, bug_module.name, bug.function, bug.lineno,
+              bug.description)
     revealing = set(result["revealing"]) - set(unusable)
     if not revealing:
         return None
