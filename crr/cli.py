@@ -198,7 +198,7 @@ app.add_typer(model_app, name="model")
 @friendly
 def model_init(
     out: Path = typer.Option(..., "--out", help="New directory for the model and tokenizer."),
-    size: str = typer.Option("tiny", "--size", help="tiny (~4.4M parameters) or small (~13.6M)."),
+    size: str = typer.Option("tiny", "--size", help="tiny (~4.4M parameters) or small (~13.8M)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random initial weights."),
 ) -> None:
     """Build the embedded default policy: a random Qwen3-architecture model and a byte-level BPE

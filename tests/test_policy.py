@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import jsonschema
 import pytest
@@ -20,7 +19,6 @@ from crr.policy import TransformersBackend, VLLMBackend, default_model_dir, init
 from crr.policy.backend import DEFAULT_MAX_EXCLUSION_TRIES
 from crr.policy.model import MODEL_VERSION, SIZES, param_count
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 MAX_VALUE_CHARS = 4
 # Worst case for the longest call with 4-character values (every character its own token, escapes
 # as \uXXXX) is about 100 tokens, so bounded calls always complete within this budget.
@@ -214,11 +212,28 @@ def test_unbounded_grammar_calls_parse_or_are_flagged_truncated(policy):
     assert any(not s.truncated for s in samples)
 
 
-def test_greedy_is_deterministic(backend):
+def test_greedy_is_deterministic_and_counts_rejections(backend, policy):
     a = backend.generate([conversation()] * 2, temperature=0.0, seed=0, max_new_tokens=BUDGET)
     b = backend.generate([conversation()], temperature=0.0, seed=99, max_new_tokens=BUDGET)
     assert a[0].action_ids == a[1].action_ids == b[0].action_ids
     assert all(lp == 0.0 for lp in a[0].behaviour_logprobs) and a[0].proposal_logprob == 0.0
+    # greedy: a token is a rejection exactly when the raw argmax is outside the grammar's mask
+    s, matcher = a[0], backend.grammar.matcher()
+    with torch.no_grad():
+        logits = policy[0](input_ids=torch.tensor([s.prompt_ids + s.action_ids])).logits[0]
+    rejected = 0
+    for k, token in enumerate(s.action_ids):
+        allowed = matcher.allowed()
+        argmax = int(logits[len(s.prompt_ids) + k - 1].argmax())
+        assert token == (argmax if allowed[argmax] else int(logits[len(s.prompt_ids) + k - 1]
+                                                             .masked_fill(~allowed, -math.inf).argmax()))
+        rejected += not allowed[argmax]
+        matcher.advance(token)
+    assert s.grammar_rejections == rejected > 0
+    assert matcher.is_terminated and matcher.rejections == 0  # no unconstrained ids given: nothing counted
+    matcher.reset()
+    assert not matcher.is_terminated and matcher.tokens == 0
+    assert matcher.forced_token == policy[1].convert_tokens_to_ids("<tool_call>")
 
 
 def test_sampling_is_reproducible_for_a_seed_and_varies_across_seeds(samples, backend, batch):
@@ -288,6 +303,9 @@ def test_bad_generation_input_is_a_crr_error(backend):
         args = {"temperature": 0.7, "seed": 0, "max_new_tokens": 8} | kwargs
         with pytest.raises(CRRError, match=message):
             backend.generate(conv, **args)
+    with pytest.raises(CRRError, match="exceeds the model's context"):
+        backend.generate(conv, temperature=0.7, seed=0, max_new_tokens=8192)
+    assert backend.generate([], temperature=0.7, seed=0, max_new_tokens=8) == []
 
 
 def test_cli_model_generate(tiny_dir):

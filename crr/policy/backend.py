@@ -163,7 +163,13 @@ class TransformersBackend:
     def generate(self, conversations: list[list[dict]], temperature: float, seed: int, max_new_tokens: int,
                  exclude: list[str | None] | None = None) -> list[StepSample]:
         excluded = _check_args(conversations, temperature, max_new_tokens, exclude)
+        if not conversations:
+            return []
         prompts = [self.prompt_ids(c) for c in conversations]
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        if context is not None and max(map(len, prompts)) + max_new_tokens > context:
+            raise CRRError(f"a prompt of {max(map(len, prompts))} tokens plus max_new_tokens={max_new_tokens} "
+                           f"exceeds the model's context of {context} tokens; shorten the conversation")
         generator = torch.Generator().manual_seed(seed)
         samples = self._sample(prompts, temperature, generator, max_new_tokens)
         if excluded is None:

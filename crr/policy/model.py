@@ -50,14 +50,14 @@ SIZES: dict[str, dict[str, int]] = {
     # about 4.4M parameters (1.2M of them the tied embedding)
     "tiny": {"hidden_size": 192, "intermediate_size": 768, "num_hidden_layers": 6, "num_attention_heads": 6,
              "num_key_value_heads": 2, "head_dim": 32},
-    # about 13.7M parameters
+    # about 13.8M parameters
     "small": {"hidden_size": 320, "intermediate_size": 1280, "num_hidden_layers": 8, "num_attention_heads": 10,
               "num_key_value_heads": 2, "head_dim": 32},
 }
 
 
 def chat_template() -> str:
-    return (trl_templates._CHAT_TEMPLATES_DIR / f"{CHAT_TEMPLATE}.jinja").read_text(encoding="utf-8")
+    return getattr(trl_templates, f"{CHAT_TEMPLATE}_chat_template")
 
 
 def train_tokenizer(vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
