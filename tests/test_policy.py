@@ -133,8 +133,11 @@ def test_init_is_deterministic_per_seed_and_refuses_to_overwrite(tiny_dir, tmp_p
     assert result.exit_code == 2 and "not an empty directory" in result.output
     with pytest.raises(CRRError, match="unknown model size"):
         init_tiny_model(tmp_path / "x", size="huge")
-    with pytest.raises(CRRError, match="cannot load a model"):
+    with pytest.raises(CRRError, match="no model directory"):
         load_policy(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CRRError, match="cannot load a model"):
+        load_policy(tmp_path / "empty")
 
 
 def test_chat_template_renders_tool_turns_and_trl_keeps_it(policy, tmp_path):

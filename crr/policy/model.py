@@ -126,10 +126,12 @@ def load_policy(path_or_hub_id: Path | str, device: str = "cpu",
                 dtype: torch.dtype | str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Any causal LM transformers can load (local directory or hub id), ready for left-padded batches."""
     name = str(path_or_hub_id)
+    if name.startswith(("/", ".", "~")) and not Path(name).expanduser().is_dir():
+        raise CRRError(f"no model directory at {name}; make one with `crr model init --out {name}`")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype if dtype is not None else "auto")
-    except OSError as e:
+    except (OSError, ValueError) as e:  # missing files, unknown hub id, no tokenizer in the directory
         raise CRRError(f"cannot load a model from {name!r} ({e}); pass a directory made by `crr model init` "
                        "or a hub id that is in the local Hugging Face cache") from None
     if not tokenizer.chat_template:
