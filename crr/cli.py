@@ -356,7 +356,8 @@ app.add_typer(filter_app, name="filter-tasks")
 
 def _filter_progress():
     """A Rich progress bar and the (on_start, on_result) callbacks that drive it."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
+                               TimeElapsedColumn)
     from rich.text import Text
 
     class TasksPerMinute(ProgressColumn):
@@ -370,7 +371,8 @@ def _filter_progress():
     ids: list = []
 
     def on_start(total: int, done: int) -> None:
-        ids.append(progress.add_task("filter", total=total, completed=done, admitted=0, discarded=0, infra_error=0))
+        ids.append(progress.add_task("filter", total=total, completed=done, admitted=0, discarded=0,
+                                     infra_error=0))
 
     def on_result(record: dict) -> None:
         verdict = record["verdict"]
@@ -392,38 +394,39 @@ def filter_tasks_command(
                              "run directory to resume)."),
     resume: Path | None = typer.Option(None, "--resume", help="Resume this filter-tasks run directory."),
     limit: int | None = typer.Option(None, "--limit", help="Only the first N tasks."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed of the reruns' hash seeds and test orders (default 0)."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of the reruns' hash seeds and test orders "
+                                    "(default 0)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per test run (default 1800)."),
 ) -> None:
     """Filter a task set: pre-check, then the gold patch rerun --reruns times per task; writes
     admitted.jsonl, discarded.jsonl, infra_errors.jsonl and the discard table into a run directory."""
     if ctx.invoked_subcommand is not None:
         return
-    from crr.filter.determinism import filter_config, filter_tasks, load_candidates, open_run
+    from crr.filter import filter_config, filter_tasks, open_run
 
-    run, settings = open_run({"tasks": tasks, "engine": engine, "mode": mode, "reruns": reruns,
-                              "limit": limit, "seed": seed, "timeout": timeout}, out, resume)
-    err_console.print(f"run directory: {run.path}", highlight=False)
-    candidates = load_candidates(settings)
+    run, settings, candidates = open_run({"tasks": tasks, "engine": engine, "mode": mode, "reruns": reruns,
+                                          "limit": limit, "seed": seed, "timeout": timeout}, out, resume)
+    err_console.print(f"run directory: {run.path}", highlight=False, soft_wrap=True)
     progress, on_start, on_result = _filter_progress()
     try:
         with progress:
             summary = filter_tasks(candidates, run, filter_config(settings), workers=workers,
                                    on_start=on_start, on_result=on_result)
     except KeyboardInterrupt:
-        err_console.print(f"interrupted; finished tasks are kept. Resume with: crr filter-tasks --resume {run.path}",
-                          highlight=False)
+        err_console.print("interrupted; finished tasks are kept. Resume with: "
+                          f"crr filter-tasks --resume {run.path}", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
-    console.print((run.path / "discard_table.md").read_text(), highlight=False)
+    console.print((run.path / "discard_table.md").read_text(), highlight=False, markup=False, soft_wrap=True)
     console.print(summary.line(), highlight=False, soft_wrap=True)
-    console.print(f"admitted tasks: {run.path / 'admitted.jsonl'}", highlight=False)
+    console.print(f"admitted tasks: {run.path / 'admitted.jsonl'}", highlight=False, soft_wrap=True)
 
 
 @filter_app.command("bench")
 @friendly
 def filter_bench_command(
     n: int = typer.Option(40, "--n", help="Micro tasks to generate."),
-    flaky_rate: float = typer.Option(0.25, "--flaky-rate", help="Fraction of tasks with a planted flaky test."),
+    flaky_rate: float = typer.Option(0.25, "--flaky-rate", help="Fraction of tasks with a planted flaky "
+                                     "test."),
     seed: int = typer.Option(0, "--seed", help="Seed of the micro tasks and of the filter."),
     engine: str = typer.Option("local", "--engine", help="Fork engine: local or docker."),
     mode: str | None = typer.Option(None, "--mode", help="Docker engine mode: commit or overlay."),
@@ -440,7 +443,8 @@ def filter_bench_command(
     from crr.filter.bench import filter_bench
 
     progress, on_start, on_result = _filter_progress()
-    err_console.print(f"generating {n} micro tasks (flaky rate {flaky_rate}), then filtering them", highlight=False)
+    err_console.print(f"generating {n} micro tasks (flaky rate {flaky_rate}), then filtering them",
+                      highlight=False)
     with progress:
         result = filter_bench(n, flaky_rate, seed, engine=engine, mode=mode, reruns=reruns, workers=workers,
                               out=out, split=split, on_start=on_start, on_result=on_result)
@@ -452,14 +456,15 @@ def filter_bench_command(
     for col in ("flaky kind", "tasks", "discarded", "recall", "missed"):
         table.add_column(col)
     for kind, k in result["per_kind"].items():
-        table.add_row(kind, str(k["tasks"]), str(k["discarded"]), f"{k['recall']:.2f}", ", ".join(k["missed"]))
+        table.add_row(kind, str(k["tasks"]), str(k["discarded"]), f"{k['recall']:.2f}",
+                      ", ".join(k["missed"]))
     console.print(table)
     recall = "n/a" if result["recall"] is None else f"{result['recall']:.3f}"
     speed = "n/a" if result["tasks_per_min"] is None else f"{result['tasks_per_min']:.1f}"
-    console.print(f"recall {recall} ({result['flaky_discarded']}/{result['flaky_tasks']} flaky tasks discarded; "
-                  f"caught by {result['caught_by']}), false discards {result['false_discards']}/"
-                  f"{result['deterministic_tasks']} deterministic tasks, infra errors {result['infra_errors']}, "
-                  f"{speed} tasks/min", highlight=False, soft_wrap=True)
+    console.print(f"recall {recall} ({result['flaky_discarded']}/{result['flaky_tasks']} flaky tasks "
+                  f"discarded; caught by {result['caught_by']}), false discards {result['false_discards']}/"
+                  f"{result['deterministic_tasks']} deterministic tasks, infra errors "
+                  f"{result['infra_errors']}, {speed} tasks/min", highlight=False, soft_wrap=True)
     console.print(f"run directory: {result['run_dir']}", highlight=False)
 
 
@@ -584,3 +589,161 @@ def demo(
                       f"{f.snapshot_ms:.1f}", f"{f.restore_ms:.1f}")
     console.print(forks)
     console.print(f"run directory: {run.path}")
+
+
+# --- rollout (the rollout engine: G trajectories per task, transcripts, fork bench) ------------
+rollout_app = typer.Typer(help="Roll out a policy: G trajectories per task in sandboxes, with transcripts "
+                               "and the pass rate; `crr rollout bench` times throughput and forking.")
+app.add_typer(rollout_app, name="rollout")
+
+
+@rollout_app.callback(invoke_without_command=True)
+@friendly
+def rollout_command(
+    ctx: typer.Context,
+    model: str | None = typer.Option(None, "--model", help="Model directory or hub id (default: the tiny "
+                                     "default, built on first use)."),
+    tasks: str = typer.Option("micro-test", "--tasks", help="Task file (JSONL), directory, micro set or dataset."),
+    n: int = typer.Option(1, "--n", help="Tasks to roll out (the first N)."),
+    group: int = typer.Option(8, "--group", help="G: trajectories per task."),
+    engine: str = typer.Option("local", "--engine", help="Fork engine: local or docker."),
+    mode: str | None = typer.Option(None, "--mode", help="Docker engine mode: commit or overlay."),
+    temperature: float = typer.Option(0.6, "--temperature", help="0.6 the paper's rollouts; 0 greedy."),
+    seed: int = typer.Option(0, "--seed", help="Drives every sampling seed."),
+    max_turns: int = typer.Option(50, "--max-turns", help="H: the turn cap."),
+    max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="Token budget of one tool call."),
+    max_value_chars: int | None = typer.Option(None, "--max-value-chars", help="Bound every string argument "
+                                               "(complete calls from untrained models; slower masks)."),
+    time_limit: float = typer.Option(3600.0, "--time-limit", help="Seconds per trajectory (wall clock)."),
+    workers: int = typer.Option(4, "--workers", help="Concurrent tool executions."),
+    out: Path = typer.Option(Path("results/runs"), "--out", help="Where the run directory goes."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+) -> None:
+    """Run the policy on N tasks, G trajectories each; print each transcript (call, H_t, tool type, a
+    short observation) and the pass rate. Trajectories go to trajectories.jsonl in a run directory."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import dataclasses
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+    from rich.text import Text
+
+    from crr.agent.episode import EpisodeConfig
+    from crr.policy.backend import TransformersBackend
+    from crr.policy.model import default_model_dir, load_policy
+    from crr.replay import get_engine
+    from crr.rollout import TRAJECTORIES_FILE, RolloutConfig, rollout
+    from crr.rundir import RunDir
+    from crr.tasks.loaders import load_tasks
+
+    if n < 1:
+        raise CRRError(f"--n must be at least 1, got {n}")
+    task_list = load_tasks(tasks)[:n]
+    if model is None:
+        with err_console.status("loading the default tiny model (built on first use)"):
+            model = str(default_model_dir())
+    # Nothing forks here, so no snapshots; the trainer keeps them.
+    config = RolloutConfig(group=group, seed=seed, workers=workers, episode=EpisodeConfig(
+        max_turns=max_turns, temperature=temperature, max_new_tokens=max_new_tokens, time_limit_s=time_limit,
+        snapshots=False))
+    backend = TransformersBackend(*load_policy(model), max_value_chars=max_value_chars)
+    run = RunDir.create("rollout", f"n{n}-g{group}-seed{seed}", root=out, seeds={"rollout": seed},
+                        config={"model": model, "tasks": tasks, "n": n, "engine": engine, "mode": mode,
+                                "max_value_chars": max_value_chars, **dataclasses.asdict(config)})
+    err_console.print(f"run directory: {run.path}", highlight=False)
+    progress = Progress(TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err_console)
+    bar = progress.add_task("rollout", total=len(task_list) * group)
+    fork_engine = get_engine(engine, **({"mode": mode} if mode else {}))
+    try:
+        with progress:
+            result = rollout(task_list, backend, fork_engine, backend.tokenizer, config, run=run,
+                             on_trajectory=lambda _: progress.advance(bar))
+    finally:
+        fork_engine.close()
+    summary = {**result.summary, "run_dir": str(run.path)}
+    if as_json:  # token ids and log-probabilities are in trajectories.jsonl
+        emit_json({"summary": summary, "trajectories": [
+            {**{k: v for k, v in t.to_dict().items() if k not in ("steps", "messages", "prompt_ids")},
+             "steps": [{k: getattr(s, k) for k in ("t", "action", "call", "parse_error", "observation", "is_error",
+                                                    "entropy", "tool_type", "grammar_rejections", "truncated")}
+                       for s in t.steps]} for t in result.trajectories]})
+        return
+
+    def reward(t) -> str:
+        return f"[yellow]infra: {t.infra_error}[/]" if t.reward is None else f"R = {t.reward:g}"
+
+    for t in result.trajectories:
+        table = Table(title=f"{t.task_id} #{t.group}: {reward(t)}, {t.end_reason} after {len(t.steps)} turns",
+                      title_justify="left")
+        for col, justify in (("t", "right"), ("call", "left"), ("H_t", "right"), ("type", "right"),
+                             ("observation", "left")):
+            table.add_column(col, justify=justify, overflow="fold" if col == "call" else "ellipsis")
+        for s in t.steps:
+            obs = next((line for line in s.observation.splitlines() if line.strip()), "")[:70]
+            table.add_row(str(s.t), Text(s.action[:100] + ("..." if len(s.action) > 100 else "")),
+                          f"{s.entropy:.2f}", "-" if s.tool_type is None else f"{s.tool_type:g}",
+                          Text(obs, style="red" if s.is_error else ""))
+        console.print(table)
+    rate = "n/a" if summary["pass_rate"] is None else f"{summary['pass_rate']:.1%}"
+    console.print(f"pass rate [bold]{rate}[/] ({summary['passed']}/{summary['scored']} scored; "
+                  f"{summary['infra_errors']} infra errors excluded); {summary['steps']} turns, "
+                  f"{summary['generated_tokens']} generated tokens ({summary['generated_tokens_per_s'] or 0:.1f}/s), "
+                  f"{summary['trajectories_per_min']:.2f} trajectories/min", highlight=False, soft_wrap=True)
+    console.print(f"trajectories: {run.path / TRAJECTORIES_FILE}", highlight=False)
+
+
+@rollout_app.command("bench")
+@friendly
+def rollout_bench_command(
+    model: str | None = typer.Option(None, "--model", help="Model directory or hub id (default: the tiny default)."),
+    group: int = typer.Option(8, "--group", help="G: trajectories of the one micro task."),
+    max_turns: int = typer.Option(4, "--max-turns", help="Turn cap of the throughput run."),
+    max_new_tokens: int = typer.Option(96, "--max-new-tokens"),
+    max_value_chars: int | None = typer.Option(16, "--max-value-chars"),
+    engine: str = typer.Option("local", "--engine", help="Fork engine: local or docker."),
+    mode: str | None = typer.Option(None, "--mode", help="Docker engine mode: commit or overlay (fork bench)."),
+    fork_steps: int = typer.Option(45, "--fork-steps", help="Length of the scripted trajectory forked."),
+    repeats: int = typer.Option(5, "--repeats", help="Timed forks per index and strategy."),
+    only: str | None = typer.Option(None, "--only", help="throughput or fork (default: both)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Rollout throughput (generated tokens/s, trajectories/min at G) and fork-by-index latency at t=5
+    and t=40: restore of the per-step snapshot vs replay of the prefix verified by tree digest."""
+    from rich.table import Table
+
+    from crr.rollout_bench import fork_bench, throughput_bench
+
+    if only not in (None, "throughput", "fork"):
+        raise CRRError(f"--only takes throughput or fork, got {only!r}")
+    result: dict = {}
+    if only in (None, "fork"):
+        with err_console.status(f"fork bench: a {fork_steps}-step scripted trajectory on the {engine} engine"):
+            result["fork"] = fork_bench(engine, steps=fork_steps, repeats=repeats, **({"mode": mode} if mode else {}))
+    if only in (None, "throughput"):
+        with err_console.status(f"throughput bench: G={group}, {max_turns}-turn cap"):
+            result["throughput"] = throughput_bench(model, group=group, max_turns=max_turns,
+                                                    max_new_tokens=max_new_tokens, max_value_chars=max_value_chars,
+                                                    engine=engine)
+    if as_json:
+        emit_json(result)
+        return
+    if "fork" in result:
+        f = result["fork"]
+        table = Table(title=f"fork by step index, {f['engine']} engine, {f['steps']}-step trajectory of {f['task']} "
+                            f"(median of {f['repeats']}, ms)")
+        for col in ("t", "restore snapshot", "replay + verify", "restore exact"):
+            table.add_column(col, justify="right")
+        for t, r in f["at"].items():
+            table.add_row(str(t), f"{r['restore_ms_p50']:.1f}", f"{r['replay_ms_p50']:.0f}",
+                          "[green]yes[/]" if r["restore_exact"] else "[red]NO[/]")
+        console.print(table)
+        console.print(f"per-step recording cost: snapshot {f['snapshot_ms_p50']:.1f} ms, tree digest "
+                      f"{f['digest_ms_p50']:.0f} ms", highlight=False)
+    if "throughput" in result:
+        r = result["throughput"]
+        console.print(f"throughput: G={r['group']}, {r['max_turns']}-turn cap, {r['steps']} turns: "
+                      f"[bold]{r['generated_tokens_per_s']:.1f} generated tokens/s[/] ({r['generated_tokens']} in "
+                      f"{r['generation_s']:.0f} s of generation), [bold]{r['trajectories_per_min']:.2f} "
+                      f"trajectories/min[/] ({r['wall_s']:.0f} s wall)", highlight=False, soft_wrap=True)

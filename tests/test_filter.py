@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from agent_tasks import CALC, CALC_FIXED, TEST_CMD, TESTS, TESTS_WITH_ADD, file_diff
 from crr.agent.verifier import seeded_order, swebench_spec
 from crr.cli import app
-from crr.filter.determinism import (ADMITTED, DISCARDED, F2P_PASSES_BEFORE_GOLD, INFRA_ERROR, NONDETERMINISTIC,
-                                    P2P_FAILS_BEFORE_GOLD, RESULTS, FilterConfig, discard_table, filter_tasks,
-                                    open_run, run_seeds)
+from crr.filter.determinism import (ADMITTED, DISCARDED, F2P_PASSES_BEFORE_GOLD, INFRA_ERROR, NO_FAIL_TO_PASS,
+                                    NONDETERMINISTIC, P2P_FAILS_BEFORE_GOLD, RESULTS, FilterConfig,
+                                    discard_table, filter_tasks, open_run, run_seeds)
 from crr.replay.checkout import cache_root
 from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks, write_tasks
@@ -40,8 +40,8 @@ def calc(make_task, instance_id: str, extra_tests: dict[str, str] | None = None,
     for path, text in extra_tests.items():
         p2p += [f"{path}::{line[4:-3]}" for line in text.splitlines() if line.startswith("def test_")]
     fields = {"repo": "local/calc", "patch": file_diff("calc.py", CALC, gold), "FAIL_TO_PASS": f2p,
-              "test_patch": file_diff("tests/test_calc.py", TESTS, TESTS_WITH_ADD), "PASS_TO_PASS": tuple(p2p),
-              "test_cmd": TEST_CMD, **fields}
+              "test_patch": file_diff("tests/test_calc.py", TESTS, TESTS_WITH_ADD),
+              "PASS_TO_PASS": tuple(p2p), "test_cmd": TEST_CMD, **fields}
     return make_task(files, instance_id=instance_id, **fields)
 
 
@@ -72,7 +72,8 @@ def random_gold_task(make_task, instance_id: str = "random-1"):
     # each of 10 FAIL_TO_PASS tests passes with probability 1/2 per run, so the pre-check passes and
     # three reruns agree on every test with probability (1/4)^10, about 1e-6.
     gold = CALC.replace("return a - b", "import random\n    return a + b if random.random() < 0.5 else a - b")
-    tests = TESTS + "".join(f"\n\ndef test_add_{i}():\n    assert add({i}, 1) == {i + 1}\n" for i in range(10))
+    tests = TESTS + "".join(f"\n\ndef test_add_{i}():\n    assert add({i}, 1) == {i + 1}\n"
+                            for i in range(10))
     f2p = tuple(f"tests/test_calc.py::test_add_{i}" for i in range(10))
     return calc(make_task, instance_id, gold=gold, f2p=f2p,
                 test_patch=file_diff("tests/test_calc.py", TESTS, tests))
@@ -85,6 +86,19 @@ def new_run(tmp_path: Path, tasks, config: FilterConfig = CONFIG, workers: int =
 
 def by_id(run: RunDir) -> dict[str, dict]:
     return {r["instance_id"]: r for r in run.records(RESULTS)}
+
+
+def table_rows(run: RunDir) -> list[list[str]]:
+    """The discard table's rows, read from its markdown (the csv carries the same numbers)."""
+    def cells(line: str) -> list[str]:
+        return [cell.strip() for cell in line.split("|")[1:-1]]
+
+    header, _, *lines = (run.path / "discard_table.md").read_text().splitlines()
+    assert cells(header) == ["repository", "tasks evaluated", "discarded", "discard rate (%)"]
+    rows = [cells(line) for line in lines]
+    csv = [line.split(",") for line in (run.path / "discard_table.csv").read_text().splitlines()[1:]]
+    assert rows == csv
+    return rows
 
 
 def test_a_seeded_eval_script_sets_the_hash_seed_and_the_order(make_task):
@@ -116,12 +130,12 @@ def test_a_deterministic_task_is_admitted_and_ready_for_training(tmp_path, make_
     (admitted,) = load_tasks(str(run.path / "admitted.jsonl"))
     assert admitted == task and Path(admitted.repo_src).is_dir()
     assert (run.path / "discarded.jsonl").read_text() == ""
-    assert "| local/calc   |                 1 |           0 |                  0 |" in (
-        run.path / "discard_table.md").read_text()
+    assert table_rows(run) == [["local/calc", "1", "0", "0.0"], ["all", "1", "0", "0.0"]]
 
 
 def test_planted_flakes_are_discarded(tmp_path, make_task):
-    tasks = [hash_seed_task(make_task), order_task(make_task), random_gold_task(make_task), calc(make_task, "calc-1")]
+    tasks = [hash_seed_task(make_task), order_task(make_task), random_gold_task(make_task),
+             calc(make_task, "calc-1")]
     run, summary = new_run(tmp_path, tasks)
     records = by_id(run)
     assert records["hash-1"]["verdict"] == DISCARDED
@@ -136,15 +150,15 @@ def test_planted_flakes_are_discarded(tmp_path, make_task):
     assert (summary.evaluated, summary.admitted, summary.discarded) == (4, 1, 3)
     discarded = [json.loads(line) for line in (run.path / "discarded.jsonl").read_text().splitlines()]
     assert [r["instance_id"] for r in discarded] == ["hash-1", "order-1", "random-1"]  # sorted, not by finish
-    assert "| all          |                 4 |           3 |                 75 |" in (
-        run.path / "discard_table.md").read_text()
+    assert table_rows(run)[-1] == ["all", "4", "3", "75.0"]
 
 
 def test_a_fail_to_pass_test_that_passes_without_gold_is_discarded(tmp_path, make_task):
-    run, _ = new_run(tmp_path, [mislabelled(make_task, "mislabelled")])
+    run, _ = new_run(tmp_path, [mislabelled(make_task, "mislabelled"), calc(make_task, "no-f2p", f2p=())])
     record = by_id(run)["mislabelled"]
     assert record["verdict"] == DISCARDED and record["reason"] == F2P_PASSES_BEFORE_GOLD
     assert record["tests"] == {"tests/test_calc.py::test_mul": ["PASSED"]}
+    assert by_id(run)["no-f2p"]["reason"] == NO_FAIL_TO_PASS
 
 
 def test_a_missing_bundle_is_an_infra_error_not_a_discard(tmp_path, make_task):
@@ -154,8 +168,8 @@ def test_a_missing_bundle_is_an_infra_error_not_a_discard(tmp_path, make_task):
     assert record["verdict"] == INFRA_ERROR and "does not exist" in record["reason"]
     assert (summary.evaluated, summary.admitted, summary.discarded, summary.infra_errors) == (1, 1, 0, 1)
     assert summary.discard_rate == 0.0
-    assert [json.loads(line)["instance_id"] for line in (run.path / "infra_errors.jsonl").read_text().splitlines()] \
-        == ["broken"]
+    infra = (run.path / "infra_errors.jsonl").read_text().splitlines()
+    assert [json.loads(line)["instance_id"] for line in infra] == ["broken"]
     assert "broken" not in (run.path / "discard_table.csv").read_text()
 
 
@@ -179,7 +193,7 @@ def test_resume_skips_decided_tasks_retries_infra_errors_and_rebuilds_outputs(tm
     assert after[:3] == before and [r["instance_id"] for r in after[3:]] == ["broken"]  # only infra retried
     assert [t.instance_id for t in load_tasks(str(run_dir / "admitted.jsonl"))] == ["calc-1"]
     assert json.loads((run_dir / "summary.json").read_text())["discarded"] == 1
-    assert "| all          |                 2 |           1 |                 50 |" in (run_dir / "discard_table.md").read_text()
+    assert table_rows(RunDir(run_dir))[-1] == ["all", "2", "1", "50.0"]
 
     # --out naming the run directory resumes it too; a changed setting is refused, nothing is touched
     changed = runner.invoke(app, ["filter-tasks", "--out", str(run_dir), "--reruns", "5"])
@@ -221,6 +235,8 @@ def test_bad_settings_are_refused_before_anything_is_written(tmp_path):
         open_run({"tasks": "x.jsonl", "reruns": 1}, tmp_path / "runs")
     with pytest.raises(Exception, match="applies to --engine docker only"):
         open_run({"tasks": "x.jsonl", "mode": "commit"}, tmp_path / "runs")
+    with pytest.raises(Exception, match="does not exist"):
+        open_run({"tasks": str(tmp_path / "missing.jsonl")}, tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
 
 
@@ -234,8 +250,8 @@ def test_discard_table_per_repository():
 
 
 def test_bench_scores_planted_flakes_against_their_labels(tmp_path):
-    result = CliRunner().invoke(app, ["filter-tasks", "bench", "--n", "2", "--flaky-rate", "0.5", "--seed", "3",
-                                      "--out", str(tmp_path), "--json"])
+    result = CliRunner().invoke(app, ["filter-tasks", "bench", "--n", "2", "--flaky-rate", "0.5",
+                                      "--seed", "3", "--out", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
     score = json.loads(result.stdout)
     assert score["flaky_tasks"] == 1 and score["deterministic_tasks"] == 1

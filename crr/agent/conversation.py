@@ -45,6 +45,7 @@ from crr.agent.prompt import DEFAULT_MAX_TURNS, TOOL_SCHEMAS, system_prompt, use
 from crr.errors import CRRError
 
 if TYPE_CHECKING:
+    from crr.agent.tools import ToolCall
     from crr.tasks.schema import Task
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
@@ -57,6 +58,17 @@ def initial_messages(task: Task, workdir: str, max_turns: int = DEFAULT_MAX_TURN
     """s_0's conversation: the paper's system prompt with the turn cap, and the issue."""
     return [{"role": "system", "content": system_prompt(max_turns)},
             {"role": "user", "content": user_prompt(task, workdir)}]
+
+
+def action_text(call: ToolCall, tools: list[dict] | None = None) -> str:
+    """A call's JSON as the model emits it: the chat template's shape, arguments in schema order (as the
+    grammar forces them), json.dumps separators; for scripted actions (the expert, SFT data)."""
+    tools = TOOL_SCHEMAS if tools is None else tools
+    order = next((list(t["function"]["parameters"]["properties"]) for t in tools
+                  if t["function"]["name"] == call.name), [])
+    args = {k: call.arguments[k] for k in order if k in call.arguments}
+    args.update((k, v) for k, v in call.arguments.items() if k not in args)
+    return json.dumps({"name": call.name, "arguments": args}, ensure_ascii=False)
 
 
 def call_json(call_text: str) -> str:

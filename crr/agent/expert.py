@@ -1,15 +1,42 @@
-"""A scripted expert: the gold patch played through the five tools.
+"""Scripted experts: the gold patch played through the five tools.
 
-It is the policy of `crr demo` (the environment demo) and the seed of the SFT expert: look at the
-tests, read the files the gold patch touches, make the gold edits, re-run the tests, submit.
+`expert_script` is the minimal one (the policy of `crr demo`): look at the tests, read the files the gold
+patch touches, make the gold edits, re-run the tests, submit.
+
+`explore_script` is the SFT expert (paper: the warm start before RL). It is steered by the gold patch but
+behaves like an agent that only reads the issue and its observations: it lists the repository, runs the
+suite, reproduces the issue's call, greps for the function, views the module the issue names, look-alike
+`legacy.py`/`compat.py` copies and unrelated modules, sometimes makes a wrong edit first (a different
+change at the right place, or the right change in the look-alike copy), notices it when the reproduction
+still fails, re-views and fixes it, checks with focused tests, and submits. The exploration is what leaves
+a warm-started policy room to improve: viewing decoys and erring cost turns, not reward.
+
+The script is planned up front from the task, a seeded RNG and the files at base_commit (read from a
+sandbox), so the same (task, seed, config) gives the same calls; the plan never depends on command output
+that can vary (timings, paths).
 """
 
 from __future__ import annotations
 
+import ast
+import json
+import random
+import re
+import shlex
+from dataclasses import dataclass
+
 from unidiff import PatchSet
 
+from crr.agent.prompt import TOOL_SCHEMAS
 from crr.agent.tools import ToolCall
+from crr.errors import CRRError
+from crr.replay.base import Sandbox
+from crr.tasks.bugs import FAMILIES, iter_mutants
 from crr.tasks.schema import Task
+
+LOOKALIKE_MODULES = ("legacy.py", "compat.py")  # the micro generator's decoy copies of the buggy function
+LIST_COMMANDS = ("git ls-files", "find . -name '*.py' -not -path './.git/*' | sort", "ls -R {package} tests")
+_ORDER = {t["function"]["name"]: list(t["function"]["parameters"]["properties"]) for t in TOOL_SCHEMAS}
 
 
 def gold_edits(task: Task) -> list[ToolCall]:
@@ -40,3 +67,340 @@ def expert_script(task: Task) -> list[ToolCall]:
     views = [ToolCall("view_file", {"path": path, "start": 1, "end": 200}) for path in gold_files(task)]
     return [ToolCall("run_tests", {"test_filter": ""}), *views, *gold_edits(task),
             ToolCall("run_tests", {"test_filter": ""}), ToolCall("submit_patch", {})]
+
+
+def call_json(call: ToolCall) -> str:
+    """A call as the model emits it: arguments in schema order (the order the chat template renders and
+    the grammar forces), json.dumps separators."""
+    order = _ORDER.get(call.name, [])
+    args = {k: call.arguments[k] for k in sorted(call.arguments, key=lambda k: (order.index(k) if k in order
+                                                                              else len(order), k))}
+    return json.dumps({"name": call.name, "arguments": args}, ensure_ascii=False)
+
+
+# ----------------------------------------------------------------------------- the exploring expert
+
+@dataclass(frozen=True)
+class ExpertConfig:
+    """How much the SFT expert explores; every probability is per episode."""
+    error_rate: float = 0.3        # make a wrong edit first, then notice and fix it
+    max_decoy_views: int = 2       # look-alike or unrelated files viewed while localising (at most)
+    p_list: float = 0.8            # list the repository first
+    p_full_tests: float = 0.5      # run the whole suite before anything else
+    p_reproduce: float = 0.8       # run the issue's call (when the issue shows one)
+    p_grep: float = 0.6            # grep for the function's definition
+    p_focused_view: float = 0.5    # after a grep, view just the function rather than the file
+    p_final_suite: float = 0.3     # run the whole suite before submitting
+
+    def __post_init__(self) -> None:
+        for name in ("error_rate", "p_list", "p_full_tests", "p_reproduce", "p_grep", "p_focused_view",
+                     "p_final_suite"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise CRRError(f"expert {name} must be between 0 and 1, got {getattr(self, name)}")
+        if self.max_decoy_views < 0:
+            raise CRRError(f"expert max_decoy_views must be >= 0, got {self.max_decoy_views}")
+
+
+@dataclass(frozen=True)
+class ExpertPlan:
+    calls: list[ToolCall]
+    wrong_edit: str | None   # "wrong_fix" (right place, wrong change), "lookalike" (right change, decoy copy)
+
+
+@dataclass(frozen=True)
+class IssueCall:
+    """The call an issue reports: `from {module} import {function}` then `{call}`."""
+    module: str     # dotted, e.g. textmetrics.stats
+    function: str
+    call: str       # e.g. average_sentence_length('')
+
+    @property
+    def path(self) -> str:
+        return self.module.replace(".", "/") + ".py"
+
+
+def parse_issue_call(text: str) -> IssueCall | None:
+    """The reproducing call in a micro-style issue (a doctest, a print() snippet or a dotted call in
+    backticks), or None when the issue shows none."""
+    m = re.search(r"`(\w+(?:\.\w+)+)\.(\w+)\(([^`]*)\)`", text)
+    if m:
+        return IssueCall(m[1], m[2], f"{m[2]}({m[3]})")
+    imp = re.search(r"from ([\w.]+) import (\w+)", text)
+    if imp is None:
+        return None
+    fn = re.escape(imp[2])
+    call = re.search(rf"^(?:>>> |print\()({fn}\(.*\))\)?$", text, re.MULTILINE)
+    if call is None:
+        return None
+    expr = call[1]
+    if call[0].startswith("print(") and expr.endswith(")") and expr.count("(") < expr.count(")"):
+        expr = expr[:-1]
+    return IssueCall(imp[1], imp[2], expr)
+
+
+@dataclass(frozen=True)
+class _Edit:
+    path: str
+    start: int
+    end: int
+    replacement: str
+
+    def call(self) -> ToolCall:
+        return ToolCall("edit_file", {"path": self.path, "start": self.start, "end": self.end,
+                                      "replacement": self.replacement})
+
+    def apply(self, text: str) -> str:
+        lines = text.splitlines(keepends=True)
+        return "".join(lines[:self.start - 1] + self.replacement.splitlines(keepends=True) + lines[self.end:])
+
+
+def fix_edits(task: Task) -> list[ToolCall]:
+    """The gold patch as minimal edits (context lines dropped), bottom-up per file; removed files as
+    `rm`, added files as whole-file creations."""
+    calls: list[ToolCall] = []
+    for patched in PatchSet(task.patch):
+        if patched.is_removed_file:
+            calls.append(ToolCall("run_shell", {"command": f"rm -- {shlex.quote(patched.path)}"}))
+        elif patched.is_added_file:
+            text = "".join(line.value for hunk in patched for line in hunk if not line.is_removed)
+            calls.append(_Edit(patched.path, 1, 0, text).call())
+        else:
+            calls += [_minimal_edit(patched.path, hunk).call() for hunk in reversed(list(patched))]
+    return calls
+
+
+def _minimal_edit(path: str, hunk) -> _Edit:
+    lines = list(hunk)
+    changed = [i for i, line in enumerate(lines) if not line.is_context]
+    first, last = changed[0], changed[-1]
+    before = [line for line in lines[:first] if not line.is_added]
+    start = before[-1].source_line_no + 1 if before else hunk.source_start
+    removed = [line for line in lines[first:last + 1] if not line.is_added]
+    return _Edit(path, start, start + len(removed) - 1,
+                 "".join(line.value for line in lines[first:last + 1] if not line.is_removed))
+
+
+class _Planner:
+    """Plans one exploring episode; `plan()` returns the calls."""
+
+    def __init__(self, task: Task, sandbox: Sandbox, rng: random.Random, config: ExpertConfig):
+        self.task, self.sandbox, self.rng, self.cfg = task, sandbox, rng, config
+        self.files = sorted(sandbox.exec("git ls-files", timeout=60).output.split())
+        self.issue = parse_issue_call(task.problem_statement)
+        if self.issue is not None and self.issue.path not in self.files:
+            self.issue = None
+        self.fixes = fix_edits(task)
+        if not self.fixes:
+            raise CRRError(f"task {task.instance_id} has an empty gold patch; the expert needs one to follow")
+        self.texts: dict[str, str] = {}
+        self.calls: list[ToolCall] = []
+        self.seen: set[str] = set()   # file names the agent has seen in observations (or the issue)
+
+    def text(self, path: str) -> str:
+        if path not in self.texts:
+            self.texts[path] = self.sandbox.read_file(path).decode("utf-8", errors="replace")
+        return self.texts[path]
+
+    def chance(self, p: float) -> bool:
+        return self.rng.random() < p
+
+    def add(self, name: str, **arguments) -> None:
+        self.calls.append(ToolCall(name, arguments))
+
+    # --- pieces of behaviour
+
+    def reproduce(self) -> None:
+        code = f"from {self.issue.module} import {self.issue.function}; print({self.issue.call})"
+        quoted = f'"{code}"' if not set(code) & set('"$`\\!') else shlex.quote(code)
+        self.add("run_shell", command=f"python -c {quoted}")
+
+    def focused_tests(self, path: str, function: str | None) -> None:
+        """A selector that runs some tests: the module's test file, or the tests named after the function."""
+        test_file = f"tests/test_{path.rsplit('/', 1)[-1]}"
+        choices = [test_file] if test_file in self.files else []
+        if function and any(f"def test_{function}" in self.text(p) for p in self.files
+                            if p.startswith("tests/") and p.endswith(".py")):
+            choices.append(f"-k {function}")
+            if test_file in choices and f"def test_{function}" in self.text(test_file):
+                choices.append(f"{test_file} -k {function}")
+        self.add("run_tests", test_filter=self.rng.choice(choices) if choices else "")
+
+    def function_at(self, path: str, line: int) -> tuple[str, int, int] | None:
+        """(name, first line, last line) of the top-level function holding `line` (before the edit)."""
+        try:
+            tree = ast.parse(self.text(path))
+        except SyntaxError:
+            return None
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                if first <= line <= node.end_lineno + 1:
+                    return node.name, first, node.end_lineno
+        return None
+
+    def view(self, path: str, span: tuple[int, int] | None = None) -> None:
+        if span is None:
+            self.add("view_file", path=path)
+        else:
+            n = len(self.text(path).splitlines())
+            self.add("view_file", path=path, start=max(1, span[0] - 2), end=min(n, span[1] + 2))
+        self.seen.add(path)
+
+    def grep(self, function: str, where: str) -> None:
+        self.add("run_shell", command=f"grep -rn 'def {function}(' {where}")
+        hits = [p for p in self.files if p.startswith(where.rstrip("/") + "/") or p == where]
+        self.seen.update(p for p in hits if f"def {function}(" in self.text(p))
+
+    def lookalike(self, path: str, function: str) -> str | None:
+        """A decoy module holding a copy of `function` identical to the one in `path`."""
+        package = path.rsplit("/", 1)[0] if "/" in path else ""
+        mine = _function_source(self.text(path), function)
+        for name in LOOKALIKE_MODULES:
+            other = f"{package}/{name}" if package else name
+            if other in self.files and mine is not None and _function_source(self.text(other), function) == mine:
+                return other
+        return None
+
+    # --- the episode
+
+    def plan(self) -> ExpertPlan:
+        edits = [c for c in self.fixes if c.name == "edit_file" and c.arguments["path"] in self.files]
+        target = edits[0].arguments["path"] if edits else self.fixes[0].arguments.get("path", "")
+        package = target.split("/", 1)[0] if "/" in target else "."
+        located = self.function_at(target, edits[0].arguments["start"]) if edits else None
+        function = located[0] if located else None
+        if self.issue is not None:
+            self.seen.add(self.issue.path)
+
+        # Orient: list the files, run the suite, reproduce the issue.
+        if self.chance(self.cfg.p_list):
+            self.add("run_shell", command=self.rng.choice(LIST_COMMANDS).format(package=package))
+            self.seen.update(self.files)
+        if self.chance(self.cfg.p_full_tests):
+            self.add("run_tests", test_filter="")
+        reproducible = self.issue is not None and self.chance(self.cfg.p_reproduce)
+        if reproducible:
+            self.reproduce()
+
+        # Localise: the module the issue names, a grep, decoys, then the file to fix.
+        if self.issue is not None and self.issue.path != target:
+            self.view(self.issue.path)
+        grepped = function is not None and (self.chance(self.cfg.p_grep) or
+                                            (self.issue is not None and self.issue.path != target))
+        if grepped:
+            self.grep(function, package)
+        lookalike = self.lookalike(target, function) if function else None
+        decoys = [p for p in self.files if p in self.seen and p.endswith(".py") and p != target
+                  and not p.startswith("tests/") and not p.endswith("__init__.py")
+                  and (self.issue is None or p != self.issue.path)]
+        self.rng.shuffle(decoys)
+        if lookalike in decoys:  # the look-alike copy is the tempting one: view it first when seen
+            decoys.remove(lookalike)
+            decoys.insert(0, lookalike)
+        n_decoys = min(self.cfg.max_decoy_views, len(decoys))
+        for path in decoys[:self.rng.randint(min(1, n_decoys), n_decoys)]:
+            self.view(path)
+        focus = located[1:] if grepped and located and self.chance(self.cfg.p_focused_view) else None
+        for path in dict.fromkeys(c.arguments["path"] for c in edits):
+            self.view(path, focus if path == target else None)
+
+        # Fix, perhaps after a wrong edit that the reproduction (or the tests) shows to be wrong.
+        erred = self.chance(self.cfg.error_rate) and edits and self.wrong_edit(edits[0], lookalike, function)
+        for call in self.fixes:
+            if erred and call is edits[0]:
+                self.check(target, function, reproducible)
+                self.undo_and_fix(call, erred, function)
+            else:
+                self.calls.append(call)
+
+        # Verify and submit.
+        self.check(target, function, reproducible)
+        if self.chance(self.cfg.p_final_suite):
+            self.add("run_tests", test_filter="")
+        self.add("submit_patch")
+        kind = None if not erred else "wrong_fix" if erred.path == target else "lookalike"
+        return ExpertPlan(self.calls, kind)
+
+    def check(self, path: str, function: str | None, reproducible: bool) -> None:
+        if reproducible:
+            self.reproduce()
+        else:
+            self.focused_tests(path, function)
+
+    def wrong_edit(self, fix: ToolCall, lookalike: str | None, function: str | None) -> _Edit | None:
+        """Play a plausible wrong edit before `fix`; returns it (None if the task offers none)."""
+        edit = _Edit(**fix.arguments)
+        choices = []
+        wrong = self.wrong_fix(edit)
+        if wrong is not None:
+            choices.append(wrong)
+        if lookalike is not None:
+            offset = (_function_line(self.text(lookalike), function) - _function_line(self.text(edit.path), function))
+            choices.append(_Edit(lookalike, edit.start + offset, edit.end + offset, edit.replacement))
+        if not choices:
+            return None
+        chosen = self.rng.choice(choices)
+        if chosen.path != edit.path and chosen.path not in self.seen_views():
+            self.view(chosen.path)
+        self.calls.append(chosen.call())
+        return chosen
+
+    def seen_views(self) -> set[str]:
+        return {c.arguments["path"] for c in self.calls if c.name == "view_file"}
+
+    def wrong_fix(self, edit: _Edit) -> _Edit | None:
+        """The fix's lines changed by another bug-family mutation: the right place, the wrong change."""
+        buggy = self.text(edit.path)
+        fixed = edit.apply(buggy)
+        fixed_lines = fixed.splitlines(keepends=True)
+        new = edit.replacement.splitlines(keepends=True)
+        lo, hi = edit.start - 1, edit.start - 1 + len(new)
+        if not new:
+            return None
+        families = sorted(FAMILIES)
+        self.rng.shuffle(families)
+        for family in families:
+            for mutant in iter_mutants(fixed, family, random.Random(self.rng.random())):
+                lines = mutant.source.splitlines(keepends=True)
+                if (len(lines) == len(fixed_lines) and mutant.source != buggy
+                        and lines[:lo] == fixed_lines[:lo] and lines[hi:] == fixed_lines[hi:]):
+                    return _Edit(edit.path, edit.start, edit.end, "".join(lines[lo:hi]))
+        return None
+
+    def undo_and_fix(self, fix: ToolCall, wrong: _Edit, function: str | None) -> None:
+        edit = _Edit(**fix.arguments)
+        n_wrong = len(wrong.replacement.splitlines())
+        if wrong.path == edit.path:  # re-read the edited lines, then put the right change over the wrong one
+            self.view(edit.path, (wrong.start, wrong.start + n_wrong - 1))
+            self.calls.append(_Edit(edit.path, edit.start, edit.start + n_wrong - 1, edit.replacement).call())
+            return
+        # The fix went into the look-alike copy: find the real definition, fix it there, restore the copy.
+        if function is not None:
+            self.grep(function, edit.path.rsplit("/", 1)[0] if "/" in edit.path else ".")
+        if edit.path not in self.seen_views():
+            self.view(edit.path)
+        self.calls.append(fix)
+        original = "".join(self.text(wrong.path).splitlines(keepends=True)[wrong.start - 1:wrong.end])
+        self.calls.append(_Edit(wrong.path, wrong.start, wrong.start + n_wrong - 1, original).call())
+
+
+def _function_source(text: str, name: str | None) -> str | None:
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    node = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name),
+                None)
+    return None if node is None else ast.get_source_segment(text, node)
+
+
+def _function_line(text: str, name: str) -> int:
+    tree = ast.parse(text)
+    return next(n.lineno for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name)
+
+
+def explore_script(task: Task, sandbox: Sandbox, seed: int, config: ExpertConfig | None = None) -> ExpertPlan:
+    """The exploring expert's calls for one episode of `task`; `sandbox` must be at base_commit (it is
+    only read). Deterministic in (task, seed, config)."""
+    rng = random.Random(f"expert:{seed}:{task.instance_id}")
+    return _Planner(task, sandbox, rng, config or ExpertConfig()).plan()

@@ -30,15 +30,17 @@ def filter_bench(n: int, flaky_rate: float, seed: int, engine: str = "local", mo
     """Generate, filter and score; returns the score (also written to the run dir as bench.json)."""
     settings = {**DEFAULTS, "engine": engine, "mode": mode, "reruns": reruns, "seed": seed}
     config = filter_config(settings)  # validates before anything is generated
-    run = RunDir.create(COMMAND, f"bench-{engine}-n{n}-r{reruns}", root=out, seeds={"micro": seed, "filter": seed})
+    run = RunDir.create(COMMAND, f"bench-{engine}-n{n}-r{reruns}", root=out,
+                        seeds={"micro": seed, "filter": seed})
     settings["tasks"] = str((run.path / "tasks").resolve())
     settings["bench"] = {"n": n, "flaky_rate": flaky_rate, "split": split}
     run.write_text("config.yaml", yaml.safe_dump(settings, sort_keys=False))
     tasks = generate_micro(run.path / "tasks", n=n, seed=seed, split=split, flaky_rate=flaky_rate)
     summary = filter_tasks(tasks, run, config, workers=workers, on_start=on_start, on_result=on_result)
-    result = {"engine": engine, "mode": mode, "n": n, "flaky_rate": flaky_rate, "seed": seed, "reruns": reruns,
-              "workers": workers, **score(tasks, run.records(RESULTS)),
-              "tasks_per_min": summary.tasks_per_min, "discard_rate": summary.discard_rate, "run_dir": str(run.path)}
+    result = {"engine": engine, "mode": mode, "n": n, "flaky_rate": flaky_rate, "seed": seed,
+              "reruns": reruns, "workers": workers, **score(tasks, run.records(RESULTS)),
+              "tasks_per_min": summary.tasks_per_min, "discard_rate": summary.discard_rate,
+              "run_dir": str(run.path)}
     run.write_json("bench.json", result)
     return result
 
@@ -49,7 +51,7 @@ def score(tasks: list[Task], records: list[dict]) -> dict:
     per_kind: dict[str, dict] = {}
     caught_by: Counter[str] = Counter()
     false_discards, infra = [], []
-    flaky_evaluated = caught = named = 0
+    flaky_evaluated = caught = named = deterministic = 0
     for task in tasks:
         record = latest.get(task.instance_id)
         if record is None:
@@ -60,6 +62,7 @@ def score(tasks: list[Task], records: list[dict]) -> dict:
         label = task.metadata.get("flaky")
         discarded = record["verdict"] == DISCARDED
         if not label:
+            deterministic += 1
             if discarded:
                 false_discards.append({"instance_id": task.instance_id, "reason": record["reason"],
                                        "tests": record["tests"]})
@@ -80,7 +83,6 @@ def score(tasks: list[Task], records: list[dict]) -> dict:
             "recall": caught / flaky_evaluated if flaky_evaluated else None,
             "discards_naming_the_planted_test": named, "caught_by": dict(sorted(caught_by.items())),
             "per_kind": dict(sorted(per_kind.items())),
-            "deterministic_tasks": sum(1 for t in tasks if not t.metadata.get("flaky")
-                                       and latest.get(t.instance_id, {}).get("verdict") not in (None, INFRA_ERROR)),
+            "deterministic_tasks": deterministic,
             "false_discards": len(false_discards), "false_discard_details": false_discards,
             "infra_errors": len(infra), "infra_error_ids": infra}

@@ -39,7 +39,7 @@ from crr.errors import CRRError
 from crr.replay import ENGINES, get_engine
 from crr.replay.base import ForkEngine
 from crr.rundir import RunDir
-from crr.tasks.loaders import write_tasks
+from crr.tasks.loaders import load_tasks, write_tasks
 from crr.tasks.schema import Task
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 RESULTS = "results.jsonl"
 ADMITTED, DISCARDED, INFRA_ERROR = "admitted", "discarded", "infra_error"
 # Why a task was discarded.
+NO_FAIL_TO_PASS = "no_fail_to_pass_tests"
 F2P_PASSES_BEFORE_GOLD = "fail_to_pass_passes_before_gold"
 P2P_FAILS_BEFORE_GOLD = "pass_to_pass_fails_before_gold"
 GOLD_DOES_NOT_APPLY = "gold_patch_does_not_apply"
@@ -97,6 +98,8 @@ def check_task(engine: ForkEngine, task: Task, config: FilterConfig) -> dict:
         return {**record, "verdict": verdict, "reason": reason, "detail": detail, "tests": tests or {},
                 "seconds": round(time.monotonic() - start, 3)}
 
+    if not task.FAIL_TO_PASS:
+        return done(DISCARDED, NO_FAIL_TO_PASS, "no FAIL_TO_PASS test: no reward can tell a fix")
     try:
         pre = _run(engine, task, pre_seed, gold=False, timeout=config.timeout)
         if pre.infra_error:
@@ -139,7 +142,8 @@ def _run(engine: ForkEngine, task: Task, seed: int, gold: bool, timeout: float) 
     with engine.start(task) as sb:
         if gold and task.patch.strip():
             path = f"{SCRATCH_DIR}/gold.patch"  # inside .git: never part of the diff verify() takes
-            sb.write_file(path, task.patch.encode() if task.patch.endswith("\n") else (task.patch + "\n").encode())
+            patch = task.patch if task.patch.endswith("\n") else task.patch + "\n"
+            sb.write_file(path, patch.encode())
             applied = sb.exec(f"git apply --verbose {path}", timeout=300)
             if applied.exit_code != 0:
                 return f"git apply of the gold patch failed: {applied.output.strip()[-400:]}"
@@ -154,10 +158,12 @@ DEFAULTS = {"tasks": None, "limit": None, "engine": "local", "mode": None, "reru
             "timeout": VERIFY_TIMEOUT_S}
 
 
-def open_run(settings: dict, out: Path | str, resume: Path | str | None = None) -> tuple[RunDir, dict]:
-    """The run directory and its settings: `resume` (or an `out` that is already a filter-tasks run)
-    is reopened with the settings it was made with, and a given setting that differs is an error
-    (so a resume cannot mix verdicts); otherwise a new run is made under `out`."""
+def open_run(settings: dict, out: Path | str, resume: Path | str | None = None
+             ) -> tuple[RunDir, dict, list[Task]]:
+    """The run directory, its settings and its task set. `resume` (or an `out` that is already a
+    filter-tasks run) is reopened with the settings it was made with, and a given setting that
+    differs is an error (so a resume cannot mix verdicts); otherwise the settings are checked and the
+    tasks loaded first, and only then is a new run made under `out`."""
     out = Path(out)
     if settings.get("tasks") is not None and Path(settings["tasks"]).exists():
         # a path: stored absolute, so the run resumes from any directory
@@ -174,33 +180,33 @@ def open_run(settings: dict, out: Path | str, resume: Path | str | None = None) 
             what = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
             raise CRRError(f"{run.path} was made with other settings ({what}); resume it without them "
                            "or start a new run")
-        return run, stored
+        return run, stored, _load(stored)
     merged = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
     if merged["tasks"] is None:
         raise CRRError("give --tasks FILE|DIR|DATASET (or --resume RUN_DIR)")
-    config = filter_config(merged)  # validates before anything is written
-    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(merged["tasks"]).stem)[:60] or "tasks"
-    run = RunDir.create(COMMAND, name, root=out, config=merged, seeds={"filter": config.seed})
-    return run, merged
+    config = filter_config(merged)
+    tasks = _load(merged)
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(merged["tasks"]).stem)[:60]
+    run = RunDir.create(COMMAND, name or "tasks", root=out, config=merged, seeds={"filter": config.seed})
+    return run, merged, tasks
 
 
 def filter_config(settings: dict) -> FilterConfig:
     """The FilterConfig of a run's settings (DEFAULTS' keys), checked."""
     if settings["engine"] not in ENGINES:
         raise CRRError(f"unknown fork engine {settings['engine']!r}; choose one of {', '.join(ENGINES)}")
-    if settings["mode"] is not None and (settings["engine"] != "docker" or settings["mode"] not in ("commit", "overlay")):
+    mode = settings["mode"]
+    if mode is not None and (settings["engine"] != "docker" or mode not in ("commit", "overlay")):
         raise CRRError("--mode is commit or overlay, and applies to --engine docker only")
     if settings["limit"] is not None and settings["limit"] < 1:
         raise CRRError(f"--limit must be at least 1, got {settings['limit']}")
-    return FilterConfig(engine=settings["engine"], engine_opts={"mode": settings["mode"]} if settings["mode"] else {},
+    return FilterConfig(engine=settings["engine"], engine_opts={"mode": mode} if mode else {},
                         reruns=settings["reruns"], seed=settings["seed"], timeout=settings["timeout"])
 
 
-def load_candidates(settings: dict) -> list[Task]:
+def _load(settings: dict) -> list[Task]:
     """The run's task set: load_tasks(settings["tasks"]), the first `limit` of them when set."""
-    from crr.tasks.loaders import load_tasks
-
-    tasks = load_tasks(settings["tasks"])
+    tasks = _unique(load_tasks(settings["tasks"]))
     return tasks[:settings["limit"]] if settings["limit"] else tasks
 
 
@@ -279,8 +285,8 @@ def write_outputs(run: RunDir, tasks: Iterable[Task], tasks_per_min: float | Non
         latest[record["instance_id"]] = record
     unknown = sorted(set(latest) - set(by_id))
     if unknown:
-        raise CRRError(f"{run.path / RESULTS} has results for tasks not in this task set (e.g. {unknown[0]}); "
-                       "resume a run with the task set it was started with")
+        raise CRRError(f"{run.path / RESULTS} has results for tasks not in this task set (e.g. "
+                       f"{unknown[0]}); resume a run with the task set it was started with")
     records = [latest[i] for i in sorted(latest)]
     verdicts = {v: [r for r in records if r["verdict"] == v] for v in (ADMITTED, DISCARDED, INFRA_ERROR)}
     write_tasks([by_id[r["instance_id"]] for r in verdicts[ADMITTED]], run.path / "admitted.jsonl")
@@ -288,7 +294,7 @@ def write_outputs(run: RunDir, tasks: Iterable[Task], tasks_per_min: float | Non
         run.write_text(name, "".join(json.dumps(r, sort_keys=True) + "\n" for r in verdicts[verdict]))
     table = discard_table(records)
     run.write_text("discard_table.csv", table.to_csv(index=False))
-    run.write_text("discard_table.md", table.to_markdown(index=False) + "\n")
+    run.write_text("discard_table.md", table.to_markdown(index=False, floatfmt=".1f") + "\n")
     evaluated = len(verdicts[ADMITTED]) + len(verdicts[DISCARDED])
     summary = Summary(tasks=len(tasks), evaluated=evaluated, admitted=len(verdicts[ADMITTED]),
                       discarded=len(verdicts[DISCARDED]), infra_errors=len(verdicts[INFRA_ERROR]),
@@ -303,12 +309,13 @@ def discard_table(records: list[dict]) -> pd.DataFrame:
     """Per repository, as in the paper's Table "Discard rate": tasks evaluated (admitted or
     discarded; infra errors were not evaluated), discarded, discard rate (%), and an `all` row."""
     columns = ["repository", "tasks evaluated", "discarded", "discard rate (%)"]
-    rows = pd.DataFrame([(r["repo"], r["verdict"] == DISCARDED) for r in records if r["verdict"] != INFRA_ERROR],
-                        columns=["repository", "discarded"])
+    rows = pd.DataFrame([(r["repo"], r["verdict"] == DISCARDED) for r in records
+                         if r["verdict"] != INFRA_ERROR], columns=["repository", "discarded"])
     if rows.empty:
         return pd.DataFrame(columns=columns)
     table = (rows.groupby("repository")["discarded"].agg(["size", "sum"]).reset_index()
-             .set_axis(columns[:3], axis=1).sort_values(["tasks evaluated", "repository"], ascending=[False, True]))
+             .set_axis(columns[:3], axis=1)
+             .sort_values(["tasks evaluated", "repository"], ascending=[False, True]))
     table.loc[len(table)] = ["all", len(rows), int(rows["discarded"].sum())]
     table["discard rate (%)"] = (100 * table["discarded"] / table["tasks evaluated"]).round(1)
     return table.reset_index(drop=True)
@@ -334,6 +341,7 @@ def _drop_torn_tail(path: Path) -> None:
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         keep = data.rfind(b"\n") + 1
-        log.warning("%s: dropping a torn last record (%d bytes) left by an interrupted run", path, len(data) - keep)
+        log.warning("%s: dropping a torn last record (%d bytes) left by an interrupted run",
+                    path, len(data) - keep)
         with open(path, "r+b") as f:
             f.truncate(keep)

@@ -50,6 +50,7 @@ def fork_bench(engine_name: str, mode: str | None = None, n_files: int = 5000, n
     with tempfile.TemporaryDirectory(prefix="crr-fork-bench-") as tmp:
         task = synthetic_task(Path(tmp) / "repo", n_files)
         checkout = base_checkout(task)  # made here so that no timing includes the clone
+        os.sync()  # and so that writing back the fresh trees to disk does not land in the timings
         try:
             if mode != "both":
                 return _measure(engine_name, mode, task, n_files, n_edited, repeats)

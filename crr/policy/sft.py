@@ -1,0 +1,249 @@
+"""The SFT warm start: the exploring expert's trajectories, then TRL's SFTTrainer on them.
+
+    data = build_sft_dataset(load_tasks("micro-train"), get_engine("local"), seed=0, tokenizer=tokenizer)
+    sft(default_model_dir(), data, out_dir, SFTSettings(epochs=3))   # load_policy(out_dir) then works
+
+Expert data. Each episode is planned by crr.agent.expert.explore_script and played through the same
+episode loop the policy's rollouts use (crr.agent.episode.play_calls), so a row holds exactly the token
+stream RL builds (crr.agent.conversation): the prompt rendered with the paper's system prompt and turn cap,
+each action as the tokenizer's encoding of its rendered tool call (what the policy learns to emit, and what
+the grammar allows at every free position), each observation as the chat template's tool turn. The
+verifier scores the final state and only episodes with reward 1 are kept; the fraction kept is recorded.
+
+Training. The rows are pre-tokenized (`input_ids`) with an `assistant_masks` column (1 on action tokens,
+end-of-turn included; 0 on the prompt and the observations), a format TRL's SFTTrainer takes as is: it
+folds the mask into `labels`, so the loss is on the tool calls only. Tokenizing here rather than letting
+TRL render `messages` keeps one definition of the layout (conversation.py) for SFT and RL alike; the
+`messages` and `tools` columns stay for auditing (they render to the same tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers import PreTrainedTokenizerBase, TrainerCallback
+
+from crr.agent.episode import EpisodeConfig, play_calls
+from crr.agent.expert import ExpertConfig, call_json, explore_script
+from crr.agent.prompt import DEFAULT_MAX_TURNS, TOOL_SCHEMAS
+from crr.errors import CRRError
+from crr.replay.base import ForkEngine
+from crr.rundir import RunDir
+from crr.tasks.schema import Task
+
+log = logging.getLogger(__name__)
+
+EXPERT_FILE = "expert.jsonl"
+
+
+@dataclass
+class SFTSettings:
+    """Every hyperparameter of the warm start (defaults: CPU, the tiny model, a few minutes per epoch)."""
+    epochs: float = 3.0
+    learning_rate: float = 1e-3          # a few-million-parameter model trained from random weights
+    batch_size: int = 2
+    grad_accum: int = 1
+    warmup_ratio: float = 0.05
+    lr_scheduler: str = "cosine"
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    max_length: int = 8192               # longer rows are dropped by build_sft_dataset, never truncated
+    seed: int = 0
+    logging_steps: int = 1
+    threads: int | None = None           # torch intra-op threads (None: torch's default)
+
+    def __post_init__(self) -> None:
+        if self.epochs <= 0:
+            raise CRRError(f"epochs must be positive, got {self.epochs}")
+        if self.batch_size < 1 or self.grad_accum < 1:
+            raise CRRError("batch_size and grad_accum must be at least 1")
+        if self.learning_rate <= 0:
+            raise CRRError(f"learning_rate must be positive, got {self.learning_rate}")
+
+
+@dataclass
+class ExpertDataSettings:
+    episodes_per_task: int = 2           # expert episodes per task, each with its own seed
+    max_turns: int = DEFAULT_MAX_TURNS   # H in the system prompt: the same cap the policy is evaluated with
+    max_tokens: int = 8192               # drop longer episodes (a row must fit the model's context)
+    workers: int = 2                     # episodes played concurrently (their commands are processes)
+    expert: ExpertConfig = field(default_factory=ExpertConfig)
+
+    def __post_init__(self) -> None:
+        if self.episodes_per_task < 1:
+            raise CRRError(f"episodes_per_task must be at least 1, got {self.episodes_per_task}")
+        if self.workers < 1:
+            raise CRRError(f"workers must be at least 1, got {self.workers}")
+
+
+# ----------------------------------------------------------------------------- expert data
+
+def expert_episode(task: Task, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase, seed: int,
+                   settings: ExpertDataSettings) -> tuple[dict, dict]:
+    """Plan and play one expert episode; returns (row, record): the SFT row and what the run keeps."""
+    with engine.start(task) as sandbox:  # read-only: the plan looks at the files at base_commit
+        plan = explore_script(task, sandbox, seed, settings.expert)
+    config = EpisodeConfig(max_turns=settings.max_turns, snapshots=False)
+    traj = play_calls(task, engine, tokenizer, [call_json(c) for c in plan.calls], config)
+    conv = traj.conversation(tokenizer)
+    ids = conv.token_ids()
+    mask = [0] * len(conv.prompt_ids) + conv.env_mask
+    record = {"instance_id": task.instance_id, "seed": seed, "reward": traj.reward, "end_reason": traj.end_reason,
+              "infra_error": traj.infra_error, "steps": len(traj.steps), "wrong_edit": plan.wrong_edit,
+              "tokens": len(ids), "action_tokens": sum(mask),
+              "calls": [s.call["name"] if s.call else None for s in traj.steps]}
+    row = {"instance_id": task.instance_id, "seed": seed, "messages": conv.messages,
+           "tools": json.dumps(TOOL_SCHEMAS), "input_ids": ids, "assistant_masks": mask}
+    return row, record
+
+
+def build_sft_dataset(tasks: list[Task], engine: ForkEngine, seed: int, tokenizer: PreTrainedTokenizerBase,
+                      settings: ExpertDataSettings | None = None, *, run: RunDir | None = None,
+                      progress: Callable[[dict], None] | None = None) -> Dataset:
+    """Expert conversations over `tasks` that the verifier scores 1 (in task, episode order).
+
+    Episode k of task i uses expert seed `seed * 1000 + k`. Every episode is recorded in `run`'s
+    expert.jsonl and `progress` (kept or not, with why); the summary (kept fraction) goes to
+    expert_summary.json and to the log."""
+    settings = settings or ExpertDataSettings()
+    if not tasks:
+        raise CRRError("no tasks to build expert data from")
+    jobs = [(task, seed * 1000 + k) for task in tasks for k in range(settings.episodes_per_task)]
+
+    def one(job: tuple[Task, int]) -> tuple[dict, dict]:
+        row, record = expert_episode(job[0], engine, tokenizer, job[1], settings)
+        record["kept"] = record["reward"] == 1.0 and record["tokens"] <= settings.max_tokens
+        if run is not None:
+            run.append(EXPERT_FILE, record)
+        if progress is not None:
+            progress(record)
+        return row, record
+
+    with ThreadPoolExecutor(settings.workers, thread_name_prefix="crr-expert") as pool:
+        results = list(pool.map(one, jobs))
+    rows = [row for row, record in results if record["kept"]]
+    records = [record for _, record in results]
+    summary = expert_summary(records)
+    log.info("expert data: kept %d of %d episodes (%.0f%%); %d failed, %d infra errors, %d too long",
+             summary["kept"], summary["episodes"], 100 * summary["kept_fraction"], summary["failed"],
+             summary["infra_errors"], summary["too_long"])
+    if run is not None:
+        run.write_json("expert_summary.json", summary)
+    if not rows:
+        raise CRRError(f"the expert solved none of {len(jobs)} episodes (see {EXPERT_FILE} in the run directory); "
+                       "check the tasks with `crr tasks show` and the engine with `crr doctor`")
+    return Dataset.from_list(rows)
+
+
+def expert_summary(records: list[dict]) -> dict:
+    n = len(records)
+    kept = sum(r["kept"] for r in records)
+    return {"episodes": n, "kept": kept, "kept_fraction": kept / n if n else 0.0,
+            "failed": sum(r["reward"] == 0.0 for r in records),
+            "infra_errors": sum(r["reward"] is None for r in records),
+            "too_long": sum(r["reward"] == 1.0 and not r["kept"] for r in records),
+            "with_wrong_edit": sum(r["wrong_edit"] is not None for r in records),
+            "mean_steps": sum(r["steps"] for r in records) / n if n else 0.0,
+            "mean_tokens": sum(r["tokens"] for r in records) / n if n else 0.0,
+            "action_token_fraction": (sum(r["action_tokens"] for r in records) / max(sum(r["tokens"] for r in records), 1))}
+
+
+# ----------------------------------------------------------------------------- training
+
+class _Report(TrainerCallback):
+    """Forwards the trainer's log records (loss, learning rate, token accuracy) and step progress."""
+
+    def __init__(self, log_fn: Callable[[dict], None] | None, progress_fn: Callable[[int, int], None] | None):
+        self.log_fn, self.progress_fn = log_fn, progress_fn
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.log_fn is not None and logs:
+            self.log_fn({"step": state.global_step, "epoch": state.epoch, **logs})
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.progress_fn is not None:
+            self.progress_fn(state.global_step, state.max_steps)
+
+
+def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: SFTSettings | None = None, *,
+        checkpoints: Path | str | None = None, resume: bool = False,
+        on_log: Callable[[dict], None] | None = None,
+        progress: Callable[[int, int], None] | None = None) -> Path:
+    """Fine-tune the model in `model_dir` on `dataset` (from build_sft_dataset) with TRL's SFTTrainer and
+    save the model and tokenizer to `out_dir` (new or empty; written atomically).
+
+    `checkpoints` keeps a checkpoint per epoch there; with `resume`, training continues from the latest
+    one. Without it, checkpoints go to a temporary directory that is removed at the end."""
+    from trl import SFTConfig, SFTTrainer
+
+    from crr.policy.model import load_policy
+
+    settings = settings or SFTSettings()
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CRRError(f"{out} already exists and is not an empty directory; pass a new output directory")
+    missing = {"input_ids", "assistant_masks"} - set(dataset.column_names)
+    if missing:
+        raise CRRError(f"the SFT dataset lacks {sorted(missing)}; build it with build_sft_dataset")
+    if resume and checkpoints is None:
+        raise CRRError("resume needs the checkpoints directory of the interrupted run")
+    too_long = sum(len(ids) > settings.max_length for ids in dataset["input_ids"])
+    if too_long:
+        raise CRRError(f"{too_long} rows are longer than max_length={settings.max_length} tokens; TRL would cut "
+                       "their last actions off. Raise max_length or rebuild the data with a smaller max_tokens")
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+
+    model, tokenizer = load_policy(model_dir)
+    tokenizer.padding_side = "right"  # training pads on the right; load_policy's left padding is for generation
+    own_ckpt = checkpoints is None
+    ckpt_dir = Path(tempfile.mkdtemp(prefix="crr-sft-")) if own_ckpt else Path(checkpoints)
+    config = SFTConfig(
+        output_dir=str(ckpt_dir), num_train_epochs=settings.epochs, learning_rate=settings.learning_rate,
+        per_device_train_batch_size=settings.batch_size, gradient_accumulation_steps=settings.grad_accum,
+        warmup_steps=settings.warmup_ratio,  # a float < 1 is a fraction of the steps lr_scheduler_type=settings.lr_scheduler,
+        weight_decay=settings.weight_decay, max_grad_norm=settings.max_grad_norm, max_length=settings.max_length,
+        seed=settings.seed, data_seed=settings.seed, logging_steps=settings.logging_steps,
+        # CPU: fp32 (bf16 autocast is slower here and not bit-reproducible), no activation recomputation (the
+        # model is small; it would only cost time), no dataloader workers (2 cores).
+        bf16=False, use_cpu=True, gradient_checkpointing=False, dataloader_num_workers=0,
+        save_strategy="epoch", save_total_limit=1, report_to="none", disable_tqdm=True,
+        # The mask comes with the rows (assistant_masks); TRL's assistant_only_loss would re-render `messages`.
+        assistant_only_loss=False, completion_only_loss=False)
+    trainer = SFTTrainer(model=model, args=config, train_dataset=dataset.select_columns(["input_ids",
+                                                                                         "assistant_masks"]),
+                         processing_class=tokenizer, callbacks=[_Report(on_log, progress)])
+    try:
+        trainer.train(resume_from_checkpoint=resume and _has_checkpoint(ckpt_dir))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+        try:
+            trainer.save_model(str(tmp))
+            tokenizer.padding_side = "left"
+            tokenizer.save_pretrained(tmp)
+            (tmp / "crr_sft.json").write_text(json.dumps({"settings": asdict(settings), "base_model": str(model_dir),
+                                                          "rows": len(dataset)}, indent=2) + "\n")
+            if out.exists():
+                out.rmdir()  # empty, checked above
+            tmp.rename(out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    finally:
+        if own_ckpt:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+    log.info("saved the warm-started model to %s", out)
+    return out
+
+
+def _has_checkpoint(path: Path) -> bool:
+    return any(p.name.startswith("checkpoint-") for p in path.glob("checkpoint-*"))

@@ -1,0 +1,191 @@
+"""The rollout engine: G on-policy trajectories per task, run together (paper: Algorithm 1, "Sample G
+on-policy trajectories"; Method, "Implementation": rollout and fork workers in logical pools).
+
+    result = rollout(tasks, backend, engine, tokenizer, RolloutConfig(group=8, seed=11), run=RunDir.create(...))
+
+It lives at the top of the package, not in crr/agent/, because it joins the agent (episodes), the
+policy (one generation backend), the fork engine, a worker pool and the run directory.
+
+Every round, each episode still running contributes one conversation to a single `backend.generate`
+call (the whole batch: the efficient shape for a KV-cached model on CPU and for vLLM on GPU); the
+sampled tool calls are then executed concurrently by a pool of workers (threads here: sandboxes run
+commands as separate processes, so threads overlap them well; `WorkerPool` is the seam for Ray).
+Episodes that end are scored in the pool and appended to `trajectories.jsonl` in the run directory as
+they finish, in a deterministic order; `summary.json` follows at the end.
+
+Determinism: one seed drives every sampling seed. Round r's generation uses
+`sample_seed(seed, r)`; the batch is the episodes still running, in (task, group) order, and which
+episodes run depends only on earlier samples and (deterministic) tool outputs, so two runs with the
+same seed, tasks and group size produce identical trajectories on CPU. A trajectory is a function of its
+batch as well as the seed: numerics of batched matmuls are not batch-invariant, so the same task with a
+different G or other tasks in the batch samples differently.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Protocol, TypeVar
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from crr.agent.episode import Episode, EpisodeConfig, Trajectory
+from crr.errors import CRRError
+from crr.policy.backend import GenerationBackend
+from crr.replay.base import ForkEngine
+from crr.rundir import RunDir
+from crr.tasks.schema import Task
+
+log = logging.getLogger(__name__)
+
+TRAJECTORIES_FILE = "trajectories.jsonl"
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class WorkerPool(Protocol):
+    """Runs a function over items concurrently and returns the results in order (exceptions propagate).
+    Threads now; a Ray pool implements the same two methods."""
+
+    def map(self, fn: Callable[[T], R], items: list[T]) -> list[R]: ...
+
+    def close(self) -> None: ...
+
+
+class ThreadWorkerPool:
+    def __init__(self, workers: int):
+        if workers < 1:
+            raise CRRError(f"workers must be at least 1, got {workers}")
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="crr-rollout")
+
+    def map(self, fn: Callable[[T], R], items: list[T]) -> list[R]:
+        return list(self._executor.map(fn, items))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+@dataclass
+class RolloutConfig:
+    group: int = 8                 # G: trajectories per task
+    seed: int = 0
+    workers: int = 4               # concurrent tool executions
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+
+    def __post_init__(self) -> None:
+        if self.group < 1:
+            raise CRRError(f"group (G) must be at least 1, got {self.group}")
+
+
+@dataclass
+class RolloutResult:
+    trajectories: list[Trajectory]   # in (task, group) order
+    summary: dict
+
+    def release(self) -> None:
+        """Free every trajectory's snapshots."""
+        for traj in self.trajectories:
+            traj.release()
+
+
+def sample_seed(seed: int, round_index: int) -> int:
+    """The generation seed of round `round_index`: a deterministic function of the rollout seed."""
+    return int(np.random.SeedSequence([seed, round_index]).generate_state(1)[0])
+
+
+def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,
+            config: RolloutConfig | None = None, *, run: RunDir | None = None, pool: WorkerPool | None = None,
+            on_trajectory: Callable[[Trajectory], None] | None = None) -> RolloutResult:
+    """Run G trajectories of every task; write each to `run` as it finishes; return them and a summary.
+
+    The trajectories keep their snapshots (for `fork_at`) until `release()`; the engine and pool are the
+    caller's (a pool is made and closed here when none is given).
+    """
+    config = config or RolloutConfig()
+    tasks = list(tasks)
+    if not tasks:
+        raise CRRError("no tasks to roll out")
+    ecfg = config.episode
+    episodes = [Episode(task, engine, tokenizer, ecfg, task_index=i, group=g, seed=config.seed)
+                for i, task in enumerate(tasks) for g in range(config.group)]
+    own_pool = pool is None
+    pool = pool or ThreadWorkerPool(config.workers)
+    finished: dict[int, Trajectory] = {}
+    start = time.monotonic()
+    gen_s = 0.0
+
+    def finish(done: list[int]) -> None:
+        for k, traj in zip(done, pool.map(lambda k: episodes[k].finish(), done)):
+            finished[k] = traj
+            if run is not None:
+                run.append(TRAJECTORIES_FILE, traj.to_dict())
+            if on_trajectory is not None:
+                on_trajectory(traj)
+
+    try:
+        pool.map(Episode.start, episodes)
+        round_index = 0
+        while True:
+            for e in episodes:
+                e.check_limits()
+            finish([k for k, e in enumerate(episodes) if e.done and k not in finished])
+            active = [e for e in episodes if not e.done]
+            if not active:
+                break
+            seed = sample_seed(config.seed, round_index)
+            t0 = time.perf_counter()
+            samples = backend.generate([e.conversation.messages for e in active], temperature=ecfg.temperature,
+                                       seed=seed, max_new_tokens=ecfg.max_new_tokens)
+            elapsed = time.perf_counter() - t0
+            gen_s += elapsed
+            pool.map(lambda pair: pair[0].act(pair[1].text, pair[1].action_ids, pair[1], seed, elapsed),
+                     list(zip(active, samples)))
+            round_index += 1
+    except BaseException:
+        for e in episodes:  # nothing outlives an interrupted rollout but what the caller's engine holds
+            if e.sandbox is not None:
+                e.sandbox.close()
+            e.traj.release()
+        raise
+    finally:
+        if own_pool:
+            pool.close()
+    trajectories = [finished[k] for k in range(len(episodes))]
+    summary = summarise(trajectories, wall_s=time.monotonic() - start, gen_s=gen_s)
+    if run is not None:
+        run.write_json("summary.json", summary)
+        run.log_metrics({"event": "rollout", **{k: v for k, v in summary.items() if not isinstance(v, dict)}})
+    return RolloutResult(trajectories, summary)
+
+
+def summarise(trajectories: list[Trajectory], wall_s: float, gen_s: float) -> dict:
+    """Pass rate over the trajectories the verifier scored (infrastructure failures excluded), token
+    counts and throughput."""
+    scored = [t for t in trajectories if t.reward is not None]
+    steps = [s for t in trajectories for s in t.steps]
+    generated = sum(len(s.action_ids) for s in steps)
+    return {
+        "trajectories": len(trajectories),
+        "scored": len(scored),
+        "passed": sum(t.reward == 1.0 for t in scored),
+        "pass_rate": sum(t.reward for t in scored) / len(scored) if scored else None,
+        "infra_errors": len(trajectories) - len(scored),
+        "end_reasons": dict(Counter(t.end_reason for t in trajectories)),
+        "steps": len(steps),
+        "mean_turns": len(steps) / len(trajectories),
+        "error_observations": sum(s.is_error for s in steps),
+        "truncated_calls": sum(s.truncated for s in steps),
+        "generated_tokens": generated,
+        "completion_tokens": sum(len(t.completion_ids) for t in trajectories),
+        "grammar_rejection_rate": sum(s.grammar_rejections for s in steps) / generated if generated else None,
+        "context_mismatches": sum(s.context_matches is False for s in steps),
+        "wall_s": wall_s,
+        "generation_s": gen_s,
+        "generated_tokens_per_s": generated / gen_s if gen_s else None,
+        "trajectories_per_min": 60 * len(trajectories) / wall_s if wall_s else None,
+    }

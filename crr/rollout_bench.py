@@ -1,0 +1,107 @@
+"""Benchmarks of the rollout engine (figures for the note; never timed tests): rollout throughput of a
+policy at G trajectories per task, and the latency of forking a trajectory at step index t by each
+strategy of crr.agent.episode (restore the snapshot of s_t, or replay the prefix and verify it).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from crr.agent.conversation import action_text
+from crr.agent.episode import EpisodeConfig, fork_at, play_calls, replay_at
+from crr.agent.expert import expert_script
+from crr.errors import CRRError
+from crr.policy.backend import TransformersBackend
+from crr.policy.model import default_model_dir, load_policy
+from crr.replay import get_engine
+from crr.replay.base import tree_digest
+from crr.rollout import RolloutConfig, rollout
+from crr.tasks.micro import generate_micro
+from crr.tasks.schema import Task
+
+
+def _micro_task(seed: int, workdir: Path) -> Task:
+    return generate_micro(workdir / "tasks", n=1, seed=seed, split="test")[0]
+
+
+def long_script(task: Task, steps: int) -> list[str]:
+    """A trajectory of `steps` calls that keeps changing the tree: the expert's opening (tests, views),
+    then a cycle of edits to a notes file, views and focused test runs, then submit."""
+    opening = [c for c in expert_script(task) if c.name in ("run_tests", "view_file")]
+    calls = [action_text(c) for c in opening]
+    k = 0
+    while len(calls) < steps - 1:
+        k += 1
+        calls += [json.dumps({"name": "edit_file", "arguments": {"path": "NOTES.md", "start": k, "end": k - 1,
+                                                                 "replacement": f"note {k}"}}),
+                  json.dumps({"name": "view_file", "arguments": {"path": "NOTES.md"}}),
+                  json.dumps({"name": "run_shell", "arguments": {"command": f"echo {k} >> scratch.txt && wc -l scratch.txt"}}),
+                  json.dumps({"name": "run_tests", "arguments": {"test_filter": ""}})]
+    return calls[:steps - 1] + [json.dumps({"name": "submit_patch", "arguments": {}})]
+
+
+def fork_bench(engine: str = "local", steps: int = 45, at: tuple[int, ...] = (5, 40), repeats: int = 5,
+               seed: int = 0, **engine_opts) -> dict:
+    """Play a scripted `steps`-step trajectory on a micro task recording snapshots and digests, then time
+    fork_at(t) by restore and by verified replay at each t in `at` (medians over `repeats`)."""
+    if max(at) >= steps - 1:
+        raise CRRError(f"fork indices {at} must be below the last (submit) step {steps - 1}")
+    with tempfile.TemporaryDirectory(prefix="crr-fork-bench-") as tmp, get_engine(engine, **engine_opts) as eng:
+        task = _micro_task(seed, Path(tmp))
+        tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+        calls = long_script(task, steps)
+        start = time.perf_counter()
+        traj = play_calls(task, eng, tokenizer, calls,
+                          EpisodeConfig(max_turns=steps, snapshots=True, digests=True))
+        episode_s = time.perf_counter() - start
+        if traj.infra_error:
+            raise CRRError(f"the scripted trajectory hit an infrastructure failure: {traj.infra_error}")
+        result = {"engine": engine, "task": task.instance_id, "steps": len(traj.steps), "repeats": repeats,
+                  "episode_s": episode_s,
+                  "snapshot_ms_p50": statistics.median(s.snapshot_ms for s in traj.steps if s.snapshot_ms is not None),
+                  "at": {}}
+        digest_ms = []
+        for t in at:
+            restore_ms, replay_ms, exact = [], [], True
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                with fork_at(traj, t) as sandbox:
+                    restore_ms.append(1e3 * (time.perf_counter() - t0))
+                    t1 = time.perf_counter()
+                    exact &= tree_digest(sandbox) == traj.steps[t].digest
+                    digest_ms.append(1e3 * (time.perf_counter() - t1))
+                t0 = time.perf_counter()
+                with replay_at(traj, t, eng):  # raises if the replay diverged
+                    replay_ms.append(1e3 * (time.perf_counter() - t0))
+            result["at"][t] = {"restore_ms_p50": statistics.median(restore_ms), "replay_ms_p50": statistics.median(replay_ms),
+                               "restore_exact": exact}
+        result["digest_ms_p50"] = statistics.median(digest_ms)
+        traj.release()
+        return result
+
+
+def throughput_bench(model: str | None = None, group: int = 8, max_turns: int = 4, max_new_tokens: int = 96,
+                     max_value_chars: int | None = 16, temperature: float = 0.6, seed: int = 0,
+                     engine: str = "local", workers: int = 4) -> dict:
+    """One micro task, G trajectories of the policy with a short turn cap: generated tokens per second
+    (of generation time) and trajectories per minute (of wall time)."""
+    model = model or str(default_model_dir())
+    model_obj, tokenizer = load_policy(model)
+    backend = TransformersBackend(model_obj, tokenizer, max_value_chars=max_value_chars)
+    config = RolloutConfig(group=group, seed=seed, workers=workers, episode=EpisodeConfig(
+        max_turns=max_turns, temperature=temperature, max_new_tokens=max_new_tokens, snapshots=False))
+    with tempfile.TemporaryDirectory(prefix="crr-rollout-bench-") as tmp, get_engine(engine) as eng:
+        task = _micro_task(seed, Path(tmp))
+        result = rollout([task], backend, eng, tokenizer, config)
+    s = result.summary
+    return {"model": model, "group": group, "max_turns": max_turns, "max_new_tokens": max_new_tokens,
+            "max_value_chars": max_value_chars, "temperature": temperature, "engine": engine,
+            **{k: s[k] for k in ("trajectories", "steps", "mean_turns", "generated_tokens", "generation_s", "wall_s",
+                                 "generated_tokens_per_s", "trajectories_per_min", "grammar_rejection_rate",
+                                 "truncated_calls", "end_reasons")}}
