@@ -82,7 +82,7 @@ def test_restore_is_exact(engine, task):
             assert fork.read_file("pkg/core.py") == b"def f():\n    return 2\n"
             assert fork.read_file("new/a/b/n.py") == b"n\n"
             assert fork.read_file("gone/c.txt") == b"fresh\n"
-            root = Path(fork.repo_dir)
+            root = fork.workspace.tree
             assert not (root / "README.md").exists() and not (root / "gone/a.txt").exists()
             assert os.stat(root / "pkg/sub/deep.py").st_mode & 0o777 == 0o755
             assert os.readlink(root / "link.py") == "pkg/core.py" and os.readlink(root / "dirlink") == "pkg"
@@ -130,7 +130,7 @@ def test_fork_of_fork_ten_generations(engine, task):
         sb.close()
         assert tree_digest(child) == expected[gen]
         if engine.mode == "overlay":
-            (mount,) = _mounts_under(Path(child.repo_dir))
+            (mount,) = _mounts_under(child.workspace.tree)
             lowers = mount.split("lowerdir=")[1].split(",")[0].split(":")
             assert len(lowers) == 2, lowers      # flattened: layer + base, however deep
         sb = child
@@ -280,9 +280,9 @@ def test_no_network_but_a_private_loopback(engine, task):
         assert res.exit_code != 0 and "unreachable" in res.output
         held = pool.submit(a.exec, _SERVE % 3)
         deadline = time.monotonic() + 10
-        while not (Path(a.repo_dir) / "bound").exists() and time.monotonic() < deadline:
+        while not (a.workspace.tree / "bound").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert (Path(a.repo_dir) / "bound").exists()
+        assert (a.workspace.tree / "bound").exists()
         assert b.exec(_SERVE % 0).output == "served\n"  # the same port, held by `a` right now
         assert held.result().output == "served\n"
 
@@ -295,7 +295,7 @@ def test_paths_outside_the_repository_are_refused(engine, task, tmp_path):
                 sb.read_file(bad)
             with pytest.raises(CRRError, match="outside the repository"):
                 sb.write_file(bad, b"nope")
-        assert not (Path(sb.repo_dir).parent / "x").exists()
+        assert not (sb.workspace.tree.parent / "x").exists()
         sb.write_file(f"{sb.repo_dir}/pkg/abs.py", b"ok")  # absolute but inside: fine
         sb.write_file("brand/new/file.txt", b"made")
         assert sb.read_file("pkg/abs.py") == b"ok" and sb.read_file("brand/new/file.txt") == b"made"
@@ -305,7 +305,7 @@ def test_paths_outside_the_repository_are_refused(engine, task, tmp_path):
 
 def test_nothing_outlives_close_or_an_exception(engine, task):
     sb = engine.start(task)
-    sb_root = Path(sb.repo_dir).parent.parent
+    sb_root = sb.workspace.tree.parent.parent
     sb.close()
     sb.close()  # idempotent
     assert not sb_root.exists() and not _mounts_under(sb_root)
@@ -388,3 +388,12 @@ def test_overlay_unavailable_falls_back_to_copies_once(task, tmp_path, caplog):
             assert sb.read_file("pkg/core.py").startswith(b"def f")
         for e in engines:
             e.close()
+
+
+def test_commands_see_the_repository_at_a_fixed_path(engine, task):
+    """No host path reaches an observation: the same state reads the same in every sandbox."""
+    with engine.start(task) as a, engine.start(task) as b:
+        outputs = [sb.exec("pwd; echo $TMPDIR; touch /tmp/scratch; ls /tmp").output for sb in (a, b)]
+        assert outputs[0] == outputs[1] == "/testbed\n/tmp\nhome\nscratch\n"
+        assert a.repo_dir == "/testbed"
+        assert a.read_file("/testbed/pkg/core.py") == a.read_file("pkg/core.py")

@@ -3,7 +3,9 @@ Preliminaries, "forkable at horizon h"; the fork cost is Appendix "Rollout-Dispa
 
 Each sandbox is an overlay workspace (crr.replay.overlay) over the task's cached base checkout, so
 a snapshot copies only the diff and a restore is one mount: a fork costs milliseconds. Commands run
-with bash in the repository root and see it at its real host path.
+with bash in the repository root. Where mount namespaces work (root), each command sees the
+repository at /testbed and its scratch space at /tmp, as in a SWE-bench image: observations then
+never carry a host path, so the same seed gives the same trajectories in any sandbox on any engine.
 
 What each command is held to (probed once per process; a missing piece is logged once):
 - its own session; at the timeout its process group gets SIGTERM, then SIGKILL after a short grace;
@@ -16,7 +18,9 @@ What each command is held to (probed once per process; a missing piece is logged
   are born in it: they are spawned from one thread that joined it once, because moving each new
   process into a cgroup waits for an RCU grace period (5-25 ms a command here). The same thread
   enters a sandbox's network namespace (setns) before spawning its command;
-- per-process RLIMIT_AS (memory), RLIMIT_FSIZE (runaway files) and RLIMIT_CORE = 0.
+- per-process RLIMIT_AS (memory), RLIMIT_FSIZE (runaway files) and RLIMIT_CORE = 0;
+- a private mount namespace in which the workspace is bound at /testbed and the sandbox's scratch
+  directory at /tmp (the host's /testbed is only an empty mount point, made once).
 Without root only the session, the timeout kill, the rlimits and plain copies remain.
 """
 
@@ -58,6 +62,7 @@ log = logging.getLogger(__name__)
 OWNER_FILE = "crr-owner.json"  # marks an engine dir as crr's and names the process that owns it
 _PREFIX = "crr-engine-"
 _GRACE_S = 0.5  # between SIGTERM and SIGKILL at a timeout
+FIXED_REPO_DIR = "/testbed"  # where commands see the repository, as in SWE-bench images
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _CLONE_NEWNET, _SIOCSIFFLAGS, _IFF_UP = 0x40000000, 0x8914, 0x1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -101,6 +106,7 @@ class LocalEngine:
         self._cgroup = self._join_pids_cgroup(pids_limit)
         self._netns = self._probe_netns()
         self.enforced = {"pid_namespace": bool(self._unshare), "net_namespace": self._netns,
+                         "fixed_repo_dir": _fixed_paths(),
                          "pids_cgroup": self._cgroup is not None, "rlimits": "as,fsize,core"}
         self._sandboxes: set[LocalSandbox] = set()
         self._snapshots: dict[str, tuple[Layer, Task]] = {}
@@ -157,7 +163,7 @@ class LocalEngine:
                 raise CRRError("this local engine is closed; make a new one")
             k = next(self._seq)
         sb_dir = self.dir / f"sb-{k}"
-        for d in (sb_dir, sb_dir / "home", sb_dir / "tmp"):
+        for d in (sb_dir, sb_dir / "tmp", sb_dir / "tmp" / "home"):
             d.mkdir()
         netns = None
         try:
@@ -185,19 +191,27 @@ class LocalEngine:
             self._snapshots[snap.id] = (layer, sb.task)
         return snap
 
-    def _popen(self, command: str, netns: int | None, **kwargs) -> subprocess.Popen:
+    def _popen(self, command: str, netns: int | None, repo: str, tmp: str, **kwargs) -> subprocess.Popen:
         """Start `bash -c command` from the spawner thread, in the pids cgroup and network namespace.
 
         unshare's child, PID 1 of the new namespace, is a small sh that sets the rlimits and runs
-        bash (as PID 1, bash would ignore even `kill -9 $$`). A wrapper rather than a preexec_fn
+        bash (as PID 1, bash would ignore even `kill -9 $$`); with _fixed_paths() it first binds the
+        workspace at /testbed and `tmp` at /tmp in its private mount namespace. A wrapper, not a preexec_fn,
         lets Popen vfork: forking a trainer with gigabytes of resident memory costs tens of ms.
         """
         if "\0" in command:
             raise CRRError("a command cannot contain a NUL byte")
         mem_mb, fsize_mb = self._limits
         limits = f"ulimit -v {mem_mb * 1024}; ulimit -f {fsize_mb * 2048}; ulimit -c 0"
-        init = f'{limits}; "$@"; exit $?' if self._unshare else f'{limits}; exec "$@"'
-        argv = [*self._unshare, "/bin/sh", "-c", init, "sh", "bash", "-c", command]
+        if _fixed_paths():
+            binds = (f'mount --bind "$1" {FIXED_REPO_DIR} && mount --bind "$2" /tmp && cd {FIXED_REPO_DIR} '
+                     '|| exit 125; shift 2; ')
+            argv = [*self._unshare[:-1], "--mount", "--", "/bin/sh", "-c", f'{binds}{limits}; "$@"; exit $?',
+                    "sh", repo, tmp,
+                    "bash", "-c", command]
+        else:
+            init = f'{limits}; "$@"; exit $?' if self._unshare else f'{limits}; exec "$@"'
+            argv = [*self._unshare, "/bin/sh", "-c", init, "sh", "bash", "-c", command]
         future = self._spawner.submit(_spawn, netns, argv, **kwargs)
         try:
             return future.result()
@@ -246,12 +260,14 @@ class LocalSandbox:
     def __init__(self, engine: LocalEngine, task: Task, workspace: Workspace, sb_dir: Path,
                  netns: int | None):
         self.task, self.workspace = task, workspace
-        self.repo_dir = str(workspace.tree)
         self._root = workspace.tree.resolve()
         self._engine, self._dir, self._netns = engine, sb_dir, netns
+        fixed = _fixed_paths()
+        self.repo_dir = FIXED_REPO_DIR if fixed else str(workspace.tree)
+        tmp = "/tmp" if fixed else str(sb_dir / "tmp")
         self._env = {
             "PATH": f"{os.path.dirname(sys.executable)}:{_SYSTEM_PATH}",
-            "HOME": str(sb_dir / "home"), "TMPDIR": str(sb_dir / "tmp"), "LANG": "C.UTF-8", "TZ": "UTC",
+            "HOME": f"{tmp}/home", "TMPDIR": tmp, "LANG": "C.UTF-8", "TZ": "UTC",
             "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
         }
         self._closed = False
@@ -260,7 +276,8 @@ class LocalSandbox:
         """Run `command` with bash in the repository root; `env` adds to or overrides the clean env."""
         self._check_open()
         start = time.monotonic()
-        proc = self._engine._popen(command, self._netns, cwd=self.repo_dir,
+        proc = self._engine._popen(command, self._netns, str(self.workspace.tree), str(self._dir / "tmp"),
+                                   cwd=self.workspace.tree,
                                    env={**self._env, **(env or {})}, stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         out, timed_out = BoundedOutput(), False
@@ -318,6 +335,8 @@ class LocalSandbox:
     def _resolve(self, path: str) -> Path:
         """The real path of `path` (relative to the repository root, or absolute inside it)."""
         self._check_open()
+        if os.path.isabs(path) and (path + "/").startswith(self.repo_dir.rstrip("/") + "/"):
+            path = os.path.relpath(path, self.repo_dir)  # /testbed/x as commands see it
         full = (self._root / path).resolve()  # follows symlinks, so a link to /etc lands outside
         if not full.is_relative_to(self._root):
             raise CRRError(f"path {path!r} resolves to {full}, outside the repository {self.repo_dir}; "
@@ -478,6 +497,24 @@ def _pid_namespace() -> list[str]:
     _warn_once("PID namespaces are unavailable (needs root and util-linux unshare): only the process "
                "group of a local sandbox command is killed when it ends")
     return []
+
+
+@functools.cache
+def _fixed_paths() -> bool:
+    """Can commands see the repository at FIXED_REPO_DIR? Needs PID + mount namespaces (probed once)."""
+    if not _pid_namespace():
+        return False
+    try:
+        os.makedirs(FIXED_REPO_DIR, exist_ok=True)
+        probe = subprocess.run([*_pid_namespace()[:-1], "--mount", "--", "mount", "--bind", "/tmp",
+                                FIXED_REPO_DIR], capture_output=True, text=True, check=False)
+    except OSError as e:
+        probe = subprocess.CompletedProcess([], 1, "", str(e))
+    if probe.returncode == 0:
+        return True
+    _warn_once(f"cannot bind the repository at {FIXED_REPO_DIR} ({probe.stderr.strip()}): local sandbox "
+               "commands see it at its host path, which then shows up in observations")
+    return False
 
 
 def _new_netns() -> int:
