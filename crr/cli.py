@@ -465,7 +465,7 @@ def filter_bench_command(
                   f"discarded; caught by {result['caught_by']}), false discards {result['false_discards']}/"
                   f"{result['deterministic_tasks']} deterministic tasks, infra errors "
                   f"{result['infra_errors']}, {speed} tasks/min", highlight=False, soft_wrap=True)
-    console.print(f"run directory: {result['run_dir']}", highlight=False)
+    console.print(f"run directory: {result['run_dir']}", highlight=False, soft_wrap=True)
 
 
 # --- sandbox ----------------------------------------------------------------------------------
@@ -643,11 +643,12 @@ def rollout_command(
     if model is None:
         with err_console.status("loading the default tiny model (built on first use)"):
             model = str(default_model_dir())
+    policy, tokenizer = load_policy(model)
     # Nothing forks here, so no snapshots; the trainer keeps them.
     config = RolloutConfig(group=group, seed=seed, workers=workers, episode=EpisodeConfig(
         max_turns=max_turns, temperature=temperature, max_new_tokens=max_new_tokens, time_limit_s=time_limit,
-        snapshots=False))
-    backend = TransformersBackend(*load_policy(model), max_value_chars=max_value_chars)
+        max_context_tokens=getattr(policy.config, "max_position_embeddings", None), snapshots=False))
+    backend = TransformersBackend(policy, tokenizer, max_value_chars=max_value_chars)
     run = RunDir.create("rollout", f"n{n}-g{group}-seed{seed}", root=out, seeds={"rollout": seed},
                         config={"model": model, "tasks": tasks, "n": n, "engine": engine, "mode": mode,
                                 "max_value_chars": max_value_chars, **dataclasses.asdict(config)})
@@ -658,7 +659,7 @@ def rollout_command(
     fork_engine = get_engine(engine, **({"mode": mode} if mode else {}))
     try:
         with progress:
-            result = rollout(task_list, backend, fork_engine, backend.tokenizer, config, run=run,
+            result = rollout(task_list, backend, fork_engine, tokenizer, config, run=run,
                              on_trajectory=lambda _: progress.advance(bar))
     finally:
         fork_engine.close()
@@ -747,3 +748,81 @@ def rollout_bench_command(
                       f"[bold]{r['generated_tokens_per_s']:.1f} generated tokens/s[/] ({r['generated_tokens']} in "
                       f"{r['generation_s']:.0f} s of generation), [bold]{r['trajectories_per_min']:.2f} "
                       f"trajectories/min[/] ({r['wall_s']:.0f} s wall)", highlight=False, soft_wrap=True)
+
+
+# --- sft (the warm start: exploring-expert trajectories, TRL's SFTTrainer) ---------------------
+@app.command("sft")
+@friendly
+def sft_command(
+    model: str | None = typer.Option(None, "--model", help="Model directory or hub id to warm-start (default: "
+                                     "the tiny default, built on first use; the result then becomes the cached "
+                                     "warm-started default when the recipe is the default one)."),
+    tasks: str = typer.Option("micro-train", "--tasks", help="Task file (JSONL), directory, micro set or dataset."),
+    n_tasks: int | None = typer.Option(None, "--n-tasks", help="Use the first N tasks only."),
+    episodes: int = typer.Option(2, "--episodes", help="Expert episodes per task (each its own seed)."),
+    error_rate: float = typer.Option(0.3, "--error-rate", help="Chance the expert makes a wrong edit first."),
+    epochs: float = typer.Option(3.0, "--epochs", help="SFT epochs."),
+    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (cosine schedule)."),
+    seed: int = typer.Option(0, "--seed", help="Drives the expert's episodes and the trainer."),
+    engine: str = typer.Option("local", "--engine", help="Fork engine for the expert's sandboxes: local or docker."),
+    out: Path = typer.Option(Path("results/runs"), "--out", help="Where the run directory goes."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue an interrupted `crr sft` run directory "
+                                       "(its config, expert data and latest checkpoint)."),
+) -> None:
+    """Warm-start a policy with supervised fine-tuning on scripted expert trajectories: the expert explores
+    (views decoys, reproduces the issue, sometimes errs and corrects itself), every episode is played in a
+    real sandbox and kept only if the verifier gives it reward 1; TRL's SFTTrainer then trains on the tool
+    calls (observations masked). Writes a run directory with the config, expert.jsonl, the loss curve in
+    metrics.jsonl and the model in model/."""
+    from dataclasses import asdict
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from crr.agent.expert import ExpertConfig
+    from crr.policy.model import default_model_dir, default_sft_model_dir
+    from crr.policy.sft import ExpertDataSettings, SFTRecipe, SFTSettings, install_default, warm_start
+    from crr.rundir import RunDir
+
+    if resume is not None:
+        run = RunDir.open(resume)
+        recipe, model = SFTRecipe.from_dict(run.config["recipe"]), run.config["model"]
+    else:
+        recipe = SFTRecipe(tasks=tasks, n_tasks=n_tasks, seed=seed, engine=engine,
+                           data=ExpertDataSettings(episodes_per_task=episodes, expert=ExpertConfig(error_rate=error_rate)),
+                           train=SFTSettings(epochs=epochs, learning_rate=lr))
+        if model is None:
+            with err_console.status("loading the default tiny model (built on first use)"):
+                model = str(default_model_dir())
+        run = RunDir.create("sft", f"{Path(tasks).name}-seed{seed}", root=out, seeds={"sft": seed},
+                            config={"model": model, "recipe": asdict(recipe)})
+    err_console.print(f"run directory: {run.path}", highlight=False)
+    kept = {"n": 0}
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.fields[note]}"), console=err_console)
+    bars = {"expert": progress.add_task("expert episodes", total=None, note=""),
+            "train": progress.add_task("SFT steps", total=None, note="")}
+
+    def report(stage: str, done: int, total: int, record: dict) -> None:
+        if stage == "expert":
+            kept["n"] += record["kept"]
+            progress.update(bars["expert"], completed=done, total=total, note=f"kept {kept['n']}")
+        elif total > 0:
+            progress.update(bars["train"], completed=done, total=total)
+        else:
+            progress.update(bars["train"], note=f"loss {record['loss']:.3f}")
+
+    with progress:
+        model_out = warm_start(model, recipe, run, report)
+    summary = json.loads((run.path / "expert_summary.json").read_text()) if (run.path / "expert_summary.json").is_file() else None
+    losses = [r["loss"] for r in run.records("metrics.jsonl") if r.get("event") == "sft" and "loss" in r]
+    if summary:
+        console.print(f"expert: kept [bold]{summary['kept']}/{summary['episodes']}[/] episodes "
+                      f"({summary['kept_fraction']:.0%} with reward 1), {summary['with_wrong_edit']} with a corrected "
+                      f"wrong edit, {summary['mean_steps']:.1f} steps and {summary['mean_tokens']:.0f} tokens on average",
+                      highlight=False)
+    if losses:
+        console.print(f"SFT: {len(losses)} steps, loss {losses[0]:.3f} -> [bold]{losses[-1]:.3f}[/]", highlight=False)
+    console.print(f"model: {model_out}", highlight=False)
+    if model == str(default_model_dir()) and recipe == SFTRecipe():
+        target = install_default(model_out, default_sft_model_dir(build=False))
+        console.print(f"cached as the warm-started default: {target}", highlight=False)

@@ -23,12 +23,13 @@ different G or other tasks in the batch samples differently.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 import numpy as np
@@ -36,7 +37,7 @@ from transformers import PreTrainedTokenizerBase
 
 from crr.agent.episode import Episode, EpisodeConfig, Trajectory
 from crr.errors import CRRError
-from crr.policy.backend import GenerationBackend
+from crr.policy.backend import GenerationBackend, StepSample
 from crr.replay.base import ForkEngine
 from crr.rundir import RunDir
 from crr.tasks.schema import Task
@@ -67,7 +68,7 @@ class ThreadWorkerPool:
         return list(self._executor.map(fn, items))
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        self._executor.shutdown(wait=True, cancel_futures=True)
 
 
 @dataclass
@@ -143,11 +144,12 @@ def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngin
                                        seed=seed, max_new_tokens=ecfg.max_new_tokens)
             elapsed = time.perf_counter() - t0
             gen_s += elapsed
-            pool.map(lambda pair: pair[0].act(pair[1].text, pair[1].action_ids, pair[1], seed, elapsed),
-                     list(zip(active, samples)))
+            pool.map(functools.partial(_act, seed=seed, gen_s=elapsed), list(zip(active, samples)))
             round_index += 1
     except BaseException:
-        for e in episodes:  # nothing outlives an interrupted rollout but what the caller's engine holds
+        if own_pool:
+            pool.close()  # let the actions in flight end (their own timeouts) before closing their sandboxes
+        for e in episodes:  # nothing outlives an interrupted rollout
             if e.sandbox is not None:
                 e.sandbox.close()
             e.traj.release()
@@ -161,6 +163,11 @@ def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngin
         run.write_json("summary.json", summary)
         run.log_metrics({"event": "rollout", **{k: v for k, v in summary.items() if not isinstance(v, dict)}})
     return RolloutResult(trajectories, summary)
+
+
+def _act(pair: tuple[Episode, StepSample], seed: int, gen_s: float) -> None:
+    episode, sample = pair
+    episode.act(sample.text, sample.action_ids, sample, seed, gen_s)
 
 
 def summarise(trajectories: list[Trajectory], wall_s: float, gen_s: float) -> dict:

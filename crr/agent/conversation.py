@@ -72,7 +72,7 @@ def action_text(call: ToolCall, tools: list[dict] | None = None) -> str:
 
 
 def call_json(call_text: str) -> str:
-    """The JSON of a call from an action's text (wrapper and end-of-turn removed; partial if truncated)."""
+    """The JSON of a call from its decoded action text without end-of-turn (the tool-call wrapper removed)."""
     return call_text.removeprefix(TOOL_CALL_OPEN).removesuffix(TOOL_CALL_CLOSE)
 
 

@@ -16,23 +16,25 @@ sandbox failed (a SandboxError, a sandbox gone from under the loop): infrastruct
 labelled and excluded from rewards, never counted as 0. Each command is held to its tool's own timeout.
 
 Forking at step t. The CRR selector picks indices after the episode, so the state s_t of any step must
-stay reachable. Three strategies, measured by `crr rollout bench` on the local overlay engine (2 busy
-cores, a micro task, medians; the figures are in the rollout bench's output and the report):
+stay reachable. The strategies, measured with `crr rollout bench --only fork` (local overlay engine, a
+45-step scripted trajectory on a micro task that edits a file, views, runs a shell command and runs
+the tests every 4 steps; medians of 5; 2 cores shared with other work, load average 5-6):
 
-  snapshot every step (default)  sigma(s_t) before each non-terminal action: an overlay snapshot copies
-                                 only the diff (the files edited so far), about 2-4 ms, so a 50-turn
-                                 episode pays ~0.1-0.2 s; fork_at(t) is one restore, ~6-10 ms at t=5 and
-                                 at t=40 alike: it does not grow with t.
-  lazy snapshots                 impossible without replay: the selector runs after the episode.
-  replay the prefix              a fresh sandbox, a_0..a_{t-1} re-executed, the result checked against
-                                 the tree digest recorded at s_t (crr.replay.base.tree_digest, ~30-60 ms
-                                 per step while recording). fork_at(t) costs the prefix's commands, so it
-                                 grows linearly with t (hundreds of ms at t=5, seconds at t=40 once tests
-                                 run) and is exact only for deterministic commands.
+  snapshot every step (chosen)   sigma(s_t) before each non-terminal action. An overlay snapshot copies
+                                 only the diff, 0.6 ms a step here, so a 50-turn episode pays ~30 ms.
+                                 fork_at(t) is one restore: 5.3 ms at t=5, 1.9 ms at t=40 (2.5 / 2.5 ms
+                                 on a quieter run): flat in t, and exact (tree digests equal).
+  lazy snapshots                 not possible on its own: the selector runs after the episode, so a
+                                 state not snapshotted when it was live can only be rebuilt by replay.
+  replay the prefix              a fresh sandbox, a_0..a_{t-1} re-executed, then the tree digest checked
+                                 against the one recorded at s_t. Recording costs a digest per step (53-108
+                                 ms, a Python process walking the tree); fork_at(t) costs the prefix's
+                                 commands: 1.6-3.0 s at t=5 and 10.8-15.3 s at t=40, linear in t, and
+                                 exact only where the prefix's commands are deterministic.
 
-So episodes snapshot every step (`snapshots=True`) and fork by restore; with `digests=True` they also
-record tree digests, and `fork_at` falls back to verified replay when the snapshots are gone (released,
-or a trajectory read back from JSONL after its engine closed).
+So episodes snapshot every step (`snapshots=True`) and fork by restore, about 1000x faster than replay at
+t=40. With `digests=True` they also record tree digests, and `fork_at` falls back to verified replay
+when the snapshots are gone (released, or a trajectory read back from JSONL after its engine closed).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field, fields
+
 from transformers import PreTrainedTokenizerBase
 
 from crr.agent.conversation import Conversation, initial_messages
@@ -95,7 +98,7 @@ class Step:
     entropy: float                    # H_t
     grammar_rejections: int
     truncated: bool
-    tool_type: float | None           # selector type score; None for submit or an invalid call
+    tool_type: float | None           # selector type score; None for submit or a call that did not parse
     temperature: float
     sample_seed: int | None
     context_matches: bool | None      # the backend's prompt equals the token stream before a_t
@@ -254,7 +257,7 @@ class Episode:
             policy_logprobs=sample.policy_logprobs if sample else [],
             entropy=sample.entropy if sample else 0.0, grammar_rejections=sample.grammar_rejections if sample else 0,
             truncated=bool(sample and sample.truncated),
-            tool_type=tool_type_score(call) if call is not None and not is_error else None,
+            tool_type=tool_type_score(call) if call is not None else None,
             temperature=sample.temperature if sample else 0.0, sample_seed=sample_seed,
             context_matches=context_matches, gen_s=gen_s, exec_s=time.perf_counter() - start,
             snapshot_ms=snapshot_ms, digest=digest)

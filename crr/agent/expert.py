@@ -12,8 +12,9 @@ still fails, re-views and fixes it, checks with focused tests, and submits. The 
 a warm-started policy room to improve: viewing decoys and erring cost turns, not reward.
 
 The script is planned up front from the task, a seeded RNG and the files at base_commit (read from a
-sandbox), so the same (task, seed, config) gives the same calls; the plan never depends on command output
-that can vary (timings, paths).
+scratch sandbox, where candidate wrong fixes are also tried against the issue's call so that a wrong edit
+is visibly wrong), so the same (task, seed, config) gives the same calls; the plan never depends on
+command output that can vary (timings, paths).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from crr.tasks.schema import Task
 
 LOOKALIKE_MODULES = ("legacy.py", "compat.py")  # the micro generator's decoy copies of the buggy function
 LIST_COMMANDS = ("git ls-files", "find . -name '*.py' -not -path './.git/*' | sort", "ls -R {package} tests")
+MAX_WRONG_FIX_TRIES = 8  # candidate wrong fixes checked against the reproduction
 _ORDER = {t["function"]["name"]: list(t["function"]["parameters"]["properties"]) for t in TOOL_SCHEMAS}
 
 
@@ -90,7 +92,7 @@ class ExpertConfig:
     p_reproduce: float = 0.8       # run the issue's call (when the issue shows one)
     p_grep: float = 0.6            # grep for the function's definition
     p_focused_view: float = 0.5    # after a grep, view just the function rather than the file
-    p_final_suite: float = 0.3     # run the whole suite before submitting
+    p_final_suite: float = 0.3     # run the whole suite before submitting (else focused tests)
 
     def __post_init__(self) -> None:
         for name in ("error_rate", "p_list", "p_full_tests", "p_reproduce", "p_grep", "p_focused_view",
@@ -209,10 +211,21 @@ class _Planner:
 
     # --- pieces of behaviour
 
-    def reproduce(self) -> None:
+    def repro_command(self) -> str:
         code = f"from {self.issue.module} import {self.issue.function}; print({self.issue.call})"
         quoted = f'"{code}"' if not set(code) & set('"$`\\!') else shlex.quote(code)
-        self.add("run_shell", command=f"python -c {quoted}")
+        return f"python -c {quoted}"
+
+    def reproduce(self) -> None:
+        self.add("run_shell", command=self.repro_command())
+
+    def repro_output(self, path: str, text: str) -> str:
+        """What the reproduction prints with `path` holding `text` (tried in the scratch sandbox)."""
+        self.sandbox.write_file(path, text.encode())
+        try:
+            return self.sandbox.exec(self.repro_command(), timeout=60).output
+        finally:
+            self.sandbox.write_file(path, self.text(path).encode())
 
     def focused_tests(self, path: str, function: str | None) -> None:
         """A selector that runs some tests: the module's test file, or the tests named after the function."""
@@ -313,10 +326,13 @@ class _Planner:
             else:
                 self.calls.append(call)
 
-        # Verify and submit.
-        self.check(target, function, reproducible)
+        # Verify (the system prompt asks for the test suite before submission) and submit.
+        if reproducible:
+            self.reproduce()
         if self.chance(self.cfg.p_final_suite):
             self.add("run_tests", test_filter="")
+        else:
+            self.focused_tests(target, function)
         self.add("submit_patch")
         kind = None if not erred else "wrong_fix" if erred.path == target else "lookalike"
         return ExpertPlan(self.calls, kind)
@@ -350,21 +366,28 @@ class _Planner:
 
     def wrong_fix(self, edit: _Edit) -> _Edit | None:
         """The fix's lines changed by another bug-family mutation: the right place, the wrong change."""
+        new = edit.replacement.splitlines(keepends=True)
+        if not new or self.issue is None:  # without the issue's call there is no telling a wrong fix apart
+            return None
         buggy = self.text(edit.path)
         fixed = edit.apply(buggy)
         fixed_lines = fixed.splitlines(keepends=True)
-        new = edit.replacement.splitlines(keepends=True)
         lo, hi = edit.start - 1, edit.start - 1 + len(new)
-        if not new:
-            return None
+        right = self.repro_output(edit.path, fixed)
         families = sorted(FAMILIES)
         self.rng.shuffle(families)
+        tried = 0
         for family in families:
             for mutant in iter_mutants(fixed, family, random.Random(self.rng.random())):
                 lines = mutant.source.splitlines(keepends=True)
                 if (len(lines) == len(fixed_lines) and mutant.source != buggy
                         and lines[:lo] == fixed_lines[:lo] and lines[hi:] == fixed_lines[hi:]):
-                    return _Edit(edit.path, edit.start, edit.end, "".join(lines[lo:hi]))
+                    # wrong only if the reproduction shows it (an equivalent rewrite would pass the tests)
+                    if self.repro_output(edit.path, mutant.source) != right:
+                        return _Edit(edit.path, edit.start, edit.end, "".join(lines[lo:hi]))
+                    tried += 1
+                    if tried >= MAX_WRONG_FIX_TRIES:
+                        return None
         return None
 
     def undo_and_fix(self, fix: ToolCall, wrong: _Edit, function: str | None) -> None:
@@ -400,7 +423,8 @@ def _function_line(text: str, name: str) -> int:
 
 
 def explore_script(task: Task, sandbox: Sandbox, seed: int, config: ExpertConfig | None = None) -> ExpertPlan:
-    """The exploring expert's calls for one episode of `task`; `sandbox` must be at base_commit (it is
-    only read). Deterministic in (task, seed, config)."""
+    """The exploring expert's calls for one episode of `task`. `sandbox` is scratch at base_commit: the plan
+    reads its files and tries candidate wrong fixes in it (restoring each file). Deterministic in
+    (task, seed, config)."""
     rng = random.Random(f"expert:{seed}:{task.instance_id}")
     return _Planner(task, sandbox, rng, config or ExpertConfig()).plan()

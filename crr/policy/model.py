@@ -157,3 +157,15 @@ def default_model_dir() -> Path:
             if not (path / "config.json").is_file():  # not a concurrent build that won the rename
                 raise
     return path
+
+
+def default_sft_model_dir(build: bool = True, progress=None) -> Path:
+    """The tiny default warm-started by `crr sft`'s default recipe, in the crr cache; built on first use
+    unless `build` is False (expert data on micro-train, then SFT: many minutes on a CPU). `progress` as
+    crr.policy.sft.Progress."""
+    from crr.policy.sft import SFT_RECIPE_VERSION, build_default_sft
+
+    path = cache_dir() / "models" / f"tiny-{MODEL_VERSION}-sft-{SFT_RECIPE_VERSION}"
+    if build and not (path / "config.json").is_file():
+        build_default_sft(path, progress)
+    return path

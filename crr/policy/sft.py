@@ -19,18 +19,21 @@ TRL render `messages` keeps one definition of the layout (conversation.py) for S
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import datasets
 import torch
 from datasets import Dataset
-from transformers import PreTrainedTokenizerBase, TrainerCallback
+from transformers import PreTrainedTokenizerBase, PrinterCallback, TrainerCallback
+from transformers.utils import logging as hf_logging
 
 from crr.agent.episode import EpisodeConfig, play_calls
 from crr.agent.expert import ExpertConfig, call_json, explore_script
@@ -50,14 +53,14 @@ class SFTSettings:
     """Every hyperparameter of the warm start (defaults: CPU, the tiny model, a few minutes per epoch)."""
     epochs: float = 3.0
     learning_rate: float = 1e-3          # a few-million-parameter model trained from random weights
-    batch_size: int = 2
-    grad_accum: int = 1
+    batch_size: int = 1                  # rows differ in length a lot: no padding, and no slower per token on CPU
+    grad_accum: int = 2
     warmup_ratio: float = 0.05
     lr_scheduler: str = "cosine"
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     max_length: int = 8192               # longer rows are dropped by build_sft_dataset, never truncated
-    seed: int = 0
+    seed: int = 0                        # SFTRecipe.seed overrides it
     logging_steps: int = 1
     threads: int | None = None           # torch intra-op threads (None: torch's default)
 
@@ -219,15 +222,18 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
         save_strategy="epoch", save_total_limit=1, report_to="none", disable_tqdm=True,
         # The mask comes with the rows (assistant_masks); TRL's assistant_only_loss would re-render `messages`.
         assistant_only_loss=False, completion_only_loss=False)
-    trainer = SFTTrainer(model=model, args=config, train_dataset=dataset.select_columns(["input_ids",
-                                                                                         "assistant_masks"]),
-                         processing_class=tokenizer, callbacks=[_Report(on_log, progress)])
     try:
-        trainer.train(resume_from_checkpoint=resume and _has_checkpoint(ckpt_dir))
+        with _quiet_hf():
+            trainer = SFTTrainer(model=model, args=config,
+                                 train_dataset=dataset.select_columns(["input_ids", "assistant_masks"]),
+                                 processing_class=tokenizer, callbacks=[_Report(on_log, progress)])
+            trainer.remove_callback(PrinterCallback)  # it prints every log record; `on_log` gets them instead
+            trainer.train(resume_from_checkpoint=resume and _has_checkpoint(ckpt_dir))
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
         try:
-            trainer.save_model(str(tmp))
+            with _quiet_hf():
+                trainer.save_model(str(tmp))
             tokenizer.padding_side = "left"
             tokenizer.save_pretrained(tmp)
             (tmp / "crr_sft.json").write_text(json.dumps({"settings": asdict(settings), "base_model": str(model_dir),
@@ -245,5 +251,118 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
     return out
 
 
+@contextlib.contextmanager
+def _quiet_hf() -> Iterator[None]:
+    """No tqdm bars from datasets and transformers while training (library code; the CLI draws its own)."""
+    was_datasets = datasets.is_progress_bar_enabled()
+    was_hf = hf_logging.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_datasets:
+            datasets.enable_progress_bars()
+        if was_hf:
+            hf_logging.enable_progress_bar()
+
+
 def _has_checkpoint(path: Path) -> bool:
     return any(p.name.startswith("checkpoint-") for p in path.glob("checkpoint-*"))
+
+
+# ----------------------------------------------------------------------------- the whole warm start
+
+SFT_RECIPE_VERSION = "1"  # bump when SFTRecipe's defaults change: it keys the cached warm-started default
+DATA_DIR = "expert_data"  # in a run directory: the expert dataset (save_to_disk), reused on resume
+CHECKPOINT_DIR = "checkpoints"
+MODEL_DIR = "model"
+
+
+@dataclass
+class SFTRecipe:
+    """Everything `crr sft` does, in one config (written to the run directory as config.yaml)."""
+    tasks: str = "micro-train"         # anything crr.tasks.loaders.load_tasks takes
+    n_tasks: int | None = None         # the first N tasks only
+    seed: int = 0                      # the expert's episodes and the trainer
+    engine: str = "local"
+    data: ExpertDataSettings = field(default_factory=ExpertDataSettings)
+    train: SFTSettings = field(default_factory=SFTSettings)
+
+    def __post_init__(self) -> None:
+        if self.n_tasks is not None and self.n_tasks < 1:
+            raise CRRError(f"n_tasks must be at least 1, got {self.n_tasks}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SFTRecipe:
+        data = dict(d.get("data", {}))
+        data["expert"] = ExpertConfig(**data.get("expert", {}))
+        return cls(**{**d, "data": ExpertDataSettings(**data), "train": SFTSettings(**d.get("train", {}))})
+
+
+Progress = Callable[[str, int, int, dict], None]  # (stage "expert" | "train", done, total, last record)
+
+
+def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir, progress: Progress | None = None) -> Path:
+    """Expert data (or the run's saved copy when resuming), then SFT; the model goes to run/model.
+
+    Metrics go to run/metrics.jsonl (one record per logging step: the loss curve)."""
+    from crr.policy.model import load_policy
+    from crr.replay import get_engine
+    from crr.tasks.loaders import load_tasks
+
+    data_dir = run.path / DATA_DIR
+    if (data_dir / "dataset_info.json").is_file():
+        dataset = Dataset.load_from_disk(str(data_dir))
+        log.info("resuming with the %d expert conversations saved in %s", len(dataset), data_dir)
+    else:
+        tasks = load_tasks(recipe.tasks)[:recipe.n_tasks]
+        _, tokenizer = load_policy(model_dir)
+        engine = get_engine(recipe.engine)
+        total = len(tasks) * recipe.data.episodes_per_task
+        counter = iter(range(1, total + 1))
+        try:
+            dataset = build_sft_dataset(tasks, engine, recipe.seed, tokenizer, recipe.data, run=run, progress=None
+                                        if progress is None else lambda r: progress("expert", next(counter), total, r))
+        finally:
+            engine.close()
+        with _quiet_hf():
+            dataset.save_to_disk(str(data_dir))
+
+    def on_log(record: dict) -> None:
+        run.log_metrics({"event": "sft", **record})
+        if progress is not None and "loss" in record:
+            progress("train", record["step"], -1, record)
+
+    return sft(model_dir, dataset, run.path / MODEL_DIR, replace(recipe.train, seed=recipe.seed), checkpoints=run.path / CHECKPOINT_DIR,
+               resume=(run.path / CHECKPOINT_DIR).is_dir(), on_log=on_log,
+               progress=None if progress is None else lambda done, total: progress("train", done, total, {}))
+
+
+def install_default(model: Path, target: Path) -> Path:
+    """Copy a warm-started model into the cache as the default (atomic; a concurrent install wins)."""
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        shutil.copytree(model, tmp, dirs_exist_ok=True)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def build_default_sft(target: Path, progress: Progress | None = None) -> Path:
+    """The cached warm-started default: `crr sft`'s default recipe on the tiny default model, run in a
+    run directory under the crr cache and installed at `target`."""
+    from crr.policy.model import cache_dir, default_model_dir
+
+    log.info("building the warm-started default model into %s (first use: expert data and SFT, minutes)", target)
+    recipe = SFTRecipe()
+    run = RunDir.create("sft", "default", root=cache_dir() / "runs", config=asdict(recipe), seeds={"sft": recipe.seed})
+    return install_default(warm_start(default_model_dir(), recipe, run, progress), target)

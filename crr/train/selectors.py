@@ -1,0 +1,109 @@
+"""Decision-point selectors (paper: Method, "Decision-Point Selector", Eq. 4; Algorithm 1, line 4).
+
+Every selector picks at most k indices from the same eligible set: steps that are not terminal (submit
+is never forked), whose call was valid (an invalid call or one cut off by the token budget has no type
+score and its "state" is an error observation, so the paper's type-weighted score is undefined there),
+and whose entropy H_t exceeds eta (a near-deterministic policy has no plausible alternative; the paper
+skips the index rather than force an out-of-support action). They differ only in which of the eligible
+steps they keep:
+
+    entropy_type  top-k of H_t (1 + lambda_type * type(a_t))   (default, Eq. 4)
+    entropy       top-k of H_t
+    type          top-k of type(a_t), ties broken by H_t
+    random        k uniformly without replacement (seeded)
+    stride        k evenly spaced time quantiles of the eligible steps
+
+Selectors are plain functions over anything with `entropy`, `tool_type` and `terminal` (crr's Step),
+so they are testable without a model or a sandbox. Each returns the chosen indices in time order with
+the Eq. 4 score of each (recorded in the tuples whatever the selector).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from crr.errors import CRRError
+
+
+class SelectableStep(Protocol):
+    entropy: float              # H_t
+    tool_type: float | None     # type(a_t); None for submit and invalid calls
+    terminal: bool
+
+
+@dataclass(frozen=True)
+class SelectorParams:
+    k: int = 4                  # fork budget per trajectory
+    eta: float = 0.4            # entropy threshold
+    lambda_type: float = 0.6    # type weight in Eq. 4
+
+    def __post_init__(self) -> None:
+        if self.k < 0:
+            raise CRRError(f"the fork budget k must be >= 0, got {self.k}")
+        if self.eta < 0:
+            raise CRRError(f"the entropy threshold eta must be >= 0, got {self.eta}")
+
+
+@dataclass(frozen=True)
+class Selection:
+    t: int
+    score: float                # Eq. 4's score of step t
+
+
+def score(step: SelectableStep, lambda_type: float) -> float:
+    """Eq. 4: H_t (1 + lambda_type * type(a_t))."""
+    return step.entropy * (1.0 + lambda_type * (step.tool_type or 0.0))
+
+
+def eligible(steps: Sequence[SelectableStep], eta: float) -> list[int]:
+    """The shared eligible set: valid, non-terminal steps with H_t > eta."""
+    return [t for t, s in enumerate(steps) if not s.terminal and s.tool_type is not None and s.entropy > eta]
+
+
+def _top(steps: Sequence[SelectableStep], pool: list[int], k: int, key: Callable[[int], tuple]) -> list[int]:
+    return sorted(sorted(pool, key=key)[:k])   # `key` sorts best first; ties fall to the earlier step
+
+
+def entropy_type(steps, pool, p, rng):
+    return _top(steps, pool, p.k, lambda t: (-score(steps[t], p.lambda_type), t))
+
+
+def entropy(steps, pool, p, rng):
+    return _top(steps, pool, p.k, lambda t: (-steps[t].entropy, t))
+
+
+def type_(steps, pool, p, rng):
+    return _top(steps, pool, p.k, lambda t: (-steps[t].tool_type, -steps[t].entropy, t))
+
+
+def random(steps, pool, p, rng):
+    if len(pool) <= p.k:
+        return pool
+    return sorted(int(t) for t in rng.choice(pool, size=p.k, replace=False))
+
+
+def stride(steps, pool, p, rng):
+    if len(pool) <= p.k:
+        return pool
+    if p.k == 0:
+        return []
+    return [pool[int(round(q))] for q in np.linspace(0, len(pool) - 1, p.k)]
+
+
+SELECTORS: dict[str, Callable] = {"entropy_type": entropy_type, "entropy": entropy, "type": type_,
+                                  "random": random, "stride": stride}
+
+
+def select(name: str, steps: Sequence[SelectableStep], params: SelectorParams,
+           rng: np.random.Generator | None = None) -> list[Selection]:
+    """Up to k indices of `steps` chosen by the selector `name`, in time order. `rng` drives `random`."""
+    if name not in SELECTORS:
+        raise CRRError(f"unknown selector {name!r}; choose one of {', '.join(SELECTORS)}")
+    if name == "random" and rng is None:
+        raise CRRError("the random selector needs a seeded numpy Generator (rng=)")
+    chosen = SELECTORS[name](steps, eligible(steps, params.eta), params, rng)
+    return [Selection(t, score(steps[t], params.lambda_type)) for t in chosen]

@@ -1,0 +1,117 @@
+"""The exploring SFT expert: real micro tasks, real sandboxes, the real verifier."""
+
+from __future__ import annotations
+
+import pytest
+
+from crr.agent.expert import ExpertConfig, call_json, explore_script, fix_edits, gold_files, parse_issue_call
+from crr.agent.tools import execute, parse_tool_call
+from crr.agent.verifier import verify
+from crr.replay import get_engine
+from crr.tasks.micro import generate_micro
+from agent_tasks import calc_task
+
+EXPLORE = ExpertConfig(p_list=1.0)  # always lists the files, so decoys are always in view
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    # seed 0: task 1 has a look-alike legacy copy of the buggy function, task 0 has none
+    return generate_micro(tmp_path_factory.mktemp("micro"), n=2, seed=0, split="train")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = get_engine("local")
+    yield eng
+    eng.close()
+
+
+def play(engine, task, calls):
+    """Execute the calls in a fresh sandbox; returns (observations, verifier result)."""
+    with engine.start(task) as sandbox:
+        observations = [execute(sandbox, c) for c in calls]
+        return observations, verify(sandbox, task)
+
+
+def test_expert_explores_and_solves_micro_tasks(tasks, engine):
+    for task in tasks:
+        with engine.start(task) as sandbox:
+            plan = explore_script(task, sandbox, seed=0, config=EXPLORE)
+        calls = plan.calls
+        observations, result = play(engine, task, calls)
+        assert result.reward == 1.0, (task.instance_id, [call_json(c) for c in calls])
+        assert not any(o.is_error for o in observations)
+        assert calls[-1].name == "submit_patch" and observations[-1].terminal
+        viewed = [c.arguments["path"] for c in calls if c.name == "view_file"]
+        assert set(gold_files(task)) <= set(viewed)
+        decoys = [p for p in viewed if p not in gold_files(task)]
+        assert decoys, f"{task.instance_id}: the expert viewed only the file it fixes"
+        assert any(c.name == "run_tests" for c in calls)
+        # every call is what the grammar-constrained policy could emit: it round-trips through the parser
+        assert all(parse_tool_call(call_json(c)) == c for c in calls)
+
+
+def test_wrong_edits_are_really_wrong_and_then_corrected(tasks, engine):
+    kinds = set()
+    for task in tasks:
+        for seed in range(3):
+            with engine.start(task) as sandbox:
+                plan = explore_script(task, sandbox, seed=seed, config=ExpertConfig(error_rate=1.0))
+            assert plan.wrong_edit in ("wrong_fix", "lookalike")
+            kinds.add(plan.wrong_edit)
+            edits = [i for i, c in enumerate(plan.calls) if c.name == "edit_file"]
+            assert len(edits) > len(fix_edits(task))
+            # The state right after the first (wrong) edit fails the held-out tests; the episode still solves it.
+            _, after_wrong = play(engine, task, plan.calls[:edits[0] + 1])
+            assert after_wrong.reward == 0.0
+            _, final = play(engine, task, plan.calls)
+            assert final.reward == 1.0
+    assert kinds == {"wrong_fix", "lookalike"}
+
+
+def test_error_rate_zero_never_errs(tasks, engine):
+    for task in tasks:
+        with engine.start(task) as sandbox:
+            plan = explore_script(task, sandbox, seed=0, config=ExpertConfig(error_rate=0.0))
+        assert plan.wrong_edit is None
+        assert sum(c.name == "edit_file" for c in plan.calls) == len(fix_edits(task))
+
+
+def test_expert_is_deterministic_per_seed(tasks, engine):
+    task = tasks[1]
+    plans = []
+    for seed in (0, 0, 1, 2):
+        with engine.start(task) as sandbox:
+            plans.append([call_json(c) for c in explore_script(task, sandbox, seed=seed).calls])
+    assert plans[0] == plans[1]
+    assert plans[0] != plans[2] or plans[0] != plans[3]
+
+
+def test_expert_without_a_reproducible_issue(make_task, engine):
+    """A non-micro task (no call in the issue): the expert falls back to focused tests and still solves it."""
+    task = calc_task(make_task)
+    assert parse_issue_call(task.problem_statement) is None
+    with engine.start(task) as sandbox:
+        plan = explore_script(task, sandbox, seed=0, config=ExpertConfig(error_rate=1.0))
+    _, result = play(engine, task, plan.calls)
+    assert result.reward == 1.0
+    assert fix_edits(task)[0].arguments == {"path": "calc.py", "start": 2, "end": 2, "replacement": "    return a + b\n"}
+
+
+@pytest.mark.parametrize("issue, expected", [
+    ("t\n\n```python\n>>> from pkg.mod import f\n>>> f('a', [1, 2])\n3\n```\n", ("pkg.mod", "f", "f('a', [1, 2])")),
+    ("t\n\n```python\nfrom pkg.mod import f\nprint(f((1, 2)))\n```\n", ("pkg.mod", "f", "f((1, 2))")),
+    ("t\n\nCalling `pkg.sub.mod.f(0, 'x')` returns `1`. I expected `2`.", ("pkg.sub.mod", "f", "f(0, 'x')")),
+    ("add() subtracts\nadd(2, 3) returns -1 instead of 5.", None),
+])
+def test_parse_issue_call(issue, expected):
+    got = parse_issue_call(issue)
+    assert (got and (got.module, got.function, got.call)) == expected
+
+
+def test_bad_expert_config():
+    from crr.errors import CRRError
+
+    with pytest.raises(CRRError, match="error_rate"):
+        ExpertConfig(error_rate=1.5)

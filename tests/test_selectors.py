@@ -1,0 +1,134 @@
+"""Selectors and proposals: the shared eligible set, Eq. 4, the k cap, seeded random, stride; the
+proposal never returns the realised action (fake backend for the control flow, the real tiny model for
+the rejection sampler)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from crr.agent.conversation import initial_messages
+from crr.errors import CRRError
+from crr.policy.backend import StepSample, TransformersBackend
+from crr.policy.model import default_model_dir, load_policy
+from crr.train.proposals import get_proposal
+from crr.train.selectors import SELECTORS, SelectorParams, eligible, score, select
+
+
+@dataclass
+class S:
+    entropy: float
+    tool_type: float | None
+    terminal: bool = False
+
+
+# t:        0 view  1 edit  2 low-H  3 invalid 4 shell 5 tests 6 edit  7 submit
+STEPS = [S(0.9, 0.0), S(0.8, 1.0), S(0.1, 1.0), S(2.0, None), S(0.7, 0.75), S(1.0, 0.25), S(0.5, 1.0),
+         S(3.0, None, terminal=True)]
+P = SelectorParams(k=3, eta=0.4, lambda_type=0.6)
+
+
+def test_eligible_set_excludes_terminal_invalid_and_low_entropy():
+    assert eligible(STEPS, 0.4) == [0, 1, 4, 5, 6]
+
+
+def test_entropy_type_is_top_k_of_eq4():
+    chosen = select("entropy_type", STEPS, P)
+    # scores: 0.9, 1.28, -, -, 1.015, 1.15, 0.8 -> top 3 = steps 1, 5, 4
+    assert [c.t for c in chosen] == [1, 4, 5]
+    assert chosen[0].score == pytest.approx(0.8 * 1.6)
+    assert all(c.score == pytest.approx(score(STEPS[c.t], 0.6)) for c in chosen)
+
+
+def test_other_selectors_share_the_eligible_set_and_cap():
+    assert [c.t for c in select("entropy", STEPS, P)] == [0, 1, 5]
+    assert [c.t for c in select("type", STEPS, P)] == [1, 4, 6]
+    assert [c.t for c in select("stride", STEPS, P)] == [0, 4, 6]
+    rng_picks = [c.t for c in select("random", STEPS, P, np.random.default_rng(11))]
+    assert rng_picks == [c.t for c in select("random", STEPS, P, np.random.default_rng(11))]  # seeded
+    for name in SELECTORS:
+        picks = [c.t for c in select(name, STEPS, P, np.random.default_rng(0))]
+        assert len(picks) == 3 and set(picks) <= {0, 1, 4, 5, 6} and picks == sorted(picks), name
+        few = [c.t for c in select(name, STEPS, SelectorParams(k=3, eta=0.85), np.random.default_rng(0))]
+        assert few == [0, 5], name                      # fewer eligible than k: all of them, no more
+        assert select(name, STEPS, SelectorParams(k=0), np.random.default_rng(0)) == []
+
+
+def test_random_is_uniform_over_the_eligible_set():
+    rng = np.random.default_rng(0)
+    counts = np.zeros(len(STEPS))
+    for _ in range(2000):
+        for c in select("random", STEPS, SelectorParams(k=2), rng):
+            counts[c.t] += 1
+    assert counts[[2, 3, 7]].sum() == 0
+    assert np.allclose(counts[[0, 1, 4, 5, 6]] / 2000, 2 / 5, atol=0.05)
+
+
+def test_bad_selector_input():
+    with pytest.raises(CRRError, match="unknown selector"):
+        select("best", STEPS, P)
+    with pytest.raises(CRRError, match="rng"):
+        select("random", STEPS, P)
+    with pytest.raises(CRRError, match="k must be"):
+        SelectorParams(k=-1)
+
+
+def _sample(text: str, **kw) -> StepSample:
+    return StepSample(text=text, prompt_ids=[], action_ids=[1], behaviour_logprobs=[-1.0], policy_logprobs=[-1.0],
+                      entropies=[1.0], semantic=[True], entropy=1.0, grammar_rejections=0, temperature=0.7,
+                      wall_time_s=0.0, truncated=False, proposal_logprob=-1.0, **kw)
+
+
+class ScriptedBackend:
+    """Returns queued texts in order and records the calls (the proposal's control flow only)."""
+
+    def __init__(self, texts: list[str]):
+        self.texts, self.calls = list(texts), []
+
+    def generate(self, conversations, temperature, seed, max_new_tokens, exclude=None):
+        self.calls.append((len(conversations), seed, exclude))
+        out = []
+        for ex in exclude:
+            text = self.texts.pop(0)
+            out.append(_sample(text, exclusion_failed=text == ex))
+        return out
+
+
+VIEW = '{"name": "view_file", "arguments": {"path": "a.py"}}'
+OTHER = '{"name": "view_file", "arguments": {"path": "b.py"}}'
+BROKEN = '{"name": "view_file", "arguments": {"path": 3}}'
+
+
+def test_tempered_skips_when_exclusion_fails_and_validity_filter_resamples():
+    backend = ScriptedBackend([VIEW, OTHER])
+    out = get_proposal("tempered")(backend, [[], []], [VIEW, VIEW], temperature=0.7, seed=1, max_new_tokens=8)
+    assert out[0] is None and out[1].text == OTHER
+    assert backend.calls[0][2] == [VIEW, VIEW]          # the realised action is passed as the exclusion
+    backend = ScriptedBackend([BROKEN, BROKEN, OTHER, BROKEN, BROKEN, BROKEN])
+    out = get_proposal("validity_filtered")(backend, [[], []], [VIEW, VIEW], temperature=0.7, seed=1,
+                                            max_new_tokens=8)
+    assert out[0].text == OTHER                          # resampled once, then valid
+    assert out[1] is None                                # invalid after 3 resamples: skipped
+    assert len(backend.calls) == 4 and len({c[1] for c in backend.calls}) == 4
+    with pytest.raises(CRRError, match="T_cf"):
+        get_proposal("tempered")(backend, [[]], [VIEW], temperature=0.0, seed=1, max_new_tokens=8)
+    with pytest.raises(CRRError, match="unknown proposal"):
+        get_proposal("best_of")
+
+
+def test_real_proposal_never_returns_the_realised_action(make_task):
+    torch.set_num_threads(1)
+    backend = TransformersBackend(*load_policy(default_model_dir()), max_value_chars=4)
+    task = make_task({"a.py": "x = 1\n"}, problem_statement="fix a.py")
+    conv = initial_messages(task, "/testbed")
+    for seed in range(3):
+        realised = backend.generate([conv], temperature=0.7, seed=seed, max_new_tokens=40)[0]
+        if realised.truncated:
+            continue
+        # Same seed: the first draw reproduces the realised call, so the rejection path must run.
+        out = get_proposal("tempered")(backend, [conv], [realised.text], temperature=0.7, seed=seed,
+                                       max_new_tokens=40)[0]
+        assert out is None or (out.text != realised.text and out.tries >= 2 and np.isfinite(out.proposal_logprob))
