@@ -9,6 +9,7 @@ flight and never corrupts what was written before.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import socket
@@ -25,6 +26,8 @@ import yaml
 
 from crr import __version__
 from crr.errors import CRRError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ROOT = Path("results/runs")
 _TRACKED_PACKAGES = ("torch", "transformers", "trl", "peft", "swebench", "docker", "datasets")
@@ -50,11 +53,21 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def append_jsonl(path: Path, record: dict) -> None:
-    """Append one record and make it durable before returning."""
+    """Append one record and make it durable before returning.
+
+    A torn last record (a crash mid-append; read_jsonl skips it) is cut first, so that the new record
+    starts on a line of its own instead of being glued to the fragment.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(record, sort_keys=True, default=str)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line + "\n")
+    with open(path, "a+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size and (f.seek(size - 1), f.read(1))[1] != b"\n":
+            f.seek(0)
+            keep = f.read().rfind(b"\n") + 1
+            log.warning("%s: dropping a torn last record (%d bytes) left by an interrupted run", path, size - keep)
+            f.truncate(keep)
+        f.write(line.encode("utf-8") + b"\n")
         f.flush()
         os.fsync(f.fileno())
 

@@ -246,7 +246,6 @@ def filter_tasks(tasks: Iterable[Task], run: RunDir, config: FilterConfig, worke
     if workers < 1:
         raise CRRError(f"--workers must be at least 1, got {workers}")
     tasks = _unique(tasks)
-    _drop_torn_tail(run.path / RESULTS)
     decided = {r["instance_id"] for r in run.records(RESULTS) if r["verdict"] != INFRA_ERROR}
     todo = sorted((t for t in tasks if t.instance_id not in decided), key=lambda t: t.instance_id)
     if on_start:
@@ -329,19 +328,3 @@ def _unique(tasks: Iterable[Task]) -> list[Task]:
             raise CRRError(f"instance_id {t.instance_id!r} appears twice in the task set; ids must be unique")
         seen.add(t.instance_id)
     return tasks
-
-
-def _drop_torn_tail(path: Path) -> None:
-    """Cut a torn last record (a crash mid-append) so the next append starts on a fresh line.
-
-    read_jsonl already skips it when reading; appending after it would glue two records together.
-    """
-    if not path.is_file():
-        return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        keep = data.rfind(b"\n") + 1
-        log.warning("%s: dropping a torn last record (%d bytes) left by an interrupted run",
-                    path, len(data) - keep)
-        with open(path, "r+b") as f:
-            f.truncate(keep)

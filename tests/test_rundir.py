@@ -1,0 +1,37 @@
+import json
+
+import pytest
+
+from crr.errors import CRRError
+from crr.rundir import RunDir, append_jsonl, read_jsonl
+
+
+def test_run_directory_has_config_and_manifest(tmp_path):
+    run = RunDir.create("train", "x", root=tmp_path, config={"lr": 5e-6}, seeds={"python": 11})
+    again = RunDir.open(run.path)
+    assert again.config == {"lr": 5e-6}
+    assert again.manifest["seeds"] == {"python": 11} and again.manifest["packages"]["torch"]
+    assert RunDir.create("train", "x", root=tmp_path).path != run.path  # same second, new dir
+
+
+def test_opening_something_else_is_a_clear_error(tmp_path):
+    with pytest.raises(CRRError, match="not a crr run directory"):
+        RunDir.open(tmp_path)
+
+
+def test_a_torn_last_record_is_skipped_and_cut_before_the_next_append(tmp_path):
+    log = tmp_path / "results.jsonl"
+    append_jsonl(log, {"a": 1})
+    with open(log, "a") as f:
+        f.write('{"b": 2, "trunc')  # the writer died mid-record
+    assert list(read_jsonl(log)) == [{"a": 1}]
+    append_jsonl(log, {"c": 3})
+    assert list(read_jsonl(log)) == [{"a": 1}, {"c": 3}]
+    assert log.read_text().endswith('{"c": 3}\n')
+
+
+def test_corruption_before_the_last_line_is_an_error(tmp_path):
+    log = tmp_path / "m.jsonl"
+    log.write_text('{"a": 1}\nnot json\n' + json.dumps({"b": 2}) + "\n")
+    with pytest.raises(CRRError, match="m.jsonl:2"):
+        list(read_jsonl(log))
