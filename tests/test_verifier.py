@@ -124,6 +124,13 @@ def test_an_eval_script_that_never_reaches_the_tests_is_infra(engine, make_task)
     assert result.reward is None and result.infra_error == "the eval script stopped before the tests started"
 
 
+def test_a_test_runner_the_image_lacks_is_infra_not_reward_zero(engine, make_task):
+    task = calc_task(make_task, test_cmd="no-such-test-runner -rA")
+    with engine.start(task) as sb:
+        result = verify(sb, task, timeout=120)
+    assert result.reward is None and "could not be started (exit 127)" in result.infra_error
+
+
 def test_the_tasks_own_eval_script_is_used(engine, make_task):
     base = calc_task(make_task)
     script = "\n".join(["#!/bin/bash", "set -uxo pipefail", "echo crr-custom-eval-script",

@@ -15,8 +15,9 @@ must not:
     timed out (the agent's code hangs; the timeout is generous so that a healthy suite never
     meets it), or swebench rejected the log (e.g. the agent broke test collection);
   * reward None with infra_error: the sandbox failed (SandboxError, dead container), crr's own
-    staging failed, the reset to base_commit failed, or the eval script died before the tests
-    started (e.g. its environment is missing). These are never a reward of 0.
+    staging failed, the reset to base_commit failed, the eval script died before the tests
+    started, or the shell could not start the test runner (exit 126/127: the image lacks it).
+    These are never a reward of 0.
 
 verify() changes the sandbox (test files reset and patched): run it on a fork or at the end.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import re
 import random
 import shlex
 import tempfile
@@ -55,6 +57,8 @@ VERIFY_TIMEOUT_S = 1800     # swebench's own default per instance
 LOG_KEEP_CHARS = 10_000     # VerifierResult.log keeps the first and last this many characters
 MAX_LOG_BYTES = 16_000_000  # a test run that prints forever is cut here (inside the sandbox)
 MAX_HASH_SEED = 2**32 - 1   # PYTHONHASHSEED's largest value
+
+_RUNNER_EXIT = re.compile(re.escape(TEST_EXIT_CODE) + r": (\d+)")
 
 # Test and harness files (paper: Error-Mode Taxonomy, harness subversion): a patch touching these
 # changes the verifier's target rather than the code under test.
@@ -187,6 +191,11 @@ def verify(sandbox: Sandbox, task: Task, timeout: float = VERIFY_TIMEOUT_S,
         note = f"the test run timed out after {timeout:g} s (the patched code hangs)"
     elif START_TEST_OUTPUT not in text:
         return _infra("the eval script stopped before the tests started", patch, text)
+    elif (code := _RUNNER_EXIT.search(text)) and int(code.group(1)) in (126, 127):
+        # The shell could not start the runner (command not found / not executable): the image lacks
+        # it. That says nothing about the agent's patch.
+        return _infra(f"the test runner could not be started (exit {code.group(1)}): check test_cmd "
+                      f"{task.test_cmd!r} against the image", patch, text)
 
     with tempfile.NamedTemporaryFile("w", suffix=".log", encoding="utf-8") as f:
         f.write(text)
