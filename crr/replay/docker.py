@@ -60,7 +60,7 @@ from docker.types import Mount
 from crr.errors import CRRError, SandboxError
 from crr.replay.base import BoundedOutput, ExecResult, Snapshot
 from crr.replay.checkout import base_checkout, cache_root
-from crr.replay.overlay import Layer, OverlayWorkspace, unmount
+from crr.replay.overlay import Layer, OverlayWorkspace, mounts_under, process_start, unmount
 from crr.tasks.schema import Task
 
 log = logging.getLogger(__name__)
@@ -114,18 +114,9 @@ def _docker_errors(what: str) -> Iterator[None]:
         raise SandboxError(f"docker could not {what}: {getattr(e, 'explanation', None) or e}") from None
 
 
-def _process_start(pid: int) -> str | None:
-    """The kernel's start time of `pid` (tells a live owner from a recycled pid); None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
 def _owner_labels(engine_id: str) -> dict[str, str]:
     pid = os.getpid()
-    return {OWNER: "crr", ENGINE: engine_id, PID: str(pid), PIDSTART: _process_start(pid) or "",
+    return {OWNER: "crr", ENGINE: engine_id, PID: str(pid), PIDSTART: process_start(pid) or "",
             HOST: socket.gethostname()}
 
 
@@ -133,7 +124,7 @@ def _owner_alive(labels: dict) -> bool:
     """Whether the process that made a crr-labelled thing may still use it (unknown counts as alive)."""
     if labels.get(HOST) != socket.gethostname() or not labels.get(PID, "").isdigit():
         return True
-    start = _process_start(int(labels[PID]))
+    start = process_start(int(labels[PID]))
     return start is not None and start == (labels.get(PIDSTART) or start)
 
 
@@ -145,19 +136,11 @@ def _mount_call(source: str | None, target: str, flags: int) -> None:
                            "the overlay mode needs root; use the commit mode otherwise")
 
 
-def _mounts_under(root: Path) -> list[str]:
-    """Mount points at or below `root`, deepest first (the order to unmount them in)."""
-    prefix = str(root)
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4].replace("\\040", " ") for line in f]
-    return sorted({p for p in points if p == prefix or p.startswith(prefix + "/")}, reverse=True)
-
-
 def _dispose_root(root: Path) -> None:
     """Unmount everything under an engine's host directory, then delete it (never through a mount)."""
-    for point in _mounts_under(root):
+    for point in mounts_under(root):
         unmount(point)
-    if _mounts_under(root):
+    if mounts_under(root):
         log.warning("%s still has mounts; left it in place", root)
     else:
         shutil.rmtree(root, ignore_errors=True)
@@ -917,7 +900,7 @@ def _gc_host(all: bool, dry_run: bool) -> list[str]:
             continue  # not an engine dir, or one being made right now
         if _owner_alive(labels):
             continue
-        done += [f"mount {m}" for m in _mounts_under(root)] + [f"dir {root}"]
+        done += [f"mount {m}" for m in mounts_under(root)] + [f"dir {root}"]
         if not dry_run:
             _dispose_root(root)
     extracted = cache_root() / "docker-testbed"

@@ -35,7 +35,6 @@ import itertools
 import json
 import logging
 import os
-import re
 import selectors
 import shutil
 import signal
@@ -54,7 +53,8 @@ from typing import Self
 from crr.errors import CRRError, SandboxError
 from crr.replay.base import BoundedOutput, ExecResult, Snapshot
 from crr.replay.checkout import base_checkout, cache_root
-from crr.replay.overlay import CopyWorkspace, Layer, OverlayWorkspace, Workspace, overlay_unavailable, unmount
+from crr.replay.overlay import (CopyWorkspace, Layer, OverlayWorkspace, Workspace, mounts_under, overlay_unavailable,
+                               process_start, unmount)
 from crr.tasks.schema import Task
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class LocalEngine:
         self._limits = (mem_limit_mb, fsize_limit_mb)
         self._unshare = _pid_namespace()
         self.dir = Path(tempfile.mkdtemp(dir=self.workdir, prefix=f"{_PREFIX}{os.getpid()}-"))
-        owner = {"pid": os.getpid(), "start": _start_time(os.getpid())}
+        owner = {"pid": os.getpid(), "start": process_start(os.getpid())}
         (self.dir / OWNER_FILE).write_text(json.dumps(owner))
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="crr-spawn")
         self._cgroup = self._join_pids_cgroup(pids_limit)
@@ -369,9 +369,9 @@ def gc_leftovers(workdir: Path | None = None) -> list[str]:
             owner = json.loads((d / OWNER_FILE).read_text())
         except (OSError, ValueError):
             continue  # not an engine dir, or one being created right now
-        if _start_time(owner.get("pid", -1)) == owner.get("start"):
+        if process_start(owner.get("pid", -1)) == owner.get("start"):
             continue
-        for mnt in _mounts_under(d):
+        for mnt in mounts_under(d):
             unmount(mnt)
             removed.append(mnt)
         shutil.rmtree(d, ignore_errors=True)
@@ -551,24 +551,6 @@ def _pids_cgroup_root() -> Path | None:
         _warn_once(f"no writable cgroup-v1 pids hierarchy ({e}): a fork bomb in a local sandbox is "
                    "stopped only by its timeout")
         return None
-
-
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (None if no such process): pid + start
-    time names a process uniquely, where a pid alone may have been reused."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _mounts_under(path: Path) -> list[str]:
-    """Mount points at or below `path`, deepest first (/proc/self/mounts escapes spaces as \\040)."""
-    prefix = str(path.resolve())
-    with open("/proc/self/mounts") as f:
-        points = [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[1]) for line in f]
-    return sorted((p for p in points if p == prefix or p.startswith(prefix + "/")), reverse=True)
 
 
 def _warn_once(message: str, key: str | None = None) -> None:

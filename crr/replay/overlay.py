@@ -20,6 +20,7 @@ import ctypes
 import errno
 import logging
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -196,6 +197,24 @@ def unmount(path: str) -> None:
         return
     if err not in (errno.EINVAL, errno.ENOENT):
         log.warning("could not unmount %s: %s", path, os.strerror(err))
+
+
+def mounts_under(path: Path) -> list[str]:
+    """Mount points at or below `path`, deepest first: the order to unmount them in."""
+    prefix = str(Path(path).resolve())
+    with open("/proc/self/mountinfo") as f:  # mount points escape spaces and the like as \ooo
+        points = [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[4]) for line in f]
+    return sorted({p for p in points if p == prefix or p.startswith(prefix + "/")}, reverse=True)
+
+
+def process_start(pid: int) -> str | None:
+    """The kernel's start time of `pid` (None if there is no such process): pid + start time name a
+    process uniquely, where a pid alone may have been reused. Used to tell live owners of leftovers."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def _mount(target: Path, options: str) -> None:
