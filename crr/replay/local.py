@@ -19,8 +19,10 @@ What each command is held to (probed once per process; a missing piece is logged
   process into a cgroup waits for an RCU grace period (5-25 ms a command here). The same thread
   enters a sandbox's network namespace (setns) before spawning its command;
 - per-process RLIMIT_AS (memory), RLIMIT_FSIZE (runaway files) and RLIMIT_CORE = 0;
-- a private mount namespace in which the workspace is bound at /testbed and the sandbox's scratch
-  directory at /tmp (the host's /testbed is only an empty mount point, made once).
+- a mount namespace per sandbox in which its workspace is bound at /testbed and its scratch
+  directory at /tmp (the host's /testbed is only an empty mount point, made once). Like the network
+  namespace it is made once, on the spawner thread with mount(2) (no process per command), and the
+  spawner enters it before starting each command.
 Without root only the session, the timeout kill, the rlimits and plain copies remain.
 """
 
@@ -64,7 +66,8 @@ _PREFIX = "crr-engine-"
 _GRACE_S = 0.5  # between SIGTERM and SIGKILL at a timeout
 FIXED_REPO_DIR = "/testbed"  # where commands see the repository, as in SWE-bench images
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_CLONE_NEWNET, _SIOCSIFFLAGS, _IFF_UP = 0x40000000, 0x8914, 0x1
+_CLONE_NEWNET, _CLONE_NEWNS, _CLONE_FS, _SIOCSIFFLAGS, _IFF_UP = 0x40000000, 0x20000, 0x200, 0x8914, 0x1
+_MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
 _libc = ctypes.CDLL(None, use_errno=True)
 _live: set[LocalEngine] = set()  # strong: an engine left unclosed still holds mounts until exit
 _warned: set[str] = set()
@@ -105,8 +108,9 @@ class LocalEngine:
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="crr-spawn")
         self._cgroup = self._join_pids_cgroup(pids_limit)
         self._netns = self._probe_netns()
+        self._host_mntns = self._probe_mntns()  # an fd on the host's mount namespace, or None
         self.enforced = {"pid_namespace": bool(self._unshare), "net_namespace": self._netns,
-                         "fixed_repo_dir": _fixed_paths(),
+                         "fixed_repo_dir": self._host_mntns is not None,
                          "pids_cgroup": self._cgroup is not None, "rlimits": "as,fsize,core"}
         self._sandboxes: set[LocalSandbox] = set()
         self._snapshots: dict[str, tuple[Layer, Task]] = {}
@@ -147,6 +151,8 @@ class LocalEngine:
         for layer in layers:
             layer.release()
         self._spawner.shutdown()  # its thread leaves the cgroup by exiting
+        if self._host_mntns is not None:
+            os.close(self._host_mntns)
         _remove_cgroup(self._cgroup)
         shutil.rmtree(self.dir, ignore_errors=True)
         _live.discard(self)
@@ -165,16 +171,23 @@ class LocalEngine:
         sb_dir = self.dir / f"sb-{k}"
         for d in (sb_dir, sb_dir / "tmp", sb_dir / "tmp" / "home"):
             d.mkdir()
-        netns = None
+        namespaces: dict[int, int] = {}  # CLONE_NEW* -> an fd on the sandbox's namespace
+        workspace = None
         try:
-            netns = self._spawner.submit(_new_netns).result() if self._netns else None
+            if self._netns:
+                namespaces[_CLONE_NEWNET] = self._spawner.submit(_new_netns).result()
             workspace = make_workspace(sb_dir / "ws")
+            if self._host_mntns is not None:
+                namespaces[_CLONE_NEWNS] = self._spawner.submit(
+                    _new_mntns, self._host_mntns, str(workspace.tree), str(sb_dir / "tmp")).result()
         except BaseException:
-            if netns is not None:
-                os.close(netns)
+            for fd in namespaces.values():
+                os.close(fd)
+            if workspace is not None:
+                workspace.close()
             shutil.rmtree(sb_dir, ignore_errors=True)
             raise
-        sb = LocalSandbox(self, task, workspace, sb_dir, netns)
+        sb = LocalSandbox(self, task, workspace, sb_dir, namespaces)
         with self._lock:
             self._sandboxes.add(sb)
         return sb
@@ -191,28 +204,21 @@ class LocalEngine:
             self._snapshots[snap.id] = (layer, sb.task)
         return snap
 
-    def _popen(self, command: str, netns: int | None, repo: str, tmp: str, **kwargs) -> subprocess.Popen:
-        """Start `bash -c command` from the spawner thread, in the pids cgroup and network namespace.
+    def _popen(self, command: str, namespaces: dict[int, int], **kwargs) -> subprocess.Popen:
+        """Start `bash -c command` from the spawner thread, in the pids cgroup and the sandbox's
+        network and mount namespaces.
 
         unshare's child, PID 1 of the new namespace, is a small sh that sets the rlimits and runs
-        bash (as PID 1, bash would ignore even `kill -9 $$`); with _fixed_paths() it first binds the
-        workspace at /testbed and `tmp` at /tmp in its private mount namespace. A wrapper, not a preexec_fn,
+        bash (as PID 1, bash would ignore even `kill -9 $$`). A wrapper rather than a preexec_fn
         lets Popen vfork: forking a trainer with gigabytes of resident memory costs tens of ms.
         """
         if "\0" in command:
             raise CRRError("a command cannot contain a NUL byte")
         mem_mb, fsize_mb = self._limits
         limits = f"ulimit -v {mem_mb * 1024}; ulimit -f {fsize_mb * 2048}; ulimit -c 0"
-        if _fixed_paths():
-            binds = (f'mount --bind "$1" {FIXED_REPO_DIR} && mount --bind "$2" /tmp && cd {FIXED_REPO_DIR} '
-                     '|| exit 125; shift 2; ')
-            argv = [*self._unshare[:-1], "--mount", "--", "/bin/sh", "-c", f'{binds}{limits}; "$@"; exit $?',
-                    "sh", repo, tmp,
-                    "bash", "-c", command]
-        else:
-            init = f'{limits}; "$@"; exit $?' if self._unshare else f'{limits}; exec "$@"'
-            argv = [*self._unshare, "/bin/sh", "-c", init, "sh", "bash", "-c", command]
-        future = self._spawner.submit(_spawn, netns, argv, **kwargs)
+        init = f'{limits}; "$@"; exit $?' if self._unshare else f'{limits}; exec "$@"'
+        argv = [*self._unshare, "/bin/sh", "-c", init, "sh", "bash", "-c", command]
+        future = self._spawner.submit(_spawn, namespaces, self._host_mntns, argv, **kwargs)
         try:
             return future.result()
         except BlockingIOError:
@@ -227,6 +233,21 @@ class LocalEngine:
             # Interrupted while spawning: don't leave it running.
             future.add_done_callback(functools.partial(_kill_spawned, pid_namespace=bool(self._unshare)))
             raise
+
+    def _probe_mntns(self) -> int | None:
+        """Give the spawner thread its own fs context (so it may switch mount namespaces) and try a
+        sandbox mount namespace once; an fd on the host's mount namespace, or None (host paths)."""
+        if not self._unshare:
+            return None
+        try:
+            os.makedirs(FIXED_REPO_DIR, exist_ok=True)
+            host = self._spawner.submit(_own_fs_context).result()
+            os.close(self._spawner.submit(_new_mntns, host, str(self.dir), str(self.dir)).result())
+            return host
+        except OSError as e:
+            _warn_once(f"cannot bind the repository at {FIXED_REPO_DIR} ({e}): local sandbox commands see "
+                       "it at its host path, which then shows up in observations")
+            return None
 
     def _probe_netns(self) -> bool:
         try:
@@ -258,11 +279,11 @@ class LocalSandbox:
     """One task's repository in a local workspace; commands run as processes in `repo_dir`."""
 
     def __init__(self, engine: LocalEngine, task: Task, workspace: Workspace, sb_dir: Path,
-                 netns: int | None):
+                 namespaces: dict[int, int]):
         self.task, self.workspace = task, workspace
         self._root = workspace.tree.resolve()
-        self._engine, self._dir, self._netns = engine, sb_dir, netns
-        fixed = _fixed_paths()
+        self._engine, self._dir, self._namespaces = engine, sb_dir, namespaces
+        fixed = _CLONE_NEWNS in namespaces
         self.repo_dir = FIXED_REPO_DIR if fixed else str(workspace.tree)
         tmp = "/tmp" if fixed else str(sb_dir / "tmp")
         self._env = {
@@ -276,9 +297,7 @@ class LocalSandbox:
         """Run `command` with bash in the repository root; `env` adds to or overrides the clean env."""
         self._check_open()
         start = time.monotonic()
-        proc = self._engine._popen(command, self._netns, str(self.workspace.tree), str(self._dir / "tmp"),
-                                   cwd=self.workspace.tree,
-                                   env={**self._env, **(env or {})}, stdin=subprocess.DEVNULL,
+        proc = self._engine._popen(command, self._namespaces, cwd=self.repo_dir, env={**self._env, **(env or {})}, stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         out, timed_out = BoundedOutput(), False
         try:
@@ -315,9 +334,9 @@ class LocalSandbox:
         if self._closed:
             return
         self._closed = True
+        for fd in self._namespaces.values():
+            os.close(fd)  # a namespace goes with its last process and fd (the binds with it)
         self.workspace.close()
-        if self._netns is not None:
-            os.close(self._netns)  # the namespace goes with its last process
         shutil.rmtree(self._dir, ignore_errors=True)
         with self._engine._lock:
             self._engine._sandboxes.discard(self)
@@ -499,24 +518,6 @@ def _pid_namespace() -> list[str]:
     return []
 
 
-@functools.cache
-def _fixed_paths() -> bool:
-    """Can commands see the repository at FIXED_REPO_DIR? Needs PID + mount namespaces (probed once)."""
-    if not _pid_namespace():
-        return False
-    try:
-        os.makedirs(FIXED_REPO_DIR, exist_ok=True)
-        probe = subprocess.run([*_pid_namespace()[:-1], "--mount", "--", "mount", "--bind", "/tmp",
-                                FIXED_REPO_DIR], capture_output=True, text=True, check=False)
-    except OSError as e:
-        probe = subprocess.CompletedProcess([], 1, "", str(e))
-    if probe.returncode == 0:
-        return True
-    _warn_once(f"cannot bind the repository at {FIXED_REPO_DIR} ({probe.stderr.strip()}): local sandbox "
-               "commands see it at its host path, which then shows up in observations")
-    return False
-
-
 def _new_netns() -> int:
     """Move the calling thread into a fresh network namespace with its loopback up; an fd on it.
 
@@ -530,11 +531,44 @@ def _new_netns() -> int:
     return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
 
 
-def _spawn(netns: int | None, argv: list[str], **kwargs) -> subprocess.Popen:
-    """On the spawner thread: enter the sandbox's network namespace, then start the command there."""
-    if netns is not None and _libc.setns(netns, _CLONE_NEWNET) != 0:
+def _spawn(namespaces: dict[int, int], host_mntns: int | None, argv: list[str], **kwargs) -> subprocess.Popen:
+    """On the spawner thread: enter the sandbox's namespaces, then start the command there."""
+    for kind, fd in namespaces.items():
+        _check(_libc.setns(fd, kind))
+    try:
+        return subprocess.Popen(argv, **kwargs)
+    finally:
+        # Leave the sandbox's mount namespace at once: the thread must not be what keeps a closed
+        # sandbox's namespace alive, or tearing it down (an RCU grace period, ~20 ms) would land on
+        # the next restore instead of on that sandbox's close.
+        if _CLONE_NEWNS in namespaces:
+            _check(_libc.setns(host_mntns, _CLONE_NEWNS))
+
+
+def _check(ret: int) -> None:
+    if ret != 0:
         raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
-    return subprocess.Popen(argv, **kwargs)
+
+
+def _own_fs_context() -> int:
+    """On the spawner thread: stop sharing cwd/root with the other threads (setns into a mount
+    namespace requires it) and return an fd on the host's mount namespace."""
+    _check(_libc.unshare(_CLONE_FS))
+    return os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def _new_mntns(host: int, tree: str, tmp: str) -> int:
+    """On the spawner thread: a mount namespace (made from the host's, so no other sandbox's binds
+    come along) where `tree` is FIXED_REPO_DIR and `tmp` is /tmp; an fd on it."""
+    _check(_libc.setns(host, _CLONE_NEWNS))
+    try:
+        _check(_libc.unshare(_CLONE_NEWNS))
+        _check(_libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None))  # nothing leaks to the host
+        _check(_libc.mount(tree.encode(), FIXED_REPO_DIR.encode(), None, _MS_BIND, None))
+        _check(_libc.mount(tmp.encode(), b"/tmp", None, _MS_BIND, None))
+        return os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        _check(_libc.setns(host, _CLONE_NEWNS))
 
 
 @functools.cache
