@@ -708,6 +708,7 @@ def rollout_bench_command(
     fork_steps: int = typer.Option(45, "--fork-steps", help="Length of the scripted trajectory forked."),
     repeats: int = typer.Option(5, "--repeats", help="Timed forks per index and strategy."),
     only: str | None = typer.Option(None, "--only", help="throughput or fork (default: both)."),
+    threads: int | None = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Rollout throughput (generated tokens/s, trajectories/min at G) and fork-by-index latency at t=5
@@ -726,7 +727,7 @@ def rollout_bench_command(
         with err_console.status(f"throughput bench: G={group}, {max_turns}-turn cap"):
             result["throughput"] = throughput_bench(model, group=group, max_turns=max_turns,
                                                     max_new_tokens=max_new_tokens, max_value_chars=max_value_chars,
-                                                    engine=engine)
+                                                    engine=engine, threads=threads)
     if as_json:
         emit_json(result)
         return
@@ -734,17 +735,18 @@ def rollout_bench_command(
         f = result["fork"]
         table = Table(title=f"fork by step index, {f['engine']} engine, {f['steps']}-step trajectory of {f['task']} "
                             f"(median of {f['repeats']}, ms)")
-        for col in ("t", "restore snapshot", "replay + verify", "restore exact"):
+        for col in ("t", "restore snapshot", "+ first command", "replay + verify", "restore exact"):
             table.add_column(col, justify="right")
         for t, r in f["at"].items():
-            table.add_row(str(t), f"{r['restore_ms_p50']:.1f}", f"{r['replay_ms_p50']:.0f}",
+            table.add_row(str(t), f"{r['restore_ms_p50']:.1f}", f"{r['ready_ms_p50']:.1f}", f"{r['replay_ms_p50']:.0f}",
                           "[green]yes[/]" if r["restore_exact"] else "[red]NO[/]")
         console.print(table)
         console.print(f"per-step recording cost: snapshot {f['snapshot_ms_p50']:.1f} ms, tree digest "
                       f"{f['digest_ms_p50']:.0f} ms", highlight=False)
     if "throughput" in result:
         r = result["throughput"]
-        console.print(f"throughput: G={r['group']}, {r['max_turns']}-turn cap, {r['steps']} turns: "
+        console.print(f"throughput: G={r['group']}, {r['max_turns']}-turn cap, {r['steps']} turns, "
+                      f"{r['threads']} torch thread(s): "
                       f"[bold]{r['generated_tokens_per_s']:.1f} generated tokens/s[/] ({r['generated_tokens']} in "
                       f"{r['generation_s']:.0f} s of generation), [bold]{r['trajectories_per_min']:.2f} "
                       f"trajectories/min[/] ({r['wall_s']:.0f} s wall)", highlight=False, soft_wrap=True)
@@ -800,13 +802,15 @@ def sft_command(
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.fields[note]}"), console=err_console)
     bars = {"expert": progress.add_task("expert episodes", total=None, note=""),
-            "train": progress.add_task("SFT steps", total=None, note="")}
+            "train": progress.add_task("SFT steps", total=None, note="", start=False)}
 
     def report(stage: str, done: int, total: int, record: dict) -> None:
         if stage == "expert":
             kept["n"] += record["kept"]
             progress.update(bars["expert"], completed=done, total=total, note=f"kept {kept['n']}")
-        elif total > 0:
+            return
+        progress.start_task(bars["train"])  # no-op once started: its clock counts training only
+        if total > 0:
             progress.update(bars["train"], completed=done, total=total)
         else:
             progress.update(bars["train"], note=f"loss {record['loss']:.3f}")
@@ -826,3 +830,74 @@ def sft_command(
     if model == str(default_model_dir()) and recipe == SFTRecipe():
         target = install_default(model_out, default_sft_model_dir(build=False))
         console.print(f"cached as the warm-started default: {target}", highlight=False)
+
+
+# --- train (the CRR trainer on TRL: grpo, crr, search-select) and replay verify -----------------
+@app.command("train")
+@friendly
+def train_command(
+    overrides: list[str] = typer.Argument(None, help="Config overrides key=value (e.g. k=2 crr.cf_temperature=0.5)."),
+    method: str | None = typer.Option(None, "--method", help="grpo | crr | search-select (default: the config's)."),
+    config: Path | None = typer.Option(None, "--config", help="A preset YAML (default: experiments/cpu-crr.yaml)."),
+    seed: int | None = typer.Option(None, "--seed", help="Drives rollouts, selector, proposals and the learner."),
+    out: Path = typer.Option(Path("results/runs"), "--out", help="Where the run directory goes."),
+    max_trajectories: int | None = typer.Option(None, "--max-trajectories", help="Stop after N on-policy trajectories."),
+    max_updates: int | None = typer.Option(None, "--max-updates", help="Stop after N optimizer updates."),
+    budget_hours: float | None = typer.Option(None, "--budget-hours", help="Stop after H hours of ledger wall clock."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue a run directory from its last checkpoint."),
+) -> None:
+    """Train with GRPO, CRR (hybrid advantages from forked counterfactuals) or Search-Select; writes a run
+    directory with config.yaml, manifest.json, metrics.jsonl, ledger.json, tuples/ and checkpoints/."""
+    from crr.train.config import load_config, parse_overrides
+    from crr.train.trainer import resume_run, start_run, train
+
+    checkpoint = None
+    if resume is not None:
+        cfg, run, checkpoint = resume_run(resume)
+    else:
+        opts = {k: v for k, v in {"method": method, "seed": seed, "max_trajectories": max_trajectories,
+                                  "max_steps": max_updates, "budget_hours": budget_hours}.items() if v is not None}
+        cfg = load_config(config, {**parse_overrides(overrides or []), **opts, "output_dir": str(out)})
+        run = start_run(cfg, out)
+    err_console.print(f"run directory: {run.path}", highlight=False)
+
+    def line(r: dict) -> None:
+        led, cum = r["ledger"], r["cumulative"]
+        fmt = lambda v, f=".2f": "-" if v is None else format(v, f)  # noqa: E731
+        console.print(
+            f"[bold]{r['step']}/{r['max_steps']}[/] R {fmt(r['reward_mean'])} | A {fmt(r['adv_mean'], '+.3f')}"
+            f"±{fmt(r['adv_std'], '.3f')} nz {fmt(r['adv_nonzero'])} | sel {r['selected']} hits {r['selector_hits']}"
+            f" forks {led['forks']} contrasts {r['contrasts']}"
+            + (f" replaced {r['replaced']}" if r.get("replaced") is not None else "")
+            + f" | fork share {r['fork_share']:.1%} | {led['wall_s']:.1f}s (roll {led['rollout_s']:.1f} "
+            f"cf {led['fork_s'] + led['cf_rollout_s'] + led['cf_test_s']:.1f} upd {led['update_s']:.1f}) | "
+            f"traj {cum['trajectories']} tok {cum['generated_tokens_all']}", highlight=False, soft_wrap=True)
+
+    summary = train(cfg, run, checkpoint, on_iteration=line)
+    c = summary["cumulative"]
+    console.print(f"done: {summary['updates']} updates, {c['trajectories']} trajectories, {c['forks']} forks, "
+                  f"{c['wall_s']:.0f} s; model: {summary['model']}", highlight=False, soft_wrap=True)
+
+
+replay_app = typer.Typer(help="Replay recorded counterfactual tuples.", no_args_is_help=True)
+app.add_typer(replay_app, name="replay")
+
+
+@replay_app.command("verify")
+@friendly
+def replay_verify_command(
+    run_dir: Path = typer.Argument(..., help="A `crr train` run directory with tuples/."),
+    sample: int = typer.Option(10, "--sample", help="How many tuples to replay."),
+    seed: int = typer.Option(0, "--seed", help="Which tuples are sampled."),
+    as_json: bool = typer.Option(False, "--json", help="Print every replayed tuple as JSON."),
+) -> None:
+    """Re-execute sampled counterfactual suffixes from a fresh sandbox (prefix replayed) and report the
+    fraction whose verifier returns reproduce."""
+    from crr.train.replay_verify import replay_tuples
+
+    result = replay_tuples(run_dir, sample, seed)
+    if as_json:
+        emit_json(result)
+        return
+    console.print(f"[bold]{result['reproduced']}/{result['sampled']}[/] replayed counterfactual returns reproduce "
+                  f"({result['fraction']:.0%})", highlight=False)

@@ -140,7 +140,7 @@ def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngin
                 break
             seed = sample_seed(config.seed, round_index)
             t0 = time.perf_counter()
-            samples = backend.generate([e.conversation.messages for e in active], temperature=ecfg.temperature,
+            samples = backend.generate([e.conversation.token_ids() for e in active], temperature=ecfg.temperature,
                                        seed=seed, max_new_tokens=ecfg.max_new_tokens)
             elapsed = time.perf_counter() - t0
             gen_s += elapsed

@@ -161,9 +161,9 @@ def check_layout(traj: Trajectory, generated: bool = True) -> None:
 
 def test_episode_of_the_tiny_model_records_every_step(backend, tokenizer, engine, task):
     config = EpisodeConfig(max_turns=3, max_new_tokens=48, temperature=1.0)
-    traj = run_episode(task, backend, engine, tokenizer, config, seed=3)
+    traj = run_episode(task, backend, engine, tokenizer, config, seed=0)  # this seed plays 3 different tools
     assert traj.infra_error is None and traj.reward in (0.0, 1.0)
-    assert traj.end_reason in ("submit", "max_turns") and 1 <= len(traj.steps) <= 3
+    assert traj.end_reason in ("submit", "max_turns") and 2 <= len(traj.steps) <= 3
     check_layout(traj)
     for s in traj.steps:
         assert s.action and s.observation and s.temperature == 1.0 and s.sample_seed is not None
@@ -195,7 +195,10 @@ def test_truncated_calls_are_error_observations_and_the_cap_ends_the_episode(bac
 
 def test_scripted_episode_cap_and_unparsable_calls(tokenizer, engine, task):
     calls = ['{"name": "view_file"', "not json", expert_calls(task)[0], expert_calls(task)[0]]
-    traj = play_calls(task, engine, tokenizer, calls, EpisodeConfig(max_turns=3))
+    grammar = ToolCallGrammar(tokenizer)
+    traj = play_calls(task, engine, tokenizer, calls, EpisodeConfig(max_turns=3), tokenize=grammar.tokenize)
+    assert traj.steps[2].action_ids == grammar.tokenize(calls[2])  # the sampler's tokens where the grammar
+    assert traj.steps[1].action_ids[-1] == tokenizer.eos_token_id  # accepts the call; else the tokenizer's
     assert [s.is_error for s in traj.steps] == [True, True, False] and traj.end_reason == "max_turns"
     assert "not valid JSON" in traj.steps[1].parse_error and traj.steps[2].tool_type == 0.25
     assert traj.reward == 0.0

@@ -76,6 +76,8 @@ def test_group_runs_concurrently_is_written_and_is_deterministic_per_seed(backen
     assert summary["trajectories"] == 3 and summary["infra_errors"] == 0 and summary["pass_rate"] is not None
     assert summary["generated_tokens"] == sum(len(s["action_ids"]) for r in records for s in r["steps"])
     assert run.records("metrics.jsonl")[0]["event"] == "rollout"
+    # The model saw exactly the token stream the trainer trains on, at every turn.
+    assert summary["context_mismatches"] == 0
 
     again = run_group(backend, task, seed=5)
     assert fingerprint(again) == fingerprint(first)

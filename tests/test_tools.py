@@ -346,3 +346,12 @@ def test_crr_tool_runs_a_script_and_verifies(tmp_path, task):
     unknown = runner.invoke(app, ["tool", "--tasks", str(tasks), "--instance", "nope", "--call", "{}"])
     assert unknown.exit_code == 2
     assert "no task 'nope'" in unknown.output and task.instance_id in unknown.output
+
+
+def test_test_runner_durations_are_masked_so_equal_states_read_equal():
+    from crr.agent.tools import normalise_durations
+
+    assert normalise_durations("== 3 passed in 0.02s ==") == normalise_durations("== 3 passed in 1.97s ==")
+    assert normalise_durations("= 9 passed in 74.70s (0:01:14) =") == "= 9 passed in <t>s ="
+    assert normalise_durations("Ran 3 tests in 0.004s\nOK") == "Ran 3 tests in <t>s\nOK"
+    assert normalise_durations("cached in 5seconds") == "cached in 5seconds"

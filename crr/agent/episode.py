@@ -16,31 +16,36 @@ sandbox failed (a SandboxError, a sandbox gone from under the loop): infrastruct
 labelled and excluded from rewards, never counted as 0. Each command is held to its tool's own timeout.
 
 Forking at step t. The CRR selector picks indices after the episode, so the state s_t of any step must
-stay reachable. The strategies, measured with `crr rollout bench --only fork` (local overlay engine, a
-45-step scripted trajectory on a micro task that edits a file, views, runs a shell command and runs
-the tests every 4 steps; medians of 5; 2 cores shared with other work, load average 5-6):
+stay reachable. The strategies, measured with `crr rollout bench --only fork`: a 45-step scripted
+trajectory on a micro task (edit a file, view, a shell command, the tests, repeated), medians of 3-5,
+on 2 cores shared with other work (load average 5-7, so ranges over runs):
 
   snapshot every step (chosen)   sigma(s_t) before each non-terminal action. An overlay snapshot copies
-                                 only the diff, 0.6 ms a step here, so a 50-turn episode pays ~30 ms.
-                                 fork_at(t) is one restore: 5.3 ms at t=5, 1.9 ms at t=40 (2.5 / 2.5 ms
-                                 on a quieter run): flat in t, and exact (tree digests equal).
+                                 only the diff: 0.5-0.8 ms a step (local and Docker overlay), ~30 ms for
+                                 a 50-turn episode. fork_at(t) is one restore, flat in t: local 2.5 ms at
+                                 t=5 and t=40 on the quietest run (36-96 ms at load 6.6), plus 20-65 ms
+                                 for the fork's first command; Docker overlay 32 ms at t=5 and 53 ms at
+                                 t=40 including the first command. Exact: tree digests equal.
   lazy snapshots                 not possible on its own: the selector runs after the episode, so a
                                  state not snapshotted when it was live can only be rebuilt by replay.
   replay the prefix              a fresh sandbox, a_0..a_{t-1} re-executed, then the tree digest checked
-                                 against the one recorded at s_t. Recording costs a digest per step (53-108
-                                 ms, a Python process walking the tree); fork_at(t) costs the prefix's
-                                 commands: 1.6-3.0 s at t=5 and 10.8-15.3 s at t=40, linear in t, and
-                                 exact only where the prefix's commands are deterministic.
+                                 against the one recorded at s_t. Recording costs a digest per step
+                                 (50-160 ms: a Python process walking the tree); fork_at(t) costs the
+                                 prefix's commands, linear in t: local 1.6-4.8 s at t=5 and 10.8-19.6 s
+                                 at t=40 (Docker overlay 2.5 s and 15.3 s), and it is exact only where
+                                 the prefix's commands are deterministic.
 
-So episodes snapshot every step (`snapshots=True`) and fork by restore, about 1000x faster than replay at
-t=40. With `digests=True` they also record tree digests, and `fork_at` falls back to verified replay
-when the snapshots are gone (released, or a trajectory read back from JSONL after its engine closed).
+So episodes snapshot every step (`snapshots=True`) and fork by restore, two to three orders of magnitude
+faster than replay at t=40. With `digests=True` they also record tree digests, and `fork_at` falls back
+to verified replay when the snapshots are gone (released, or a trajectory read back from JSONL after its
+engine closed).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 
 from transformers import PreTrainedTokenizerBase
@@ -306,16 +311,19 @@ def run_episode(task: Task, backend: GenerationBackend, engine: ForkEngine, toke
 
 
 def play_calls(task: Task, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase, call_texts: list[str],
-               config: EpisodeConfig | None = None) -> Trajectory:
-    """A scripted trajectory: the given calls (JSON texts) played in order through the same loop, with
-    the tokenizer's encoding as action ids and no generation record (the fork bench; expert data)."""
+               config: EpisodeConfig | None = None,
+               tokenize: Callable[[str], list[int] | None] | None = None) -> Trajectory:
+    """A scripted trajectory: the given calls (JSON texts) played in order through the same loop, with no
+    generation record (the fork bench; expert data). Action ids come from `tokenize` (e.g.
+    `ToolCallGrammar.tokenize`: the tokens the constrained sampler emits) where it gives some, else from
+    the tokenizer's encoding of the rendered action (what a chat-template SFT sees)."""
     config = config or EpisodeConfig(max_turns=max(len(call_texts), 1))
     episode = Episode(task, engine, tokenizer, config)
     episode.start()
     for text in call_texts:
         if episode.done:
             break
-        episode.act(text)
+        episode.act(text, tokenize(text) if tokenize else None)
     if not episode.done:
         episode.traj.end_reason = "max_turns"
     return episode.finish()

@@ -91,7 +91,7 @@ class ExpertConfig:
     p_full_tests: float = 0.5      # run the whole suite before anything else
     p_reproduce: float = 0.8       # run the issue's call (when the issue shows one)
     p_grep: float = 0.6            # grep for the function's definition
-    p_focused_view: float = 0.5    # after a grep, view just the function rather than the file
+    p_focused_view: float = 0.5    # after a grep, view from the function's def line, not the whole file
     p_final_suite: float = 0.3     # run the whole suite before submitting (else focused tests)
 
     def __post_init__(self) -> None:
@@ -223,7 +223,7 @@ class _Planner:
         """What the reproduction prints with `path` holding `text` (tried in the scratch sandbox)."""
         self.sandbox.write_file(path, text.encode())
         try:
-            return self.sandbox.exec(self.repro_command(), timeout=60).output
+            return self.sandbox.exec(self.repro_command(), timeout=10).output
         finally:
             self.sandbox.write_file(path, self.text(path).encode())
 
@@ -239,24 +239,22 @@ class _Planner:
         self.add("run_tests", test_filter=self.rng.choice(choices) if choices else "")
 
     def function_at(self, path: str, line: int) -> tuple[str, int, int] | None:
-        """(name, first line, last line) of the top-level function holding `line` (before the edit)."""
+        """(name, def line, last line) of the top-level function holding `line` (before the edit)."""
         try:
             tree = ast.parse(self.text(path))
         except SyntaxError:
             return None
         for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                if first <= line <= node.end_lineno + 1:
-                    return node.name, first, node.end_lineno
+            if _is_function(node) and node.lineno <= line <= node.end_lineno + 1:
+                return node.name, node.lineno, node.end_lineno
         return None
 
-    def view(self, path: str, span: tuple[int, int] | None = None) -> None:
-        if span is None:
+    def view(self, path: str, start: int | None = None) -> None:
+        """The whole file, or from line `start` on (a line number the agent saw: a grep hit, a def)."""
+        if start is None:
             self.add("view_file", path=path)
         else:
-            n = len(self.text(path).splitlines())
-            self.add("view_file", path=path, start=max(1, span[0] - 2), end=min(n, span[1] + 2))
+            self.add("view_file", path=path, start=start)
         self.seen.add(path)
 
     def grep(self, function: str, where: str) -> None:
@@ -270,7 +268,7 @@ class _Planner:
         mine = _function_source(self.text(path), function)
         for name in LOOKALIKE_MODULES:
             other = f"{package}/{name}" if package else name
-            if other in self.files and mine is not None and _function_source(self.text(other), function) == mine:
+            if mine is not None and other in self.files and _function_source(self.text(other), function) == mine:
                 return other
         return None
 
@@ -313,7 +311,7 @@ class _Planner:
         n_decoys = min(self.cfg.max_decoy_views, len(decoys))
         for path in decoys[:self.rng.randint(min(1, n_decoys), n_decoys)]:
             self.view(path)
-        focus = located[1:] if grepped and located and self.chance(self.cfg.p_focused_view) else None
+        focus = located[1] if grepped and located and self.chance(self.cfg.p_focused_view) else None
         for path in dict.fromkeys(c.arguments["path"] for c in edits):
             self.view(path, focus if path == target else None)
 
@@ -351,7 +349,8 @@ class _Planner:
         if wrong is not None:
             choices.append(wrong)
         if lookalike is not None:
-            offset = (_function_line(self.text(lookalike), function) - _function_line(self.text(edit.path), function))
+            offset = (_function_line(self.text(lookalike), function)
+                      - _function_line(self.text(edit.path), function))
             choices.append(_Edit(lookalike, edit.start + offset, edit.end + offset, edit.replacement))
         if not choices:
             return None
@@ -394,7 +393,8 @@ class _Planner:
         edit = _Edit(**fix.arguments)
         n_wrong = len(wrong.replacement.splitlines())
         if wrong.path == edit.path:  # re-read the edited lines, then put the right change over the wrong one
-            self.view(edit.path, (wrong.start, wrong.start + n_wrong - 1))
+            located = self.function_at(edit.path, edit.start)
+            self.view(edit.path, located[1] if located else None)
             self.calls.append(_Edit(edit.path, edit.start, edit.start + n_wrong - 1, edit.replacement).call())
             return
         # The fix went into the look-alike copy: find the real definition, fix it there, restore the copy.
@@ -412,14 +412,17 @@ def _function_source(text: str, name: str | None) -> str | None:
         tree = ast.parse(text)
     except SyntaxError:
         return None
-    node = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name),
-                None)
+    node = next((n for n in tree.body if _is_function(n) and n.name == name), None)
     return None if node is None else ast.get_source_segment(text, node)
 
 
 def _function_line(text: str, name: str) -> int:
     tree = ast.parse(text)
-    return next(n.lineno for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name)
+    return next(n.lineno for n in tree.body if _is_function(n) and n.name == name)
+
+
+def _is_function(node: ast.AST) -> bool:
+    return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
 
 
 def explore_script(task: Task, sandbox: Sandbox, seed: int, config: ExpertConfig | None = None) -> ExpertPlan:

@@ -168,8 +168,18 @@ def truncate(text: str, keep: int = OBS_KEEP_CHARS) -> str:
     return f"{text[:keep]}\n[... {len(text) - 2 * keep} characters elided ...]\n{text[-keep:]}"
 
 
+# Wall-clock durations a test runner prints ("5 passed in 0.02s", "Ran 3 tests in 0.004s") are the
+# one part of a command's output that differs between identical states; they are masked so that the
+# same state gives the same observation and the same seed the same trajectory.
+_DURATIONS = re.compile(r"(\bin )\d+(?:\.\d+)?s(?: \(\d+:\d\d:\d\d\))?(?= |$|\)|=)", re.M)
+
+
+def normalise_durations(text: str) -> str:
+    return _DURATIONS.sub(r"\1<t>s", text)
+
+
 def _command_observation(result: ExecResult, timeout: float) -> Observation:
-    body = truncate(result.output)
+    body = truncate(normalise_durations(result.output))
     if body and not body.endswith("\n"):
         body += "\n"
     if result.timed_out:

@@ -67,8 +67,15 @@ class StepSample:
         return self.grammar_rejections / max(len(self.action_ids), 1)
 
 
+# A prompt is a conversation (chat messages, rendered with the chat template) or the token ids of one.
+# Multi-turn rollouts pass ids: the stream of sampled action ids and observation ids that the trainer
+# trains on, which re-rendering the messages would not reproduce (a sampled call may be tokenised
+# differently from the tokenizer's own encoding of its text).
+Prompt = list[dict] | list[int]
+
+
 class GenerationBackend(Protocol):
-    def generate(self, conversations: list[list[dict]], temperature: float, seed: int, max_new_tokens: int,
+    def generate(self, conversations: list[Prompt], temperature: float, seed: int, max_new_tokens: int,
                  exclude: list[str | None] | None = None) -> list[StepSample]: ...
 
 
@@ -156,16 +163,20 @@ class TransformersBackend:
         self.grammar = ToolCallGrammar(tokenizer, self.tools, vocab_size=model.get_output_embeddings().weight.shape[0],
                                        max_value_chars=max_value_chars)
 
-    def prompt_ids(self, conversation: list[dict]) -> list[int]:
+    def prompt_ids(self, conversation: Prompt) -> list[int]:
+        if all(isinstance(x, int) for x in conversation):
+            return list(conversation)
         return self.tokenizer.apply_chat_template(conversation, tools=self.tools, add_generation_prompt=True,
                                                   tokenize=True, return_dict=False)
 
-    def generate(self, conversations: list[list[dict]], temperature: float, seed: int, max_new_tokens: int,
+    def generate(self, conversations: list[Prompt], temperature: float, seed: int, max_new_tokens: int,
                  exclude: list[str | None] | None = None) -> list[StepSample]:
         excluded = _check_args(conversations, temperature, max_new_tokens, exclude)
         if not conversations:
             return []
         prompts = [self.prompt_ids(c) for c in conversations]
+        if not all(prompts):
+            raise CRRError("an empty prompt: pass chat messages or the token ids of a conversation")
         context = getattr(self.model.config, "max_position_embeddings", None)
         if context is not None and max(map(len, prompts)) + max_new_tokens > context:
             raise CRRError(f"a prompt of {max(map(len, prompts))} tokens plus max_new_tokens={max_new_tokens} "

@@ -53,8 +53,8 @@ class SFTSettings:
     """Every hyperparameter of the warm start (defaults: CPU, the tiny model, a few minutes per epoch)."""
     epochs: float = 3.0
     learning_rate: float = 1e-3          # a few-million-parameter model trained from random weights
-    batch_size: int = 1                  # rows differ in length a lot: no padding, and no slower per token on CPU
-    grad_accum: int = 2
+    batch_size: int = 1                  # rows differ a lot in length: no padding waste at 1
+    grad_accum: int = 1
     warmup_ratio: float = 0.05
     lr_scheduler: str = "cosine"
     weight_decay: float = 0.0
@@ -100,8 +100,9 @@ def expert_episode(task: Task, engine: ForkEngine, tokenizer: PreTrainedTokenize
     conv = traj.conversation(tokenizer)
     ids = conv.token_ids()
     mask = [0] * len(conv.prompt_ids) + conv.env_mask
-    record = {"instance_id": task.instance_id, "seed": seed, "reward": traj.reward, "end_reason": traj.end_reason,
-              "infra_error": traj.infra_error, "steps": len(traj.steps), "wrong_edit": plan.wrong_edit,
+    record = {"instance_id": task.instance_id, "seed": seed, "reward": traj.reward,
+              "end_reason": traj.end_reason, "infra_error": traj.infra_error, "steps": len(traj.steps),
+              "wrong_edit": plan.wrong_edit,
               "tokens": len(ids), "action_tokens": sum(mask),
               "calls": [s.call["name"] if s.call else None for s in traj.steps]}
     row = {"instance_id": task.instance_id, "seed": seed, "messages": conv.messages,
@@ -142,8 +143,8 @@ def build_sft_dataset(tasks: list[Task], engine: ForkEngine, seed: int, tokenize
     if run is not None:
         run.write_json("expert_summary.json", summary)
     if not rows:
-        raise CRRError(f"the expert solved none of {len(jobs)} episodes (see {EXPERT_FILE} in the run directory); "
-                       "check the tasks with `crr tasks show` and the engine with `crr doctor`")
+        raise CRRError(f"the expert solved none of {len(jobs)} episodes (see {EXPERT_FILE} in the run "
+                       "directory); check the tasks with `crr tasks show` and the engine with `crr doctor`")
     return Dataset.from_list(rows)
 
 
@@ -157,7 +158,8 @@ def expert_summary(records: list[dict]) -> dict:
             "with_wrong_edit": sum(r["wrong_edit"] is not None for r in records),
             "mean_steps": sum(r["steps"] for r in records) / n if n else 0.0,
             "mean_tokens": sum(r["tokens"] for r in records) / n if n else 0.0,
-            "action_token_fraction": (sum(r["action_tokens"] for r in records) / max(sum(r["tokens"] for r in records), 1))}
+            "action_token_fraction": (sum(r["action_tokens"] for r in records)
+                                      / max(sum(r["tokens"] for r in records), 1))}
 
 
 # ----------------------------------------------------------------------------- training
@@ -201,26 +203,29 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
         raise CRRError("resume needs the checkpoints directory of the interrupted run")
     too_long = sum(len(ids) > settings.max_length for ids in dataset["input_ids"])
     if too_long:
-        raise CRRError(f"{too_long} rows are longer than max_length={settings.max_length} tokens; TRL would cut "
-                       "their last actions off. Raise max_length or rebuild the data with a smaller max_tokens")
+        raise CRRError(f"{too_long} rows are longer than max_length={settings.max_length} tokens; TRL would "
+                       "cut their last actions off; raise max_length or rebuild the data with a smaller "
+                       "max_tokens")
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
 
-    model, tokenizer = load_policy(model_dir)
-    tokenizer.padding_side = "right"  # training pads on the right; load_policy's left padding is for generation
+    with _quiet_hf():
+        model, tokenizer = load_policy(model_dir)
+    tokenizer.padding_side = "right"  # for training; load_policy's left padding is for generation
     own_ckpt = checkpoints is None
     ckpt_dir = Path(tempfile.mkdtemp(prefix="crr-sft-")) if own_ckpt else Path(checkpoints)
     config = SFTConfig(
         output_dir=str(ckpt_dir), num_train_epochs=settings.epochs, learning_rate=settings.learning_rate,
         per_device_train_batch_size=settings.batch_size, gradient_accumulation_steps=settings.grad_accum,
-        warmup_steps=settings.warmup_ratio,  # a float < 1 is a fraction of the steps lr_scheduler_type=settings.lr_scheduler,
-        weight_decay=settings.weight_decay, max_grad_norm=settings.max_grad_norm, max_length=settings.max_length,
+        warmup_steps=settings.warmup_ratio,  # transformers reads a float < 1 as a fraction of the steps
+        lr_scheduler_type=settings.lr_scheduler, weight_decay=settings.weight_decay,
+        max_grad_norm=settings.max_grad_norm, max_length=settings.max_length,
         seed=settings.seed, data_seed=settings.seed, logging_steps=settings.logging_steps,
         # CPU: fp32 (bf16 autocast is slower here and not bit-reproducible), no activation recomputation (the
         # model is small; it would only cost time), no dataloader workers (2 cores).
-        bf16=False, use_cpu=True, gradient_checkpointing=False, dataloader_num_workers=0,
+        bf16=False, use_cpu=True, activation_checkpointing=False, dataloader_num_workers=0,
         save_strategy="epoch", save_total_limit=1, report_to="none", disable_tqdm=True,
-        # The mask comes with the rows (assistant_masks); TRL's assistant_only_loss would re-render `messages`.
+        # The mask comes with the rows (assistant_masks); assistant_only_loss would re-render `messages`.
         assistant_only_loss=False, completion_only_loss=False)
     try:
         with _quiet_hf():
@@ -236,8 +241,8 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
                 trainer.save_model(str(tmp))
             tokenizer.padding_side = "left"
             tokenizer.save_pretrained(tmp)
-            (tmp / "crr_sft.json").write_text(json.dumps({"settings": asdict(settings), "base_model": str(model_dir),
-                                                          "rows": len(dataset)}, indent=2) + "\n")
+            record = {"settings": asdict(settings), "base_model": str(model_dir), "rows": len(dataset)}
+            (tmp / "crr_sft.json").write_text(json.dumps(record, indent=2) + "\n")
             if out.exists():
                 out.rmdir()  # empty, checked above
             tmp.rename(out)
@@ -303,7 +308,8 @@ class SFTRecipe:
 Progress = Callable[[str, int, int, dict], None]  # (stage "expert" | "train", done, total, last record)
 
 
-def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir, progress: Progress | None = None) -> Path:
+def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
+               progress: Progress | None = None) -> Path:
     """Expert data (or the run's saved copy when resuming), then SFT; the model goes to run/model.
 
     Metrics go to run/metrics.jsonl (one record per logging step: the loss curve)."""
@@ -317,13 +323,15 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir, progress: 
         log.info("resuming with the %d expert conversations saved in %s", len(dataset), data_dir)
     else:
         tasks = load_tasks(recipe.tasks)[:recipe.n_tasks]
-        _, tokenizer = load_policy(model_dir)
+        with _quiet_hf():
+            _, tokenizer = load_policy(model_dir)
         engine = get_engine(recipe.engine)
         total = len(tasks) * recipe.data.episodes_per_task
         counter = iter(range(1, total + 1))
         try:
-            dataset = build_sft_dataset(tasks, engine, recipe.seed, tokenizer, recipe.data, run=run, progress=None
-                                        if progress is None else lambda r: progress("expert", next(counter), total, r))
+            on_episode = None if progress is None else lambda r: progress("expert", next(counter), total, r)
+            dataset = build_sft_dataset(tasks, engine, recipe.seed, tokenizer, recipe.data, run=run,
+                                        progress=on_episode)
         finally:
             engine.close()
         with _quiet_hf():
@@ -334,9 +342,10 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir, progress: 
         if progress is not None and "loss" in record:
             progress("train", record["step"], -1, record)
 
-    return sft(model_dir, dataset, run.path / MODEL_DIR, replace(recipe.train, seed=recipe.seed), checkpoints=run.path / CHECKPOINT_DIR,
-               resume=(run.path / CHECKPOINT_DIR).is_dir(), on_log=on_log,
-               progress=None if progress is None else lambda done, total: progress("train", done, total, {}))
+    on_step = None if progress is None else lambda done, total: progress("train", done, total, {})
+    checkpoints = run.path / CHECKPOINT_DIR
+    return sft(model_dir, dataset, run.path / MODEL_DIR, replace(recipe.train, seed=recipe.seed),
+               checkpoints=checkpoints, resume=checkpoints.is_dir(), on_log=on_log, progress=on_step)
 
 
 def install_default(model: Path, target: Path) -> Path:
@@ -362,7 +371,8 @@ def build_default_sft(target: Path, progress: Progress | None = None) -> Path:
     run directory under the crr cache and installed at `target`."""
     from crr.policy.model import cache_dir, default_model_dir
 
-    log.info("building the warm-started default model into %s (first use: expert data and SFT, minutes)", target)
+    log.info("building the warm-started default model into %s (first use: expert data, then SFT)", target)
     recipe = SFTRecipe()
-    run = RunDir.create("sft", "default", root=cache_dir() / "runs", config=asdict(recipe), seeds={"sft": recipe.seed})
+    run = RunDir.create("sft", "default", root=cache_dir() / "runs", seeds={"sft": recipe.seed},
+                        config={"model": str(default_model_dir()), "recipe": asdict(recipe)})
     return install_default(warm_start(default_model_dir(), recipe, run, progress), target)

@@ -1,0 +1,156 @@
+"""One config for `crr train`: TRL's GRPOConfig (every learner knob) plus the CRR fields, with the
+paper's loss set explicitly where TRL 1.16's defaults differ (../shared/notes/trl.md, section 3).
+
+Presets live in experiments/ (flat YAML: any field below or of GRPOConfig); the CPU preset is the
+embedded default. `load_config(preset, overrides)` applies `key=value` overrides (values parsed as YAML;
+a dotted key such as `crr.k=2` or `trl.beta=0.0` names the same flat field, the prefix only says which
+part it belongs to).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from enum import Enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from trl import GRPOConfig
+
+from crr.errors import CRRError
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+DEFAULT_PRESET = EXPERIMENTS / "cpu-crr.yaml"
+METHODS = {"grpo": "grpo", "crr": "crr", "search-select": "search_select"}   # method -> advantage estimator
+_PREFIXES = ("crr.", "trl.")
+
+
+@dataclass
+class CRRConfig(GRPOConfig):
+    # --- what is trained, on what
+    method: str = field(default="crr", metadata={"help": "grpo | crr | search-select"})
+    model: str | None = field(default=None, metadata={"help": "model directory or hub id; None: the warm-started "
+                                                                "tiny default if built, else the tiny default"})
+    tasks: str = "micro-train"
+    n_tasks: int | None = None                 # use the first N tasks
+    tasks_per_iteration: int = 1               # prompts per generation batch (each x G siblings)
+    engine: str = "local"
+    workers: int = 4                           # concurrent tool executions
+    # --- episodes (the paper's H, rollout temperature)
+    max_turns: int = 50
+    max_new_tokens: int = 512
+    rollout_temperature: float = 0.6           # sampling; TRL's `temperature` stays 1 (the loss is on pi_theta)
+    episode_time_limit_s: float = 3600.0
+    # --- CRR (Method; Hyperparameters table)
+    selector: str = "entropy_type"
+    proposal: str = "tempered"
+    k: int = 4                                 # fork budget per trajectory
+    cf_samples: int = 1                        # K counterfactuals per selected step
+    cf_temperature: float = 0.7                # T_cf
+    eta: float = 0.4                           # entropy threshold
+    lambda_type: float = 0.6
+    horizon: int | None = None                 # counterfactual horizon h in steps; None: to the end
+    zero_contrast: bool = False                # control: selected steps get A = 0, no forks
+    fork_cost_multiplier: float = 1.0          # m: (m - 1) x measured fork cost added as a real delay
+    # --- LoRA (PEFT) or full fine-tuning
+    use_lora: bool = True
+    lora_r: int = 128
+    lora_alpha: int = 256
+    lora_target_modules: list[str] | str = "all-linear"
+    # --- limits, checkpoints, diagnostics
+    max_trajectories: int | None = None
+    budget_hours: float | None = None
+    checkpoint_fractions: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
+    save_every: int = 1                        # also keep the latest checkpoint every N updates (resume)
+    diagnostics_every: int = 1                 # advantage SNR and bucket covariance every N updates
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise CRRError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        for name in ("k", "tasks_per_iteration", "max_turns", "max_new_tokens", "cf_samples", "save_every",
+                     "diagnostics_every"):
+            if getattr(self, name) < (0 if name == "k" else 1):
+                raise CRRError(f"{name} must be {'>= 0' if name == 'k' else 'at least 1'}, got {getattr(self, name)}")
+        if self.cf_temperature <= 0:
+            raise CRRError(f"cf_temperature (T_cf) must be > 0, got {self.cf_temperature}")
+        if self.fork_cost_multiplier < 1:
+            raise CRRError(f"fork_cost_multiplier (m) must be >= 1, got {self.fork_cost_multiplier}")
+        if not all(0 < f <= 1 for f in self.checkpoint_fractions):
+            raise CRRError(f"checkpoint_fractions must lie in (0, 1], got {self.checkpoint_fractions}")
+        # One generation batch = one update: tasks_per_iteration x G rows, no gradient accumulation.
+        self.per_device_train_batch_size = self.tasks_per_iteration * self.num_generations
+        self.gradient_accumulation_steps = 1
+        self.steps_per_generation = None
+        if self.max_trajectories is not None:
+            updates = math.ceil(self.max_trajectories / self.per_device_train_batch_size)
+            self.max_steps = updates if self.max_steps is None or self.max_steps <= 0 else min(self.max_steps, updates)
+        super().__post_init__()
+
+    @property
+    def estimator(self) -> str:
+        return "zero_contrast" if self.zero_contrast and self.method == "crr" else METHODS[self.method]
+
+    @property
+    def forks(self) -> bool:
+        """Whether iterations fork (the zero-contrast control selects but never forks)."""
+        return self.method != "grpo" and not (self.method == "crr" and self.zero_contrast) and self.k > 0
+
+    def resolved(self) -> dict:
+        """Every settable field, as written to the run directory's config.yaml (and read back on resume).
+        Objects TRL derives in __post_init__ (the accelerator config) are left out: they are rebuilt."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.init and _is_plain(value):
+                out[f.name] = value.value if isinstance(value, Enum) else value
+        return out
+
+
+def _is_plain(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(_is_plain(v) for v in value.values())
+    return value is None or isinstance(value, (str, int, float, bool, Enum))
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    names = {f.name for f in dataclasses.fields(CRRConfig) if f.init}
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise CRRError(f"override {pair!r} is not key=value (e.g. k=2 or crr.cf_temperature=0.5)")
+        for prefix in _PREFIXES:
+            key = key.removeprefix(prefix)
+        if key not in names:
+            raise CRRError(f"unknown config key {key!r} in override {pair!r}; see experiments/cpu-crr.yaml")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def load_config(preset: Path | str | None = None, overrides: dict | None = None) -> CRRConfig:
+    """A preset file (default: the CPU preset) with overrides applied; bad keys or values are CRRErrors."""
+    path = Path(preset) if preset is not None else DEFAULT_PRESET
+    if not path.is_file():
+        raise CRRError(f"no config file at {path}; the presets are in {EXPERIMENTS}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise CRRError(f"{path} must be a YAML mapping of config keys")
+    names = {f.name for f in dataclasses.fields(CRRConfig) if f.init}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise CRRError(f"{path}: unknown config key(s) {unknown}")
+    data.update(overrides or {})
+    try:
+        return CRRConfig(**data)
+    except (TypeError, ValueError) as e:   # TRL's own validation
+        raise CRRError(f"invalid config: {e}") from None
+
+
+def paper_loss_settings() -> dict:
+    """The knobs where TRL 1.16's defaults differ from the paper's loss (notes/trl.md, section 3)."""
+    return {"loss_type": "grpo", "beta": 0.04, "epsilon": 0.2, "scale_rewards": "none",
+            "use_bias_correction_kl": False, "vllm_importance_sampling_correction": False, "num_iterations": 1,
+            "temperature": 1.0, "adam_beta1": 0.9, "adam_beta2": 0.95}

@@ -1,0 +1,132 @@
+"""Counterfactual branches (paper: Algorithm 1, lines 5-9): for each selected step t of a realised
+trajectory, K times: sample a_t~ from the proposal, fork the sandbox at s_t, play a_t~ there, continue on
+policy to the end (or for h more steps), and score the branch with the verifier.
+
+All branches of an iteration advance together, one batched generation per round (the shape the
+rollout engine uses), with their tool calls run by the worker pool. Each branch is an Episode whose
+trajectory starts with the realised prefix a_0..a_{t-1} (so the turn cap H counts from s_0 and the
+branch's token stream is a full trajectory, which Search-Select can train on) and whose sandbox and
+conversation are the fork's. Seconds are charged to the ledger: restores to fork_s (plus the
+fork-cost surcharge), proposal and continuation to cf_rollout_s, the verifier to cf_test_s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from crr.agent.episode import Episode, EpisodeConfig, Trajectory, fork_at
+from crr.errors import CRRError
+from crr.policy.backend import GenerationBackend, StepSample
+from crr.replay.base import ForkEngine
+from crr.rollout import WorkerPool, sample_seed
+from crr.train.ledger import Ledger
+from crr.train.proposals import get_proposal
+from crr.train.selectors import Selection
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Branch:
+    row: int                         # index of the realised trajectory
+    t: int
+    k_index: int
+    selection: Selection
+    sample: StepSample | None        # the counterfactual action; None: the proposal skipped this index
+    traj: Trajectory | None = None   # prefix + branch; None when skipped or the fork failed
+    error: str | None = None
+
+    @property
+    def reward(self) -> float | None:
+        return None if self.traj is None else self.traj.reward
+
+
+def run_branches(trajs: list[Trajectory], picks: dict[int, list[Selection]], *, cf_samples: int,
+                 backend: GenerationBackend, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,
+                 episode: EpisodeConfig, proposal: str, cf_temperature: float, seed: int, horizon: int | None,
+                 pool: WorkerPool, ledger: Ledger) -> list[Branch]:
+    branches = [Branch(row, sel.t, k, sel, None) for row in sorted(picks) for sel in picks[row]
+                for k in range(cf_samples)]
+    if not branches:
+        return []
+    propose = get_proposal(proposal)
+    with ledger.phase("cf_rollout_s"):
+        t0 = time.perf_counter()
+        samples = propose(backend, [trajs[b.row].conversation(tokenizer, b.t).messages for b in branches],
+                          [trajs[b.row].steps[b.t].action for b in branches], temperature=cf_temperature,
+                          seed=sample_seed(seed, 0), max_new_tokens=episode.max_new_tokens)
+        proposal_s = time.perf_counter() - t0
+    for b, s in zip(branches, samples):
+        b.sample = s
+    live = [b for b in branches if b.sample is not None]
+    config = dataclasses.replace(episode, snapshots=False, digests=False)
+    episodes: dict[int, Episode] = {}
+    try:
+        with ledger.phase("fork_s"):
+            t0 = time.perf_counter()
+            for i, b in enumerate(live):
+                episodes[i] = _fork_episode(trajs[b.row], b, engine, tokenizer, config, horizon)
+            fork_s = time.perf_counter() - t0
+        ledger.charge_fork_cost(fork_s + sum((s.snapshot_ms or 0.0) / 1e3 for t in trajs for s in t.steps))
+        for i in list(episodes):
+            if episodes[i].sandbox is None:
+                live[i].error = episodes.pop(i).traj.infra_error
+        with ledger.phase("cf_rollout_s"):
+            pool.map(lambda i: episodes[i].act(live[i].sample.text, live[i].sample.action_ids, live[i].sample,
+                                               sample_seed(seed, 0), proposal_s), list(episodes))
+        _drive(episodes, live, backend, pool, ledger, config, seed)
+    except BaseException:
+        for e in episodes.values():
+            if e.sandbox is not None and not e.done:
+                e.sandbox.close()
+        raise
+    return branches
+
+
+def _fork_episode(traj: Trajectory, b: Branch, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,
+                  config: EpisodeConfig, horizon: int | None) -> Episode:
+    """An Episode standing at s_t of `traj` in a forked sandbox (its turn cap shortened by the horizon)."""
+    if horizon is not None:
+        config = dataclasses.replace(config, max_turns=min(config.max_turns, b.t + 1 + horizon))
+    ep = Episode(traj.task, engine, tokenizer, config, task_index=traj.task_index, group=traj.group, seed=traj.seed)
+    ep.traj.messages, ep.traj.prompt_ids = traj.messages, traj.prompt_ids
+    ep.traj.steps = list(traj.steps[:b.t])
+    ep.conversation = traj.conversation(tokenizer, b.t)
+    try:
+        ep.sandbox = fork_at(traj, b.t, engine)
+    except CRRError as e:   # the fork failed: an infrastructure failure of this branch, not a return of 0
+        ep._infra(f"fork at step {b.t}: {e}")
+    return ep
+
+
+def _drive(episodes: dict[int, Episode], live: list[Branch], backend: GenerationBackend, pool: WorkerPool,
+           ledger: Ledger, config: EpisodeConfig, seed: int) -> None:
+    """Advance every branch on policy until it ends; score each as it ends."""
+    round_index = 1
+    while episodes:
+        for e in episodes.values():
+            e.check_limits()
+        done = [i for i, e in episodes.items() if e.done]
+        if done:
+            with ledger.phase("cf_test_s"):
+                for i, traj in zip(done, pool.map(lambda i: episodes[i].finish(), done)):
+                    live[i].traj = traj
+                    del episodes[i]
+        if not episodes:
+            break
+        active = sorted(episodes)
+        with ledger.phase("cf_rollout_s"):
+            round_seed = sample_seed(seed, round_index)
+            t0 = time.perf_counter()
+            samples = backend.generate([episodes[i].conversation.messages for i in active],
+                                       temperature=config.temperature, seed=round_seed,
+                                       max_new_tokens=config.max_new_tokens)
+            gen_s = time.perf_counter() - t0
+            pool.map(lambda pair: episodes[pair[0]].act(pair[1].text, pair[1].action_ids, pair[1], round_seed, gen_s),
+                     list(zip(active, samples)))
+        round_index += 1

@@ -1,0 +1,105 @@
+"""The device-time ledger (paper: Appendix "Compute Accounting", Tables "supp-accounting" and
+"supp-wallclock"; "Sensitivity to fork overhead").
+
+Per iteration and cumulatively, in `ledger.json` (rewritten atomically) and one `ledger` record per
+iteration in `metrics.jsonl`:
+
+    rollout_s      on-policy rollout (generation, tool execution, verification of realised trajectories)
+    fork_s         counterfactual fork/materialisation: snapshots of s_t, restores, and the (m - 1) x
+                   surcharge of the fork-cost multiplier m, paid as a real delay
+    cf_rollout_s   counterfactual rollout (proposal, on-policy continuation)
+    cf_test_s      counterfactual tests (the verifier on each branch)
+    update_s       learner update
+  (the five are mutually exclusive: each second is charged to one phase), plus wall_s (the iteration's
+  wall clock, which also holds what no phase claims), on-policy trajectories, updates, generated tokens
+  on-policy and all (with counterfactual suffixes), effective tokens (loss-masked on-policy action tokens
+  of the rows trained on) and forks.
+
+On resume the ledger is cut back to the iterations the checkpoint holds (`truncate`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from crr.errors import CRRError
+from crr.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+LEDGER_FILE = "ledger.json"
+PHASES = ("rollout_s", "fork_s", "cf_rollout_s", "cf_test_s", "update_s")
+COUNTS = ("trajectories", "updates", "generated_tokens_on_policy", "generated_tokens_all", "effective_tokens", "forks")
+
+
+class Ledger:
+    def __init__(self, run: RunDir, fork_cost_multiplier: float = 1.0):
+        if fork_cost_multiplier < 1:
+            raise CRRError(f"the fork-cost multiplier m must be >= 1, got {fork_cost_multiplier}")
+        self.run, self.m = run, fork_cost_multiplier
+        path = run.path / LEDGER_FILE
+        self.iterations: list[dict] = json.loads(path.read_text())["iterations"] if path.is_file() else []
+        self.current: dict | None = None
+        self._phase: str | None = None
+        self._start = 0.0
+
+    @property
+    def cumulative(self) -> dict:
+        keys = PHASES + ("wall_s",) + COUNTS
+        return {k: sum(it[k] for it in self.iterations) for k in keys}
+
+    def begin(self, iteration: int) -> None:
+        self.current = {"iteration": iteration, **{k: 0.0 for k in PHASES}, "wall_s": 0.0, **{k: 0 for k in COUNTS}}
+        self._start = time.monotonic()
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Charge the block's seconds to `name` (phases never nest: each second has one owner)."""
+        if name not in PHASES:
+            raise CRRError(f"unknown ledger phase {name!r}")
+        if self._phase is not None:
+            raise CRRError(f"ledger phase {name} started inside {self._phase}")
+        self._phase, start = name, time.perf_counter()
+        try:
+            yield
+        finally:
+            self.current[name] += time.perf_counter() - start
+            self._phase = None
+
+    def move(self, seconds: float, src: str, dst: str) -> None:
+        """Re-attribute seconds measured inside one phase to another (snapshots taken during the rollout)."""
+        self.current[src] -= seconds
+        self.current[dst] += seconds
+
+    def charge_fork_cost(self, measured_s: float) -> None:
+        """The fork-cost multiplier: (m - 1) x the measured snapshot/restore/replay time, as a real delay."""
+        delay = (self.m - 1.0) * measured_s
+        if delay > 0:
+            with self.phase("fork_s"):
+                time.sleep(delay)
+
+    def add(self, key: str, n: int) -> None:
+        self.current[key] += n
+
+    def end(self) -> dict:
+        """Close the iteration: record it, rewrite ledger.json, log it to metrics.jsonl."""
+        it = self.current
+        it["wall_s"] = time.monotonic() - self._start
+        self.iterations.append(it)
+        self.current = None
+        self.save()
+        self.run.log_metrics({"event": "ledger", **it, "cumulative": self.cumulative})
+        return it
+
+    def truncate(self, iterations: int) -> None:
+        """Keep the first `iterations` (what a checkpoint holds) and save."""
+        self.iterations = [it for it in self.iterations if it["iteration"] < iterations]
+        self.save()
+
+    def save(self) -> None:
+        self.run.write_json(LEDGER_FILE, {"fork_cost_multiplier": self.m, "phases": list(PHASES),
+                                          "cumulative": self.cumulative, "iterations": self.iterations})

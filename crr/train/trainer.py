@@ -1,0 +1,308 @@
+"""The CRR trainer: TRL's GRPOTrainer fed by a multi-turn, forking rollout (paper: Algorithm 1; Method,
+Eq. 3 and the loss; Appendix "Search-Select protocol", "Compute Accounting").
+
+    cfg = load_config("experiments/cpu-crr.yaml", {"method": "crr"})
+    run = start_run(cfg, "results/runs")
+    summary = train(cfg, run)                    # or: cfg, run, ckpt = resume_run(path); train(cfg, run, ckpt)
+
+One iteration = one TRL generation batch = one optimizer update:
+  1. rollout_func: G trajectories per task in sandboxes (crr.rollout, the prompts TRL repeats G times);
+     for crr / search-select the selector picks up to k steps of every scored trajectory, and each is
+     forked K times (crr.train.counterfactual); the branches go to tuples/ as one parquet part.
+     Search-Select swaps a realised row for its verifier-best branch when that branch scores strictly
+     higher. The rows go back to TRL with env_mask (observations masked) and, per row, the credit the
+     advantage estimator needs.
+  2. _generate_and_score_completions (the one override, as notes/trl.md section 1 says): TRL's own
+     scoring runs first (reference log-probabilities, its logging); then the (B, T) advantages from the
+     estimator named by the method replace TRL's (B,) ones, and rows whose trajectory hit an
+     infrastructure failure are masked out of the loss entirely.
+  3. TRL's clipped surrogate + beta KL with the paper's settings (config.paper_loss_settings); then the
+     callback closes the ledger iteration, logs, checkpoints and enforces the budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import yaml
+from datasets import Dataset
+from peft import LoraConfig
+from transformers import TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
+from trl import GRPOTrainer
+
+from crr.agent.episode import EpisodeConfig, Trajectory
+from crr.errors import CRRError
+from crr.policy.backend import TransformersBackend
+from crr.policy.model import default_model_dir, default_sft_model_dir, load_policy
+from crr.replay import get_engine
+from crr.rollout import RolloutConfig, ThreadWorkerPool, rollout
+from crr.rundir import RunDir
+from crr.tasks.loaders import load_tasks
+from crr.tasks.schema import Task
+from crr.train.advantages import RowCredit, estimate, search_select_choice, token_advantages
+from crr.train.config import CRRConfig, paper_loss_settings
+from crr.train.counterfactual import Branch, run_branches
+from crr.train.diagnostics import advantage_snr, bucket_covariance, decile, prefix_signature
+from crr.train.ledger import Ledger
+from crr.train.selectors import SelectorParams, select
+from crr.train.tuples import drop_parts_from, write_part
+
+log = logging.getLogger(__name__)
+CHECKPOINTS = "checkpoints"
+
+
+def verifier_reward(completions, reward, **kwargs) -> list[float | None]:
+    """R(tau) as the rollout recorded it; None (an infrastructure failure) makes TRL skip the row."""
+    return [None if r is None else float(r) for r in reward]
+
+
+def resolve_model(cfg: CRRConfig) -> str:
+    if cfg.model is not None:
+        return cfg.model
+    sft = default_sft_model_dir(build=False)
+    return str(sft if (sft / "config.json").is_file() else default_model_dir())
+
+
+class CRRTrainer(GRPOTrainer):
+    def __init__(self, cfg: CRRConfig, model, tokenizer, tasks: list[Task], run: RunDir, engine, *,
+                 on_iteration: Callable[[dict], None] | None = None):
+        for key, value in paper_loss_settings().items():
+            if key not in ("adam_beta1", "adam_beta2") and getattr(cfg, key) != value:
+                log.warning("config sets %s=%r; the paper's loss uses %r", key, getattr(cfg, key), value)
+        self.cfg, self.run, self.engine, self.tasks = cfg, run, engine, {t.instance_id: t for t in tasks}
+        self.ledger = Ledger(run, cfg.fork_cost_multiplier)
+        self.pool = ThreadWorkerPool(cfg.workers)
+        self.episode = EpisodeConfig(max_turns=cfg.max_turns, temperature=cfg.rollout_temperature,
+                                     max_new_tokens=cfg.max_new_tokens, time_limit_s=cfg.episode_time_limit_s,
+                                     snapshots=cfg.forks)
+        self.backend: TransformersBackend | None = None
+        self.iteration: dict = {}
+        peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                 target_modules=cfg.lora_target_modules) if cfg.use_lora else None
+        super().__init__(model=model, reward_funcs=verifier_reward, args=cfg, processing_class=tokenizer,
+                         train_dataset=Dataset.from_dict({"prompt": [t.instance_id for t in tasks]}),
+                         peft_config=peft_config, rollout_func=self._rollout,
+                         callbacks=[_IterationCallback(self, on_iteration)])
+
+    # ------------------------------------------------------------------ 1. rollouts and forks
+    def _rollout(self, prompts: list[str], trainer: GRPOTrainer) -> dict:
+        cfg, G = self.cfg, self.num_generations
+        step = self.state.global_step
+        seed = int(np.random.SeedSequence([cfg.seed, step]).generate_state(1)[0])
+        tasks = [self.tasks[p] for p in prompts[::G]]
+        model = self.accelerator.unwrap_model(self.model)
+        was_training = model.training
+        if self.backend is None:   # the live policy (LoRA weights update in place)
+            self.backend = TransformersBackend(model, self.processing_class, device=str(self.accelerator.device))
+        model.eval()
+        self.ledger.begin(step)
+        try:
+            with self.ledger.phase("rollout_s"):
+                result = rollout(tasks, self.backend, self.engine, self.processing_class,
+                                 RolloutConfig(group=G, seed=seed, workers=cfg.workers, episode=self.episode),
+                                 pool=self.pool)
+            trajs = result.trajectories
+            self.ledger.move(sum((s.snapshot_ms or 0.0) for t in trajs for s in t.steps) / 1e3, "rollout_s", "fork_s")
+            picks = self._select(trajs, seed) if cfg.method != "grpo" else {}
+            branches = run_branches(trajs, picks, cf_samples=cfg.cf_samples, backend=self.backend, engine=self.engine,
+                                    tokenizer=self.processing_class, episode=self.episode, proposal=cfg.proposal,
+                                    cf_temperature=cfg.cf_temperature, seed=seed + 1, horizon=cfg.horizon,
+                                    pool=self.pool, ledger=self.ledger) if cfg.forks else []
+            tuples = [self._tuple(trajs[b.row], b, step) for b in branches if b.sample is not None]
+            write_part(self.run.path, step, tuples)
+        finally:
+            model.train(was_training)
+        out = self._rows(trajs, picks, branches)
+        result.release()
+        self._record_iteration(trajs, picks, branches, tuples)
+        self._update_start = time.perf_counter()
+        return out
+
+    def _select(self, trajs: list[Trajectory], seed: int) -> dict:
+        params = SelectorParams(k=self.cfg.k, eta=self.cfg.eta, lambda_type=self.cfg.lambda_type)
+        rng = np.random.default_rng(seed)
+        return {i: select(self.cfg.selector, t.steps, params, rng)
+                for i, t in enumerate(trajs) if t.reward is not None}
+
+    def _rows(self, trajs: list[Trajectory], picks: dict, branches: list[Branch]) -> dict:
+        cfg = self.cfg
+        out = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward", "policy_logprobs",
+                               "crr_credit")}
+        self.replaced = 0
+        for i, traj in enumerate(trajs):
+            mine = [b for b in branches if b.row == i]
+            if cfg.method == "search-select":
+                j = search_select_choice(traj.reward, [b.reward for b in mine])
+                if j is not None:
+                    traj, self.replaced = mine[j].traj, self.replaced + 1
+            row = traj.trl_row()
+            counterfactuals: dict[int, list[float]] = {}
+            if cfg.method == "crr":
+                for b in mine:
+                    if b.reward is not None:
+                        counterfactuals.setdefault(b.t, []).append(b.reward)
+            credit = RowCredit(group=traj.task_index, reward=traj.reward, spans=row["step_spans"],
+                               selected=[s.t for s in picks.get(i, [])] if cfg.method == "crr" else [],
+                               counterfactuals=counterfactuals)
+            for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward"):
+                out[key].append(row[key])
+            out["policy_logprobs"].append([lp for s in traj.steps for lp in s.policy_logprobs + [0.0] * len(s.observation_ids)])
+            out["crr_credit"].append(dataclasses.asdict(credit))
+        return out
+
+    def _tuple(self, traj: Trajectory, b: Branch, step: int) -> dict:
+        snap = traj.snapshots.get(b.t)
+        branch_steps = b.traj.steps[b.t:] if b.traj is not None else []
+        return {"task_id": traj.task_id, "policy_seed": self.cfg.seed, "policy_version": step, "iteration": step,
+                "row": traj.task_index * self.num_generations + traj.group, "t": b.t, "steps": len(traj.steps),
+                "snapshot_id": None if snap is None else snap.id, "realised_action": traj.steps[b.t].action,
+                "counterfactual_action": b.sample.text, "prefix_actions": [s.action for s in traj.steps[:b.t]],
+                "realised_suffix": [s.action for s in traj.steps[b.t:]],
+                "counterfactual_suffix": [s.action for s in branch_steps] or [b.sample.text],
+                "reward": traj.reward, "cf_reward": b.reward,
+                "cf_end_reason": None if b.traj is None else b.traj.end_reason,
+                "cf_infra_error": b.error if b.traj is None else b.traj.infra_error,
+                "proposal_logprob": b.sample.proposal_logprob, "selector_score": b.selection.score,
+                "k_index": b.k_index, "prefix_signature": prefix_signature([s.call for s in traj.steps[:b.t]])}
+
+    def _record_iteration(self, trajs: list[Trajectory], picks: dict, branches: list[Branch], tuples: list[dict]):
+        led = self.ledger
+        on_policy = sum(t.generated_tokens for t in trajs)
+        branch_tokens = sum(len(b.sample.action_ids) if b.traj is None else
+                            sum(len(s.action_ids) for s in b.traj.steps[b.t:]) for b in branches if b.sample)
+        led.add("trajectories", len(trajs))
+        led.add("generated_tokens_on_policy", on_policy)
+        led.add("generated_tokens_all", on_policy + branch_tokens)
+        led.add("effective_tokens", sum(t.generated_tokens for t in trajs if t.reward is not None))
+        led.add("forks", sum(b.sample is not None for b in branches))
+        scored = [t.reward for t in trajs if t.reward is not None]
+        self.iteration = {
+            "reward_mean": float(np.mean(scored)) if scored else None, "scored": len(scored),
+            "infra_errors": len(trajs) - len(scored), "mean_turns": float(np.mean([len(t.steps) for t in trajs])),
+            "selected": sum(len(v) for v in picks.values()),
+            "selector_hits": sum(bool(v) for v in picks.values()),
+            "branches": len(branches), "proposal_skips": sum(b.sample is None for b in branches),
+            "branch_infra_errors": sum(b.sample is not None and b.reward is None for b in branches),
+            "cf_reward_mean": float(np.mean([b.reward for b in branches if b.reward is not None]))
+            if any(b.reward is not None for b in branches) else None,
+            "replaced": getattr(self, "replaced", 0) if self.cfg.method == "search-select" else None,
+            "covariance": bucket_covariance(pd.DataFrame(tuples)) if tuples else None,
+        }
+
+    # ------------------------------------------------------------------ 2. (B, T) advantages
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict:
+        out = super()._generate_and_score_completions(inputs)
+        rows = [RowCredit(**{**x["crr_credit"], "spans": [tuple(s) for s in x["crr_credit"]["spans"]]})
+                for x in inputs]
+        step_adv = estimate(self.cfg.estimator, rows)
+        B, T = out["completion_ids"].shape
+        out["advantages"] = token_advantages(rows, step_adv, T).to(out["completion_ids"].device)
+        excluded = torch.tensor([a is None for a in step_adv], device=out["completion_mask"].device)
+        out["completion_mask"] = out["completion_mask"] * (~excluded).unsqueeze(1).to(out["completion_mask"].dtype)
+        if self.cfg.method == "search-select":   # ratio against the behaviour policy that generated each row
+            old = torch.zeros(B, T, device=out["completion_ids"].device)
+            for i, x in enumerate(inputs):
+                lps = x["policy_logprobs"][:T]
+                old[i, :len(lps)] = torch.tensor(lps)
+            out["old_per_token_logps"] = old
+        flat = [a for adv in step_adv if adv is not None for a in adv]
+        selected = [adv[t] for r, adv in zip(rows, step_adv) if adv is not None for t in r.selected
+                    if r.counterfactuals.get(t)]
+        self.iteration.update({
+            "adv_mean": float(np.mean(flat)) if flat else None, "adv_std": float(np.std(flat)) if flat else None,
+            "adv_nonzero": float(np.mean([a != 0 for a in flat])) if flat else None,
+            "contrast_mean": float(np.mean(selected)) if selected else None, "contrasts": len(selected),
+            "advantage_snr": advantage_snr([a for a in step_adv if a is not None])})
+        return out
+
+
+class _IterationCallback(TrainerCallback):
+    """Closes each iteration: update time, ledger, metrics, checkpoints at budget fractions, budget stop."""
+
+    def __init__(self, trainer: CRRTrainer, on_iteration: Callable[[dict], None] | None):
+        self.trainer, self.on_iteration = trainer, on_iteration
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.trainer.run.log_metrics({"event": "trl", "step": state.global_step, **(logs or {})})
+
+    def on_step_end(self, args, state, control, **kwargs):
+        tr, cfg = self.trainer, self.trainer.cfg
+        led = tr.ledger
+        led.current["update_s"] += time.perf_counter() - tr._update_start
+        led.add("updates", 1)
+        it = led.end()
+        record = {"event": "iteration", "step": state.global_step, **tr.iteration,
+                  "fork_share": (it["fork_s"] + it["cf_rollout_s"] + it["cf_test_s"]) / it["wall_s"] if it["wall_s"] else 0.0,
+                  "ledger": {k: it[k] for k in it if k != "iteration"}}
+        if state.global_step % cfg.diagnostics_every:
+            record.pop("advantage_snr"), record.pop("covariance")
+        tr.run.log_metrics(record)
+        if self.on_iteration is not None:
+            self.on_iteration({**record, "max_steps": state.max_steps, "cumulative": led.cumulative})
+        wall_h = led.cumulative["wall_s"] / 3600
+        marks = {max(1, math.ceil(f * state.max_steps)) for f in cfg.checkpoint_fractions}
+        if cfg.budget_hours is not None:
+            before = (led.cumulative["wall_s"] - it["wall_s"]) / 3600
+            crossed = any(before < f * cfg.budget_hours <= wall_h for f in cfg.checkpoint_fractions)
+            if wall_h >= cfg.budget_hours:
+                control.should_training_stop = True
+        else:
+            crossed = False
+        if (state.global_step % cfg.save_every == 0 or state.global_step in marks or crossed
+                or control.should_training_stop or state.global_step >= state.max_steps):
+            control.should_save = True
+        return control
+
+
+def start_run(cfg: CRRConfig, out: Path | str) -> RunDir:
+    run = RunDir.create("train", f"{cfg.method}-seed{cfg.seed}", root=out, seeds={"train": cfg.seed})
+    cfg.output_dir = str(run.path / CHECKPOINTS)
+    run.write_text("config.yaml", yaml.safe_dump(cfg.resolved(), sort_keys=False))
+    return run
+
+
+def resume_run(path: Path | str) -> tuple[CRRConfig, RunDir, str | None]:
+    """The config, run directory and latest checkpoint of an interrupted run; the ledger and tuples are
+    cut back to what the checkpoint holds (the iteration in flight when it stopped is redone)."""
+    from crr.train.config import load_config
+
+    run = RunDir.open(path)
+    cfg = load_config(run.path / "config.yaml")
+    ckpt = get_last_checkpoint(str(run.path / CHECKPOINTS)) if (run.path / CHECKPOINTS).is_dir() else None
+    done = int(Path(ckpt).name.split("-")[-1]) if ckpt else 0
+    Ledger(run, cfg.fork_cost_multiplier).truncate(done)
+    dropped = drop_parts_from(run.path, done)
+    run.log_metrics({"event": "resume", "checkpoint": ckpt, "from_step": done, "dropped_tuple_parts": dropped})
+    log.info("resuming %s from %s", run.path, ckpt or "the start")
+    return cfg, run, ckpt
+
+
+def train(cfg: CRRConfig, run: RunDir, checkpoint: str | None = None, *,
+          on_iteration: Callable[[dict], None] | None = None) -> dict:
+    """Train until max_steps / max_trajectories / budget_hours; returns the cumulative ledger and the
+    path of the final adapter/model."""
+    tasks = load_tasks(cfg.tasks)[:cfg.n_tasks] if cfg.n_tasks else load_tasks(cfg.tasks)
+    if len(tasks) < cfg.tasks_per_iteration:
+        raise CRRError(f"{cfg.tasks} has {len(tasks)} tasks, fewer than tasks_per_iteration={cfg.tasks_per_iteration}")
+    torch.manual_seed(cfg.seed)
+    model, tokenizer = load_policy(resolve_model(cfg))
+    with get_engine(cfg.engine) as engine:
+        trainer = CRRTrainer(cfg, model, tokenizer, tasks, run, engine, on_iteration=on_iteration)
+        try:
+            trainer.train(resume_from_checkpoint=checkpoint)
+        finally:
+            trainer.pool.close()
+        final = run.path / "model"
+        trainer.save_model(str(final))
+    summary = {"cumulative": trainer.ledger.cumulative, "updates": trainer.state.global_step, "model": str(final)}
+    run.write_json("summary.json", summary)
+    return summary

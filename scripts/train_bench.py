@@ -1,0 +1,42 @@
+"""Benchmark for the report (not a timed test): iteration wall time of crr / grpo at k=4, K=1 on the CPU
+preset, and the fork share of a CRR iteration (paper: 1.71x microbatch latency; targets <= 1.6x and <= 5 %).
+
+    .venv/bin/python scripts/train_bench.py --updates 3 [key=value overrides...]
+
+Runs `crr train` for each method with the same seed and config into a temporary directory and reads the
+ledgers: mean iteration wall_s per method, their ratio, and the CRR fork share
+(fork_s + cf_rollout_s + cf_test_s) / wall_s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+
+from crr.train.config import load_config, parse_overrides
+from crr.train.trainer import start_run, train
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--updates", type=int, default=3)
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    out = tempfile.mkdtemp(prefix="crr-train-bench-")
+    result = {}
+    for method in ("grpo", "crr"):
+        cfg = load_config(None, {**parse_overrides(args.overrides), "method": method, "k": 4, "cf_samples": 1,
+                                 "max_steps": args.updates, "output_dir": out})
+        run = start_run(cfg, out)
+        train(cfg, run)
+        its = json.loads((run.path / "ledger.json").read_text())["iterations"]
+        wall = sum(i["wall_s"] for i in its) / len(its)
+        fork = sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its) / sum(i["wall_s"] for i in its)
+        result[method] = {"iteration_wall_s": wall, "fork_share": fork, "forks": sum(i["forks"] for i in its)}
+    result["crr_over_grpo"] = result["crr"]["iteration_wall_s"] / result["grpo"]["iteration_wall_s"]
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""The SFT warm start: expert data rendered through conversation.py, real TRL SFTTrainer steps on the tiny
+model, the saved model loading with load_policy, and `crr sft` end to end."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from trl.chat_template_utils import get_training_chat_template
+from typer.testing import CliRunner
+
+from crr.agent.conversation import TOOL_CALL_OPEN, render_ids, render_text
+from crr.agent.expert import ExpertConfig
+from crr.agent.prompt import TOOL_SCHEMAS
+from crr.cli import app
+from crr.errors import CRRError
+from crr.policy.model import default_model_dir, load_policy
+from crr.policy.sft import ExpertDataSettings, SFTSettings, build_sft_dataset, install_default, sft
+from crr.replay import get_engine
+from crr.rundir import RunDir
+from crr.tasks.micro import generate_micro
+
+# Short episodes keep the trainer tests fast; exploration itself is tested in test_expert.py.
+LEAN = ExpertConfig(p_list=0.0, p_full_tests=0.0, p_final_suite=0.0, max_decoy_views=1, error_rate=0.5)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """On 2 busy cores OpenMP threads spin against each other; one thread is faster and reproducible."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return default_model_dir()  # built on first use into the session's crr cache (conftest)
+
+
+@pytest.fixture(scope="module")
+def micro_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("micro") / "set"
+    generate_micro(out, n=2, seed=0, split="train")
+    return out
+
+
+@pytest.fixture(scope="module")
+def data(tiny, micro_dir, tmp_path_factory):
+    from crr.tasks.loaders import load_tasks
+
+    _, tokenizer = load_policy(tiny)
+    run = RunDir.create("sft", "test", root=tmp_path_factory.mktemp("runs"))
+    engine = get_engine("local")
+    try:
+        dataset = build_sft_dataset(load_tasks(str(micro_dir)), engine, seed=0, tokenizer=tokenizer,
+                                    settings=ExpertDataSettings(episodes_per_task=1, expert=LEAN, workers=1), run=run)
+    finally:
+        engine.close()
+    return dataset, tokenizer, run
+
+
+def test_expert_data_is_the_conversation_token_stream(data):
+    dataset, tokenizer, run = data
+    assert len(dataset) == 2
+    summary = json.loads((run.path / "expert_summary.json").read_text())
+    assert summary["kept"] == summary["episodes"] == 2 and summary["kept_fraction"] == 1.0
+    assert [r["kept"] for r in run.records("expert.jsonl")] == [True, True]
+    eos = tokenizer.eos_token_id
+    for row in dataset:
+        ids, mask, messages = row["input_ids"], row["assistant_masks"], row["messages"]
+        # The row is the chat template's rendering of its messages, token for token.
+        assert ids == render_ids(tokenizer, messages)
+        assert tokenizer.decode(ids) == render_text(tokenizer, messages)
+        # The mask covers exactly the actions: one masked run per assistant message, each the encoding of
+        # `<tool_call>\n{...}\n</tool_call>` plus the end-of-turn token; nothing else.
+        runs, current = [], []
+        for token, bit in zip(ids, mask):
+            if bit:
+                current.append(token)
+            elif current:
+                runs.append(current)
+                current = []
+        runs += [current] if current else []
+        actions = [m for m in messages if m["role"] == "assistant"]
+        assert len(runs) == len(actions) > 3
+        for run_ids, message in zip(runs, actions):
+            call = message["tool_calls"][0]["function"]
+            text = f'{TOOL_CALL_OPEN}{{"name": "{call["name"]}", "arguments": {call["arguments"]}}}\n</tool_call>'
+            assert run_ids == tokenizer.encode(text, add_special_tokens=False) + [eos]
+        assert ids[-1] == eos and mask[-1] == 1  # ends with the submit action; its observation is never shown
+        assert json.loads(row["tools"]) == TOOL_SCHEMAS
+
+
+def test_trl_assistant_only_rendering_agrees(data):
+    """TRL's own assistant-only tokenization (its {% generation %} training template) gives the same ids; its
+    mask differs only by the newline after each end-of-turn, which the policy never emits (generation stops
+    at <|im_end|>), so conversation.py's mask is the one trained on."""
+    dataset, tokenizer, _ = data
+    template = get_training_chat_template(tokenizer)
+    row = dataset[0]
+    messages = [{k: v for k, v in m.items() if v is not None} for m in row["messages"]]
+    out = tokenizer.apply_chat_template(messages, tools=TOOL_SCHEMAS, chat_template=template, tokenize=True,
+                                        return_dict=True, return_assistant_tokens_mask=True)
+    n = len(row["input_ids"])
+    assert out["input_ids"][:n] == row["input_ids"]
+    newline = tokenizer.encode("\n", add_special_tokens=False)
+    for i, (theirs, ours) in enumerate(zip(out["assistant_masks"][:n], row["assistant_masks"])):
+        if theirs != ours:
+            assert (theirs, ours) == (1, 0) and [row["input_ids"][i]] == newline
+            assert row["input_ids"][i - 1] == tokenizer.eos_token_id
+
+
+def _action_loss(model, dataset) -> float:
+    """Mean next-token loss on the masked (action) tokens of every row."""
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for row in dataset:
+            ids = torch.tensor([row["input_ids"]])
+            labels = ids.clone()
+            labels[torch.tensor([row["assistant_masks"]]) == 0] = -100
+            n = int((labels[:, 1:] != -100).sum())
+            total += float(model(input_ids=ids, labels=labels).loss) * n
+            count += n
+    return total / count
+
+
+def test_sft_trains_on_actions_saves_and_is_deterministic(data, tiny, tmp_path):
+    full, _, _ = data
+    dataset = full.select([min(range(len(full)), key=lambda i: len(full[i]["input_ids"]))])  # the shorter row
+    settings = SFTSettings(epochs=3, learning_rate=2e-3, warmup_ratio=0.0, grad_accum=1)
+    logs = []
+    out = sft(tiny, dataset, tmp_path / "a", settings, on_log=logs.append)
+    base, _ = load_policy(tiny)
+    trained, tokenizer = load_policy(out)  # the saved directory loads like any policy
+    assert tokenizer.chat_template and tokenizer.padding_side == "left"
+    assert json.loads((out / "crr_sft.json").read_text())["rows"] == 1
+    assert _action_loss(trained, dataset) < _action_loss(base, dataset) - 0.3
+    changed = [name for name, p in trained.state_dict().items() if not torch.equal(p, base.state_dict()[name])]
+    assert len(changed) > len(base.state_dict()) // 2
+    losses = [r["loss"] for r in logs if "loss" in r]
+    assert len(losses) == 3 * len(dataset) // settings.grad_accum  # every optimizer step logged
+    # Same data, same seed: the same weights.
+    again, _ = load_policy(sft(tiny, dataset, tmp_path / "b", settings))
+    assert all(torch.equal(p, again.state_dict()[name]) for name, p in trained.state_dict().items())
+
+
+def test_sft_rejects_bad_input(data, tiny, tmp_path):
+    dataset, _, _ = data
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(CRRError, match="not an empty directory"):
+        sft(tiny, dataset, tmp_path / "full")
+    with pytest.raises(CRRError, match="lacks"):
+        sft(tiny, dataset.remove_columns("assistant_masks"), tmp_path / "m")
+    with pytest.raises(CRRError, match="max_length"):
+        sft(tiny, dataset, tmp_path / "m", SFTSettings(max_length=64))
+    with pytest.raises(CRRError, match="epochs"):
+        SFTSettings(epochs=0)
+
+
+def test_install_default_copies_once(tiny, tmp_path):
+    target = install_default(tiny, tmp_path / "cache" / "sft")
+    assert (target / "config.json").is_file()
+    (target / "marker").write_text("first")
+    install_default(tiny, target)  # an existing default is kept
+    assert (target / "marker").read_text() == "first"
+
+
+def test_sft_command_end_to_end_and_resume(tiny, micro_dir, tmp_path):
+    runner = CliRunner()
+    args = ["sft", "--tasks", str(micro_dir), "--n-tasks", "2", "--episodes", "1", "--epochs", "1",
+            "--out", str(tmp_path)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "kept 2/2" in result.output and "SFT: 2 steps" in result.output
+    (run_dir,) = tmp_path.iterdir()
+    names = {p.name for p in run_dir.iterdir()}
+    assert {"config.yaml", "manifest.json", "expert.jsonl", "expert_summary.json", "metrics.jsonl", "model",
+            "expert_data", "checkpoints"} <= names
+    run = RunDir.open(run_dir)
+    assert run.config["recipe"]["train"]["epochs"] == 1.0 and run.config["model"] == str(tiny)
+    assert [r["event"] for r in run.records("metrics.jsonl")].count("sft") >= 1
+    model, _ = load_policy(run_dir / "model")
+    # Resume after losing the final model: the saved expert data and checkpoint are reused, nothing re-run.
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    shutil.rmtree(run_dir / "model")
+    result = runner.invoke(app, ["sft", "--resume", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert len(run.records("expert.jsonl")) == 2
+    resumed, _ = load_policy(run_dir / "model")
+    assert all(torch.equal(v, resumed.state_dict()[k]) for k, v in weights.items())
+
+
+def test_sft_command_bad_input(tmp_path):
+    result = CliRunner().invoke(app, ["sft", "--n-tasks", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "n_tasks must be at least 1" in result.output

@@ -1,0 +1,121 @@
+"""`crr train` end to end on CPU: the real tiny model, real local sandboxes and forks, real TRL updates for
+each method; a complete run directory; resume after an interrupted iteration reproduces it exactly;
+`crr replay verify` re-executes recorded suffixes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from crr.cli import app
+from crr.tasks.loaders import write_tasks
+from crr.train.tuples import read_tuples
+
+# The hidden test passes iff the agent ran the test suite unfiltered before submitting (the conftest leaves a
+# marker when pytest runs without node ids; the verifier passes node ids). The untrained tiny model calls
+# run_tests often but not always, so returns differ between siblings and between branches: real contrasts.
+CONFTEST = '''import pathlib
+
+import _pytest.terminal
+
+_pytest.terminal.format_session_duration = lambda s: "(time)"
+
+
+def pytest_configure(config):
+    if not any("::" in a for a in config.invocation_params.args):
+        pathlib.Path("ran.txt").write_text("1")
+'''
+TEST_RAN = "import pathlib\n\n\ndef test_ran():\n    assert pathlib.Path('ran.txt').exists()\n"
+RAN_PATCH = ("--- /dev/null\n+++ b/tests/test_ran.py\n@@ -0,0 +1,5 @@\n"
+             + "".join(f"+{line}\n" for line in TEST_RAN.splitlines()))
+SMALL = ["n_tasks=1", "num_generations=3", "max_turns=2", "max_new_tokens=40", "k=2", "eta=0.0", "workers=2"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def tasks_file(make_task, tmp_path) -> Path:
+    task = make_task({"conftest.py": CONFTEST, "tests/test_ok.py": "def test_ok():\n    assert True\n", "a.py": "x = 1\n"},
+                     instance_id="ran-1", problem_statement="Run the test suite, then submit.", test_patch=RAN_PATCH,
+                     FAIL_TO_PASS=("tests/test_ran.py::test_ran",), PASS_TO_PASS=("tests/test_ok.py::test_ok",),
+                     test_cmd="python3 -m pytest -rA -p no:cacheprovider")
+    return write_tasks([task], tmp_path / "tasks.jsonl")
+
+
+def run_train(args: list[str], root: Path) -> tuple[str, Path]:
+    result = CliRunner().invoke(app, ["train", *args])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    runs = sorted(root.glob("*-train-*"))
+    assert len(runs) == 1
+    return result.output, runs[0]
+
+
+def lora_b_norm(path: Path) -> float:
+    weights = load_file(path / "adapter_model.safetensors")
+    return sum(float(w.abs().sum()) for k, w in weights.items() if "lora_B" in k)
+
+
+def test_crr_end_to_end_and_resume(tasks_file, tmp_path):
+    out, run = run_train(["--method", "crr", "--out", str(tmp_path), "--max-updates", "2", f"tasks={tasks_file}", *SMALL], tmp_path)
+    assert "2/2 R" in out and "fork share" in out
+    for name in ("config.yaml", "manifest.json", "metrics.jsonl", "ledger.json", "summary.json"):
+        assert (run / name).is_file(), name
+    assert lora_b_norm(run / "model") > 0           # LoRA B starts at 0: a real update moved it
+    ledger = json.loads((run / "ledger.json").read_text())
+    assert len(ledger["iterations"]) == 2 and ledger["cumulative"]["updates"] == 2
+    assert ledger["cumulative"]["trajectories"] == 6 and ledger["cumulative"]["forks"] > 0
+    assert ledger["cumulative"]["generated_tokens_all"] > ledger["cumulative"]["generated_tokens_on_policy"]
+    tuples = read_tuples(run)
+    assert len(tuples) == ledger["cumulative"]["forks"]
+    assert (tuples["realised_action"] != tuples["counterfactual_action"]).all()
+    assert tuples["t"].max() < 2 and tuples["reward"].notna().all()
+    iters = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "iteration"]
+    assert [r["step"] for r in iters] == [1, 2] and sum(r["contrasts"] for r in iters) > 0
+
+    # An interruption during iteration 2: its checkpoint never written, its tuples part already there.
+    shutil.rmtree(run / "checkpoints" / "checkpoint-2")
+    before = read_tuples(run)
+    out2, _ = run_train(["--resume", str(run)], tmp_path)
+    assert "2/2 R" in out2 and "1/2 R" not in out2   # only the lost iteration is redone
+    after = read_tuples(run)
+    assert len(json.loads((run / "ledger.json").read_text())["iterations"]) == 2
+    cols = ["iteration", "t", "realised_action", "counterfactual_action", "reward", "cf_reward"]
+    assert before[cols].equals(after[cols])          # same seed, restored weights: the same iteration again
+
+    result = CliRunner().invoke(app, ["replay", "verify", str(run), "--sample", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["sampled"] == min(3, len(after.dropna(subset=["cf_reward"]))) and report["fraction"] == 1.0
+
+
+@pytest.mark.parametrize("method", ["grpo", "search-select"])
+def test_other_methods_end_to_end(method, tasks_file, tmp_path):
+    out, run = run_train(["--method", method, "--out", str(tmp_path), "--max-updates", "1", f"tasks={tasks_file}", *SMALL], tmp_path)
+    assert "1/1 R" in out
+    assert lora_b_norm(run / "model") > 0
+    ledger = json.loads((run / "ledger.json").read_text())["cumulative"]
+    assert ledger["updates"] == 1 and ledger["trajectories"] == 3
+    it = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "iteration"][0]
+    if method == "grpo":
+        assert ledger["forks"] == 0 and not (run / "tuples").exists() and it["selected"] == 0
+    else:
+        assert ledger["forks"] > 0 and it["replaced"] is not None and 0 <= it["replaced"] <= 3
+
+
+def test_bad_input_is_a_clear_error(tmp_path):
+    result = CliRunner().invoke(app, ["train", "--out", str(tmp_path), "nonsense=1"])
+    assert result.exit_code == 2 and "unknown config key" in result.output
+    result = CliRunner().invoke(app, ["train", "--method", "ppo", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "unknown method" in result.output
