@@ -17,7 +17,8 @@ from rich.console import Console
 from crr.errors import CRRError
 
 app = typer.Typer(help="Counterfactual Rollout Replay: step-level credit for SWE agents from forkable "
-                       "sandboxes.", no_args_is_help=True, pretty_exceptions_enable=False)
+                       "sandboxes.", no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode="markdown")
 console = Console()
 err_console = Console(stderr=True)
 _state = {"debug": False}
