@@ -34,7 +34,7 @@ def pytest_configure(config):
 TEST_RAN = "import pathlib\n\n\ndef test_ran():\n    assert pathlib.Path('ran.txt').exists()\n"
 RAN_PATCH = ("--- /dev/null\n+++ b/tests/test_ran.py\n@@ -0,0 +1,5 @@\n"
              + "".join(f"+{line}\n" for line in TEST_RAN.splitlines()))
-SMALL = ["n_tasks=1", "num_generations=3", "max_turns=2", "max_new_tokens=40", "k=2", "eta=0.0", "workers=2"]
+SMALL = ["n_tasks=1", "num_generations=3", "max_turns=2", "max_new_tokens=40", "k=2", "eta=0.0", "workers=2", "warmup_steps=0"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -102,7 +102,9 @@ def test_crr_end_to_end_and_resume(tasks_file, tmp_path):
 
 @pytest.mark.parametrize("method", ["grpo", "search-select"])
 def test_other_methods_end_to_end(method, tasks_file, tmp_path):
-    out, run = run_train(["--method", method, "--out", str(tmp_path), "--max-updates", "1", f"tasks={tasks_file}", *SMALL], tmp_path)
+    # max_turns=3: returns then differ between the G siblings of the first group (seed 11)
+    out, run = run_train(["--method", method, "--out", str(tmp_path), "--max-updates", "1", f"tasks={tasks_file}",
+                          *SMALL, "max_turns=3"], tmp_path)
     assert "1/1 R" in out
     assert lora_b_norm(run / "model") > 0
     ledger = json.loads((run / "ledger.json").read_text())["cumulative"]

@@ -57,7 +57,7 @@ def run_branches(trajs: list[Trajectory], picks: dict[int, list[Selection]], *, 
     propose = get_proposal(proposal)
     with ledger.phase("cf_rollout_s"):
         t0 = time.perf_counter()
-        samples = propose(backend, [trajs[b.row].conversation(tokenizer, b.t).messages for b in branches],
+        samples = propose(backend, [trajs[b.row].conversation(tokenizer, b.t).token_ids() for b in branches],
                           [trajs[b.row].steps[b.t].action for b in branches], temperature=cf_temperature,
                           seed=sample_seed(seed, 0), max_new_tokens=episode.max_new_tokens)
         proposal_s = time.perf_counter() - t0
@@ -123,7 +123,7 @@ def _drive(episodes: dict[int, Episode], live: list[Branch], backend: Generation
         with ledger.phase("cf_rollout_s"):
             round_seed = sample_seed(seed, round_index)
             t0 = time.perf_counter()
-            samples = backend.generate([episodes[i].conversation.messages for i in active],
+            samples = backend.generate([episodes[i].conversation.token_ids() for i in active],
                                        temperature=config.temperature, seed=round_seed,
                                        max_new_tokens=config.max_new_tokens)
             gen_s = time.perf_counter() - t0
