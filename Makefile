@@ -4,9 +4,9 @@ export TRL_EXPERIMENTAL_SILENCE := 1
 
 .PHONY: main test
 
-main:  ## the main job on the embedded default
+main:  ## the main job on the embedded default: CRR training, CPU preset (experiments/cpu-crr.yaml)
 	scripts/setup.sh
-	.venv/bin/crr demo
+	OMP_NUM_THREADS=1 .venv/bin/crr train
 
 test:  ## the full test suite, Docker engine included
 	scripts/setup.sh
