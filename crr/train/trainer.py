@@ -51,7 +51,7 @@ from crr.tasks.schema import Task
 from crr.train.advantages import RowCredit, estimate, search_select_choice, token_advantages
 from crr.train.config import CRRConfig, paper_loss_settings
 from crr.train.counterfactual import Branch, run_branches
-from crr.train.diagnostics import advantage_snr, bucket_covariance, decile, prefix_signature
+from crr.train.diagnostics import advantage_snr, bucket_covariance, prefix_signature
 from crr.train.ledger import Ledger
 from crr.train.selectors import SelectorParams, select
 from crr.train.tuples import drop_parts_from, write_part
