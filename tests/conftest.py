@@ -35,6 +35,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(cache, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Decoding and tiny-model training are many small ops: on 2 busy cores one thread beats several
+    spinning against each other (about 5x here). Modules that run a model use it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def git_repo(path: Path, files: dict[str, str]) -> str:
     """Make a git repository at `path` holding `files` in one commit; returns the commit sha."""
     for rel, text in files.items():

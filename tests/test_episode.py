@@ -8,7 +8,6 @@ import json
 import types
 
 import pytest
-import torch
 from agent_tasks import calc_task
 from trl import GRPOTrainer
 
@@ -32,13 +31,7 @@ from crr.replay.base import tree_digest
 from crr.rollout import summarise
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Decoding is many small ops: on 2 busy cores one thread beats several spinning against each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

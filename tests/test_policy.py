@@ -36,14 +36,7 @@ def conversation(issue: str = "Fix the off-by-one error in calc/core.py") -> lis
     return [{"role": "user", "content": issue}]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Decoding is many small ops: on 2 busy cores, OpenMP threads spin against each other (about 5x
-    slower here than one thread). Restored after this module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ import dataclasses
 import json
 
 import pytest
-import torch
 from agent_tasks import CALC, TESTS, calc_task
 from typer.testing import CliRunner
 
@@ -22,12 +21,7 @@ from crr.rundir import RunDir
 from crr.tasks.loaders import write_tasks
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
