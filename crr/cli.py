@@ -754,18 +754,27 @@ def rollout_bench_command(
 
 
 # --- sft (the warm start: exploring-expert trajectories, TRL's SFTTrainer) ---------------------
+# The default recipe, crr.policy.sft.SFTRecipe() (tests/test_sft.py keeps them equal); spelled out here so
+# that the CLI starts without importing torch.
+_SFT_DEFAULTS = {"tasks": "micro-train", "n_tasks": 160, "episodes": 1, "error_rate": 0.3, "epochs": 2.0,
+                 "lr": 1e-3}
+
+
 @app.command("sft")
 @friendly
 def sft_command(
     model: str | None = typer.Option(None, "--model", help="Model directory or hub id to warm-start (default: "
                                      "the tiny default, built on first use; the result then becomes the cached "
                                      "warm-started default when the recipe is the default one)."),
-    tasks: str = typer.Option("micro-train", "--tasks", help="Task file (JSONL), directory, micro set or dataset."),
-    n_tasks: int | None = typer.Option(None, "--n-tasks", help="Use the first N tasks only."),
-    episodes: int = typer.Option(2, "--episodes", help="Expert episodes per task (each its own seed)."),
-    error_rate: float = typer.Option(0.3, "--error-rate", help="Chance the expert makes a wrong edit first."),
-    epochs: float = typer.Option(3.0, "--epochs", help="SFT epochs."),
-    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (cosine schedule)."),
+    tasks: str = typer.Option(_SFT_DEFAULTS["tasks"], "--tasks",
+                              help="Task file (JSONL), directory, micro set or dataset."),
+    n_tasks: int | None = typer.Option(_SFT_DEFAULTS["n_tasks"], "--n-tasks", help="Use the first N tasks (micro-train is generated "
+                                       "that large if N exceeds its default 32)."),
+    episodes: int = typer.Option(_SFT_DEFAULTS["episodes"], "--episodes", help="Expert episodes per task."),
+    error_rate: float = typer.Option(_SFT_DEFAULTS["error_rate"], "--error-rate",
+                                     help="Chance the expert makes a wrong edit first."),
+    epochs: float = typer.Option(_SFT_DEFAULTS["epochs"], "--epochs", help="SFT epochs."),
+    lr: float = typer.Option(_SFT_DEFAULTS["lr"], "--lr", help="Peak learning rate (cosine schedule)."),
     seed: int = typer.Option(0, "--seed", help="Drives the expert's episodes and the trainer."),
     engine: str = typer.Option("local", "--engine", help="Fork engine for the expert's sandboxes: local or docker."),
     out: Path = typer.Option(Path("results/runs"), "--out", help="Where the run directory goes."),

@@ -101,11 +101,12 @@ def test_expert_without_a_reproducible_issue(make_task, engine):
         plan = explore_script(task, sandbox, seed=0, config=ExpertConfig(error_rate=1.0))
     _, result = play(engine, task, plan.calls)
     assert result.reward == 1.0
-    assert fix_edits(task)[0].arguments == {"path": "calc.py", "start": 2, "end": 2, "replacement": "    return a + b\n"}
+    assert fix_edits(task)[0].arguments == {"path": "calc.py", "start": 2, "end": 2,
+                                            "replacement": "    return a + b\n"}
 
 
 @pytest.mark.parametrize("issue, expected", [
-    ("t\n\n```python\n>>> from pkg.mod import f\n>>> f('a', [1, 2])\n3\n```\n", ("pkg.mod", "f", "f('a', [1, 2])")),
+    ("t\n\n```python\n>>> from pkg.mod import f\n>>> f('a', [1])\n3\n```\n", ("pkg.mod", "f", "f('a', [1])")),
     ("t\n\n```python\nfrom pkg.mod import f\nprint(f((1, 2)))\n```\n", ("pkg.mod", "f", "f((1, 2))")),
     ("t\n\nCalling `pkg.sub.mod.f(0, 'x')` returns `1`. I expected `2`.", ("pkg.sub.mod", "f", "f(0, 'x')")),
     ("add() subtracts\nadd(2, 3) returns -1 instead of 5.", None),

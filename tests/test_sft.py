@@ -16,8 +16,16 @@ from crr.agent.expert import ExpertConfig
 from crr.agent.prompt import TOOL_SCHEMAS
 from crr.cli import app
 from crr.errors import CRRError
+from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import default_model_dir, load_policy
-from crr.policy.sft import ExpertDataSettings, SFTSettings, build_sft_dataset, install_default, sft
+from crr.policy.sft import (
+    ExpertDataSettings,
+    SFTSettings,
+    action_ids,
+    build_sft_dataset,
+    install_default,
+    sft,
+)
 from crr.replay import get_engine
 from crr.rundir import RunDir
 from crr.tasks.micro import generate_micro
@@ -56,10 +64,22 @@ def data(tiny, micro_dir, tmp_path_factory):
     engine = get_engine("local")
     try:
         dataset = build_sft_dataset(load_tasks(str(micro_dir)), engine, seed=0, tokenizer=tokenizer,
-                                    settings=ExpertDataSettings(episodes_per_task=1, expert=LEAN, workers=1), run=run)
+                                    settings=ExpertDataSettings(episodes_per_task=1, expert=LEAN, workers=1),
+                                    run=run)
     finally:
         engine.close()
     return dataset, tokenizer, run
+
+
+def _masked_runs(ids: list[int], mask: list[int]) -> list[list[int]]:
+    runs, current = [], []
+    for token, bit in zip(ids, mask):
+        if bit:
+            current.append(token)
+        elif current:
+            runs.append(current)
+            current = []
+    return runs + ([current] if current else [])
 
 
 def test_expert_data_is_the_conversation_token_stream(data):
@@ -68,49 +88,62 @@ def test_expert_data_is_the_conversation_token_stream(data):
     summary = json.loads((run.path / "expert_summary.json").read_text())
     assert summary["kept"] == summary["episodes"] == 2 and summary["kept_fraction"] == 1.0
     assert [r["kept"] for r in run.records("expert.jsonl")] == [True, True]
-    eos = tokenizer.eos_token_id
+    grammar = ToolCallGrammar(tokenizer)
     for row in dataset:
         ids, mask, messages = row["input_ids"], row["assistant_masks"], row["messages"]
-        # The row is the chat template's rendering of its messages, token for token.
-        assert ids == render_ids(tokenizer, messages)
+        # The row is the chat template's rendering of its messages (as text: actions are the sampler's ids).
         assert tokenizer.decode(ids) == render_text(tokenizer, messages)
-        # The mask covers exactly the actions: one masked run per assistant message, each the encoding of
-        # `<tool_call>\n{...}\n</tool_call>` plus the end-of-turn token; nothing else.
-        runs, current = [], []
-        for token, bit in zip(ids, mask):
-            if bit:
-                current.append(token)
-            elif current:
-                runs.append(current)
-                current = []
-        runs += [current] if current else []
+        assert ids[:len(render_ids(tokenizer, messages[:2]))] == render_ids(tokenizer, messages[:2])
+        # The mask covers exactly the actions: one masked run per assistant message, each the call the
+        # grammar-constrained sampler emits for it (no grammar rejection anywhere) plus the end-of-turn.
+        runs = _masked_runs(ids, mask)
         actions = [m for m in messages if m["role"] == "assistant"]
         assert len(runs) == len(actions) > 3
         for run_ids, message in zip(runs, actions):
-            call = message["tool_calls"][0]["function"]
-            text = f'{TOOL_CALL_OPEN}{{"name": "{call["name"]}", "arguments": {call["arguments"]}}}\n</tool_call>'
-            assert run_ids == tokenizer.encode(text, add_special_tokens=False) + [eos]
-        assert ids[-1] == eos and mask[-1] == 1  # ends with the submit action; its observation is never shown
+            fn = message["tool_calls"][0]["function"]
+            call = f'{{"name": "{fn["name"]}", "arguments": {fn["arguments"]}}}'
+            assert run_ids == action_ids(grammar, call)
+            assert tokenizer.decode(run_ids) == f"{TOOL_CALL_OPEN}{call}\n</tool_call>{tokenizer.eos_token}"
+            matcher = grammar.matcher()
+            for token in run_ids[:-1]:
+                assert matcher.allowed()[token]
+                matcher.advance(token)
+            assert matcher.allowed()[tokenizer.eos_token_id]
+        assert mask[-1] == 1  # ends with the submit action; its observation is never shown
         assert json.loads(row["tools"]) == TOOL_SCHEMAS
 
 
+def test_action_ids_follow_the_tokenizer_except_where_the_grammar_forces(data):
+    _, tokenizer, _ = data
+    grammar = ToolCallGrammar(tokenizer)
+    view = '{"name": "view_file", "arguments": {"path": "pkg/stats.py", "start": 16}}'
+    encoded = tokenizer.encode(f"{TOOL_CALL_OPEN}{view}\n</tool_call>", add_special_tokens=False)
+    assert action_ids(grammar, view) == encoded + [tokenizer.eos_token_id]
+    shell = '{"name": "run_shell", "arguments": {"command": "git ls-files"}}'
+    ids = action_ids(grammar, shell)
+    assert tokenizer.decode(ids[:-1]) == f"{TOOL_CALL_OPEN}{shell}\n</tool_call>"
+    pieces = [tokenizer.decode([i]) for i in ids]
+    # run_shell and run_tests part after "run_": the grammar forces "_" there, where BPE would say "_shell"
+    assert "_" in pieces and "_shell" not in pieces
+    assert "_shell" in [tokenizer.decode([i]) for i in tokenizer.encode(shell, add_special_tokens=False)]
+    with pytest.raises(CRRError, match="does not accept"):
+        action_ids(grammar, '{"name": "rm_rf", "arguments": {}}')
+
+
 def test_trl_assistant_only_rendering_agrees(data):
-    """TRL's own assistant-only tokenization (its {% generation %} training template) gives the same ids; its
-    mask differs only by the newline after each end-of-turn, which the policy never emits (generation stops
-    at <|im_end|>), so conversation.py's mask is the one trained on."""
+    """TRL's own assistant-only rendering (its {% generation %} training template) of the same messages is
+    the same text with the same spans trained, except that TRL also trains the newline after each
+    end-of-turn, which the policy never emits (generation stops at <|im_end|>)."""
     dataset, tokenizer, _ = data
     template = get_training_chat_template(tokenizer)
     row = dataset[0]
     messages = [{k: v for k, v in m.items() if v is not None} for m in row["messages"]]
     out = tokenizer.apply_chat_template(messages, tools=TOOL_SCHEMAS, chat_template=template, tokenize=True,
                                         return_dict=True, return_assistant_tokens_mask=True)
-    n = len(row["input_ids"])
-    assert out["input_ids"][:n] == row["input_ids"]
-    newline = tokenizer.encode("\n", add_special_tokens=False)
-    for i, (theirs, ours) in enumerate(zip(out["assistant_masks"][:n], row["assistant_masks"])):
-        if theirs != ours:
-            assert (theirs, ours) == (1, 0) and [row["input_ids"][i]] == newline
-            assert row["input_ids"][i - 1] == tokenizer.eos_token_id
+    theirs = [tokenizer.decode(r) for r in _masked_runs(out["input_ids"], out["assistant_masks"])]
+    ours = [tokenizer.decode(r) for r in _masked_runs(row["input_ids"], row["assistant_masks"])]
+    assert theirs == [text + "\n" for text in ours]
+    assert tokenizer.decode(out["input_ids"]).startswith(tokenizer.decode(row["input_ids"]))
 
 
 def _action_loss(model, dataset) -> float:
@@ -139,7 +172,8 @@ def test_sft_trains_on_actions_saves_and_is_deterministic(data, tiny, tmp_path):
     assert tokenizer.chat_template and tokenizer.padding_side == "left"
     assert json.loads((out / "crr_sft.json").read_text())["rows"] == 1
     assert _action_loss(trained, dataset) < _action_loss(base, dataset) - 0.3
-    changed = [name for name, p in trained.state_dict().items() if not torch.equal(p, base.state_dict()[name])]
+    base_weights = base.state_dict()
+    changed = [name for name, p in trained.state_dict().items() if not torch.equal(p, base_weights[name])]
     assert len(changed) > len(base.state_dict()) // 2
     losses = [r["loss"] for r in logs if "loss" in r]
     assert len(losses) == 3 * len(dataset) // settings.grad_accum  # every optimizer step logged
@@ -193,6 +227,16 @@ def test_sft_command_end_to_end_and_resume(tiny, micro_dir, tmp_path):
     assert len(run.records("expert.jsonl")) == 2
     resumed, _ = load_policy(run_dir / "model")
     assert all(torch.equal(v, resumed.state_dict()[k]) for k, v in weights.items())
+
+
+def test_cli_defaults_are_the_default_recipe():
+    from crr.cli import _SFT_DEFAULTS
+    from crr.policy.sft import SFTRecipe
+
+    recipe = SFTRecipe()
+    assert _SFT_DEFAULTS == {"tasks": recipe.tasks, "n_tasks": recipe.n_tasks,
+                             "episodes": recipe.data.episodes_per_task, "error_rate": recipe.data.expert.error_rate,
+                             "epochs": recipe.train.epochs, "lr": recipe.train.learning_rate}
 
 
 def test_sft_command_bad_input(tmp_path):

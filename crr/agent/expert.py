@@ -266,9 +266,11 @@ class _Planner:
         """A decoy module holding a copy of `function` identical to the one in `path`."""
         package = path.rsplit("/", 1)[0] if "/" in path else ""
         mine = _function_source(self.text(path), function)
+        if mine is None:
+            return None
         for name in LOOKALIKE_MODULES:
             other = f"{package}/{name}" if package else name
-            if mine is not None and other in self.files and _function_source(self.text(other), function) == mine:
+            if other in self.files and _function_source(self.text(other), function) == mine:
                 return other
         return None
 

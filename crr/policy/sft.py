@@ -4,17 +4,22 @@
     sft(default_model_dir(), data, out_dir, SFTSettings(epochs=3))   # load_policy(out_dir) then works
 
 Expert data. Each episode is planned by crr.agent.expert.explore_script and played through the same
-episode loop the policy's rollouts use (crr.agent.episode.play_calls), so a row holds exactly the token
-stream RL builds (crr.agent.conversation): the prompt rendered with the paper's system prompt and turn cap,
-each action as the tokenizer's encoding of its rendered tool call (what the policy learns to emit, and what
-the grammar allows at every free position), each observation as the chat template's tool turn. The
-verifier scores the final state and only episodes with reward 1 are kept; the fraction kept is recorded.
+episode loop the policy's rollouts use (crr.agent.episode.play_calls); the verifier scores the final state
+and only episodes with reward 1 are kept (the fraction kept is recorded). A row is the token stream RL
+builds for the same conversation (crr.agent.conversation): the prompt with the paper's system prompt and
+turn cap, each observation as the chat template's tool turn, and each action as ids the grammar-constrained
+sampler can emit (`action_ids`): the tokenizer's own encoding, except where the tool-call grammar forces
+its canonical token for a piece of structure. Plain chat-template tokenization would teach, for example,
+`"run` + `_shell`, while the grammar forces `_` there (run_shell and run_tests part after it): every
+run_* call of the warm-started policy would meet a grammar rejection and continue off its training
+distribution.
 
 Training. The rows are pre-tokenized (`input_ids`) with an `assistant_masks` column (1 on action tokens,
 end-of-turn included; 0 on the prompt and the observations), a format TRL's SFTTrainer takes as is: it
 folds the mask into `labels`, so the loss is on the tool calls only. Tokenizing here rather than letting
-TRL render `messages` keeps one definition of the layout (conversation.py) for SFT and RL alike; the
-`messages` and `tools` columns stay for auditing (they render to the same tokens).
+TRL render `messages` keeps one definition of the layout (conversation.py) for SFT and RL alike, with the
+sampler's action tokens; the `messages` and `tools` columns stay for auditing (their chat-template text is
+the rows' text).
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ from datasets import Dataset
 from transformers import PreTrainedTokenizerBase, PrinterCallback, TrainerCallback
 from transformers.utils import logging as hf_logging
 
+from crr.agent.conversation import INVALID_TOOL_NAME, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Conversation
 from crr.agent.episode import EpisodeConfig, play_calls
 from crr.agent.expert import ExpertConfig, call_json, explore_script
 from crr.agent.prompt import DEFAULT_MAX_TURNS, TOOL_SCHEMAS
-from crr.errors import CRRError
+from crr.errors import CRRError, SandboxError
+from crr.policy.grammar import ToolCallGrammar
 from crr.replay.base import ForkEngine
 from crr.rundir import RunDir
 from crr.tasks.schema import Task
@@ -51,7 +58,7 @@ EXPERT_FILE = "expert.jsonl"
 @dataclass
 class SFTSettings:
     """Every hyperparameter of the warm start (defaults: CPU, the tiny model, a few minutes per epoch)."""
-    epochs: float = 3.0
+    epochs: float = 2.0
     learning_rate: float = 1e-3          # a few-million-parameter model trained from random weights
     batch_size: int = 1                  # rows differ a lot in length: no padding waste at 1
     grad_accum: int = 1
@@ -59,7 +66,7 @@ class SFTSettings:
     lr_scheduler: str = "cosine"
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    max_length: int = 8192               # longer rows are dropped by build_sft_dataset, never truncated
+    max_length: int = 8192               # sft() refuses longer rows rather than let TRL cut their end off
     seed: int = 0                        # SFTRecipe.seed overrides it
     logging_steps: int = 1
     threads: int | None = None           # torch intra-op threads (None: torch's default)
@@ -75,7 +82,7 @@ class SFTSettings:
 
 @dataclass
 class ExpertDataSettings:
-    episodes_per_task: int = 2           # expert episodes per task, each with its own seed
+    episodes_per_task: int = 1           # expert episodes per task, each with its own seed
     max_turns: int = DEFAULT_MAX_TURNS   # H in the system prompt: the same cap the policy is evaluated with
     max_tokens: int = 8192               # drop longer episodes (a row must fit the model's context)
     workers: int = 2                     # episodes played concurrently (their commands are processes)
@@ -90,23 +97,77 @@ class ExpertDataSettings:
 
 # ----------------------------------------------------------------------------- expert data
 
-def expert_episode(task: Task, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase, seed: int,
+def action_ids(grammar: ToolCallGrammar, call: str) -> list[int]:
+    """The ids of an action (`<tool_call>\n{call}\n</tool_call>` and the end-of-turn) that the constrained
+    sampler can emit, as close to the tokenizer's own encoding as the grammar allows: at a position where
+    the grammar forces a token, that token, and the rest re-encoded from there."""
+    tokenizer = grammar.tokenizer
+    rest = (TOOL_CALL_OPEN + call + TOOL_CALL_CLOSE).encode()
+    matcher, ids, plan = grammar.matcher(), [], []
+    while rest:
+        token = matcher.forced_token
+        if token is None:
+            plan = plan or tokenizer.encode(rest.decode(), add_special_tokens=False)
+            token = plan.pop(0)
+            if not matcher.allowed()[token]:  # never seen in practice; the grammar's own longest match
+                allowed = matcher.allowed()
+                token = max((i for i, piece in enumerate(grammar.token_bytes)
+                             if piece and rest.startswith(piece) and allowed[i]),
+                            key=lambda i: len(grammar.token_bytes[i]), default=None)
+                plan = []
+        else:
+            plan = []  # the forced token moved the boundary: re-encode what follows it
+        if token is None or not rest.startswith(grammar.token_bytes[token]):
+            raise CRRError(f"the tool-call grammar does not accept {call[:80]!r}")
+        matcher.advance(token)
+        ids.append(token)
+        rest = rest[len(grammar.token_bytes[token]):]
+    if not matcher.allowed()[grammar.eos_token_id]:
+        raise CRRError(f"the tool-call grammar does not accept {call[:80]!r} as a complete call")
+    return ids + [grammar.eos_token_id]
+
+
+def sft_row(grammar: ToolCallGrammar, messages: list[dict]) -> dict:
+    """`input_ids` and `assistant_masks` of a conversation (system, user, then actions and observations,
+    ending with an action), laid out by crr.agent.conversation with the sampler's action ids."""
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    conv = Conversation(grammar.tokenizer, messages[:first])
+    for message in messages[first:]:
+        if message["role"] == "assistant":
+            if not message.get("tool_calls"):
+                raise CRRError("an SFT conversation holds parsed tool calls only, not raw assistant text")
+            fn = message["tool_calls"][0]["function"]
+            call = f'{{"name": "{fn["name"]}", "arguments": {fn["arguments"]}}}'
+            conv.add_action(call, action_ids(grammar, call))
+        else:
+            name = message.get("name")
+            conv.add_observation(message["content"], None if name == INVALID_TOOL_NAME else name)
+    return {"input_ids": conv.token_ids(), "assistant_masks": [0] * len(conv.prompt_ids) + conv.env_mask}
+
+
+def expert_episode(task: Task, engine: ForkEngine, grammar: ToolCallGrammar, seed: int,
                    settings: ExpertDataSettings) -> tuple[dict, dict]:
-    """Plan and play one expert episode; returns (row, record): the SFT row and what the run keeps."""
-    with engine.start(task) as sandbox:  # read-only: the plan looks at the files at base_commit
-        plan = explore_script(task, sandbox, seed, settings.expert)
+    """Plan and play one expert episode; returns (row, record): the SFT row (None if the sandbox failed)
+    and what the run keeps."""
+    try:
+        with engine.start(task) as sandbox:  # scratch: the plan reads files and tries wrong fixes there
+            plan = explore_script(task, sandbox, seed, settings.expert)
+    except SandboxError as e:  # an infrastructure failure: labelled, never a failed expert episode
+        return None, {"instance_id": task.instance_id, "seed": seed, "reward": None,
+                      "end_reason": "infra_error", "infra_error": str(e), "steps": 0, "wrong_edit": None,
+                      "tokens": 0, "action_tokens": 0, "calls": []}
     config = EpisodeConfig(max_turns=settings.max_turns, snapshots=False)
-    traj = play_calls(task, engine, tokenizer, [call_json(c) for c in plan.calls], config)
-    conv = traj.conversation(tokenizer)
-    ids = conv.token_ids()
-    mask = [0] * len(conv.prompt_ids) + conv.env_mask
+    traj = play_calls(task, engine, grammar.tokenizer, [call_json(c) for c in plan.calls], config)
+    messages = traj.conversation(grammar.tokenizer).messages
+    tokens = sft_row(grammar, messages)
+    ids, mask = tokens["input_ids"], tokens["assistant_masks"]
     record = {"instance_id": task.instance_id, "seed": seed, "reward": traj.reward,
               "end_reason": traj.end_reason, "infra_error": traj.infra_error, "steps": len(traj.steps),
               "wrong_edit": plan.wrong_edit,
               "tokens": len(ids), "action_tokens": sum(mask),
               "calls": [s.call["name"] if s.call else None for s in traj.steps]}
-    row = {"instance_id": task.instance_id, "seed": seed, "messages": conv.messages,
-           "tools": json.dumps(TOOL_SCHEMAS), "input_ids": ids, "assistant_masks": mask}
+    row = {"instance_id": task.instance_id, "seed": seed, "messages": messages,
+           "tools": json.dumps(TOOL_SCHEMAS), **tokens}
     return row, record
 
 
@@ -122,9 +183,10 @@ def build_sft_dataset(tasks: list[Task], engine: ForkEngine, seed: int, tokenize
     if not tasks:
         raise CRRError("no tasks to build expert data from")
     jobs = [(task, seed * 1000 + k) for task in tasks for k in range(settings.episodes_per_task)]
+    grammar = ToolCallGrammar(tokenizer)
 
     def one(job: tuple[Task, int]) -> tuple[dict, dict]:
-        row, record = expert_episode(job[0], engine, tokenizer, job[1], settings)
+        row, record = expert_episode(job[0], engine, grammar, job[1], settings)
         record["kept"] = record["reward"] == 1.0 and record["tokens"] <= settings.max_tokens
         if run is not None:
             run.append(EXPERT_FILE, record)
@@ -288,7 +350,7 @@ MODEL_DIR = "model"
 class SFTRecipe:
     """Everything `crr sft` does, in one config (written to the run directory as config.yaml)."""
     tasks: str = "micro-train"         # anything crr.tasks.loaders.load_tasks takes
-    n_tasks: int | None = None         # the first N tasks only
+    n_tasks: int | None = 160          # the first N tasks (a micro set is generated that large if need be)
     seed: int = 0                      # the expert's episodes and the trainer
     engine: str = "local"
     data: ExpertDataSettings = field(default_factory=ExpertDataSettings)
@@ -315,14 +377,17 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
     Metrics go to run/metrics.jsonl (one record per logging step: the loss curve)."""
     from crr.policy.model import load_policy
     from crr.replay import get_engine
-    from crr.tasks.loaders import load_tasks
+    from crr.tasks.loaders import MICRO_DEFAULT_N, MICRO_SETS, load_micro, load_tasks
 
     data_dir = run.path / DATA_DIR
     if (data_dir / "dataset_info.json").is_file():
         dataset = Dataset.load_from_disk(str(data_dir))
         log.info("resuming with the %d expert conversations saved in %s", len(dataset), data_dir)
     else:
-        tasks = load_tasks(recipe.tasks)[:recipe.n_tasks]
+        if recipe.tasks in MICRO_SETS and (recipe.n_tasks or 0) > MICRO_DEFAULT_N:
+            tasks = load_micro(MICRO_SETS[recipe.tasks], n=recipe.n_tasks)  # extends the default set
+        else:
+            tasks = load_tasks(recipe.tasks)[:recipe.n_tasks]
         with _quiet_hf():
             _, tokenizer = load_policy(model_dir)
         engine = get_engine(recipe.engine)
