@@ -393,7 +393,7 @@ def test_overlay_unavailable_falls_back_to_copies_once(task, tmp_path, caplog):
 def test_commands_see_the_repository_at_a_fixed_path(engine, task):
     """No host path reaches an observation: the same state reads the same in every sandbox."""
     with engine.start(task) as a, engine.start(task) as b:
-        outputs = [sb.exec("pwd; echo $TMPDIR; touch /tmp/scratch; ls /tmp").output for sb in (a, b)]
-        assert outputs[0] == outputs[1] == "/testbed\n/tmp\nhome\nscratch\n"
+        outputs = [sb.exec('pwd; echo $TMPDIR; touch "$TMPDIR/scratch"; ls "$TMPDIR"').output for sb in (a, b)]
+        assert outputs[0] == outputs[1] == "/testbed\n/tmp/crr-sandbox\nhome\nscratch\n"
         assert a.repo_dir == "/testbed"
         assert a.read_file("/testbed/pkg/core.py") == a.read_file("pkg/core.py")

@@ -4,7 +4,7 @@ Preliminaries, "forkable at horizon h"; the fork cost is Appendix "Rollout-Dispa
 Each sandbox is an overlay workspace (crr.replay.overlay) over the task's cached base checkout, so
 a snapshot copies only the diff and a restore is one mount: a fork costs milliseconds. Commands run
 with bash in the repository root. Where mount namespaces work (root), each command sees the
-repository at /testbed and its scratch space at /tmp, as in a SWE-bench image: observations then
+repository at /testbed (as in a SWE-bench image) and its scratch space at /tmp/crr-sandbox: observations then
 never carry a host path, so the same seed gives the same trajectories in any sandbox on any engine.
 
 What each command is held to (probed once per process; a missing piece is logged once):
@@ -20,7 +20,8 @@ What each command is held to (probed once per process; a missing piece is logged
   enters a sandbox's network namespace (setns) before spawning its command;
 - per-process RLIMIT_AS (memory), RLIMIT_FSIZE (runaway files) and RLIMIT_CORE = 0;
 - a mount namespace per sandbox in which its workspace is bound at /testbed and its scratch
-  directory at /tmp (the host's /testbed is only an empty mount point, made once). Like the network
+  directory at FIXED_TMP_DIR (on the host both are empty mount points, made once; /tmp itself stays
+  the host's, since crr's own interpreter may live there). Like the network
   namespace it is made once, on the spawner thread with mount(2) (no process per command), and the
   spawner enters it before starting each command.
 Without root only the session, the timeout kill, the rlimits and plain copies remain.
@@ -65,6 +66,7 @@ OWNER_FILE = "crr-owner.json"  # marks an engine dir as crr's and names the proc
 _PREFIX = "crr-engine-"
 _GRACE_S = 0.5  # between SIGTERM and SIGKILL at a timeout
 FIXED_REPO_DIR = "/testbed"  # where commands see the repository, as in SWE-bench images
+FIXED_TMP_DIR = "/tmp/crr-sandbox"  # and their scratch space (TMPDIR, HOME)
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _CLONE_NEWNET, _CLONE_NEWNS, _CLONE_FS, _SIOCSIFFLAGS, _IFF_UP = 0x40000000, 0x20000, 0x200, 0x8914, 0x1
 _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
@@ -241,6 +243,7 @@ class LocalEngine:
             return None
         try:
             os.makedirs(FIXED_REPO_DIR, exist_ok=True)
+            os.makedirs(FIXED_TMP_DIR, exist_ok=True)
             host = self._spawner.submit(_own_fs_context).result()
             os.close(self._spawner.submit(_new_mntns, host, str(self.dir), str(self.dir)).result())
             return host
@@ -285,7 +288,7 @@ class LocalSandbox:
         self._engine, self._dir, self._namespaces = engine, sb_dir, namespaces
         fixed = _CLONE_NEWNS in namespaces
         self.repo_dir = FIXED_REPO_DIR if fixed else str(workspace.tree)
-        tmp = "/tmp" if fixed else str(sb_dir / "tmp")
+        tmp = FIXED_TMP_DIR if fixed else str(sb_dir / "tmp")
         self._env = {
             "PATH": f"{os.path.dirname(sys.executable)}:{_SYSTEM_PATH}",
             "HOME": f"{tmp}/home", "TMPDIR": tmp, "LANG": "C.UTF-8", "TZ": "UTC",
@@ -559,13 +562,13 @@ def _own_fs_context() -> int:
 
 def _new_mntns(host: int, tree: str, tmp: str) -> int:
     """On the spawner thread: a mount namespace (made from the host's, so no other sandbox's binds
-    come along) where `tree` is FIXED_REPO_DIR and `tmp` is /tmp; an fd on it."""
+    come along) where `tree` is FIXED_REPO_DIR and `tmp` is FIXED_TMP_DIR; an fd on it."""
     _check(_libc.setns(host, _CLONE_NEWNS))
     try:
         _check(_libc.unshare(_CLONE_NEWNS))
         _check(_libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None))  # nothing leaks to the host
         _check(_libc.mount(tree.encode(), FIXED_REPO_DIR.encode(), None, _MS_BIND, None))
-        _check(_libc.mount(tmp.encode(), b"/tmp", None, _MS_BIND, None))
+        _check(_libc.mount(tmp.encode(), FIXED_TMP_DIR.encode(), None, _MS_BIND, None))
         return os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     finally:
         _check(_libc.setns(host, _CLONE_NEWNS))
