@@ -811,13 +811,13 @@ def sft_command(
     kept = {"n": 0}
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.fields[note]}"), console=err_console)
-    bars = {"expert": progress.add_task("expert episodes", total=None, note=""),
+    bars = {"expert": progress.add_task("expert episodes", total=None, note="", visible=False),
             "train": progress.add_task("SFT steps", total=None, note="", start=False)}
 
     def report(stage: str, done: int, total: int, record: dict) -> None:
         if stage == "expert":
             kept["n"] += record["kept"]
-            progress.update(bars["expert"], completed=done, total=total, note=f"kept {kept['n']}")
+            progress.update(bars["expert"], completed=done, total=total, note=f"kept {kept['n']}", visible=True)
             return
         progress.start_task(bars["train"])  # no-op once started: its clock counts training only
         if total > 0:
