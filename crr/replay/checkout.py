@@ -30,6 +30,15 @@ def _git(*args: str, cwd: Path | None = None) -> str:
     return out.stdout
 
 
+def publish(built: Path, dest: Path) -> None:
+    """Move a freshly built cache entry into place; if another process got there first, keep theirs."""
+    try:
+        os.rename(built, dest)
+    except OSError:
+        if not dest.is_dir():
+            raise
+
+
 def base_checkout(task: Task) -> Path:
     """Path of a clean checkout of `task.repo_src` at `task.base_commit` (with its .git)."""
     if not task.repo_src:
@@ -49,11 +58,7 @@ def base_checkout(task: Task) -> Path:
     try:
         _git("clone", "-q", "--no-checkout", str(src), str(tmp / "repo"))
         _git("-c", "advice.detachedHead=false", "checkout", "-q", task.base_commit, cwd=tmp / "repo")
-        try:
-            os.rename(tmp / "repo", dest)
-        except OSError:
-            if not dest.is_dir():  # lost a race to another process: theirs is as good as ours
-                raise
+        publish(tmp / "repo", dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest

@@ -59,7 +59,7 @@ from docker.types import Mount
 
 from crr.errors import CRRError, SandboxError
 from crr.replay.base import BoundedOutput, ExecResult, Snapshot
-from crr.replay.checkout import base_checkout, cache_root
+from crr.replay.checkout import base_checkout, cache_root, publish
 from crr.replay.overlay import Layer, OverlayWorkspace, mounts_under, process_start, unmount
 from crr.tasks.schema import Task
 
@@ -581,11 +581,7 @@ class DockerEngine:
                         raise SandboxError(f"extracting {REPO_DIR} of {image} failed: {err.decode()[-300:]}")
                 finally:
                     container.remove(force=True)
-            try:
-                os.rename(tmp / REPO_DIR.lstrip("/"), dest)
-            except OSError:
-                if not dest.is_dir():  # lost a race to another process: theirs is as good as ours
-                    raise
+            publish(tmp / REPO_DIR.lstrip("/"), dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return dest
