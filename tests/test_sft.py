@@ -34,13 +34,7 @@ from crr.tasks.micro import generate_micro
 LEAN = ExpertConfig(p_list=0.0, p_full_tests=0.0, p_final_suite=0.0, max_decoy_views=1, error_rate=0.5)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """On 2 busy cores OpenMP threads spin against each other; one thread is faster and reproducible."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +63,21 @@ def data(tiny, micro_dir, tmp_path_factory):
     finally:
         engine.close()
     return dataset, tokenizer, run
+
+
+def test_expert_data_is_deterministic(data, micro_dir):
+    """Same tasks, same seed: the same rows token for token (observations hold no host path or timing)."""
+    from crr.tasks.loaders import load_tasks
+
+    dataset, tokenizer, _ = data
+    engine = get_engine("local")
+    try:
+        again = build_sft_dataset(load_tasks(str(micro_dir))[:1], engine, seed=0, tokenizer=tokenizer,
+                                  settings=ExpertDataSettings(episodes_per_task=1, expert=LEAN, workers=1))
+    finally:
+        engine.close()
+    assert again[0]["input_ids"] == dataset[0]["input_ids"]
+    assert again[0]["messages"] == dataset[0]["messages"]
 
 
 def _masked_runs(ids: list[int], mask: list[int]) -> list[list[int]]:
