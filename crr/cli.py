@@ -314,6 +314,53 @@ def tasks_micro(
     console.print(f"{flaky} with a labelled flaky test; wrote {Path(out) / 'tasks.jsonl'}", highlight=False)
 
 
+@tasks_app.command("synth")
+@friendly
+def tasks_synth(
+    package: list[str] = typer.Option([], "--package", help="NAME==VERSION of a PyPI package whose sdist "
+                                      "carries its tests (repeatable)."),
+    curated: bool = typer.Option(False, "--curated", help="Every package of crr/tasks/packages.yaml."),
+    n: int = typer.Option(2, "--n", help="Tasks per package (at most)."),
+    out: Path = typer.Option(..., "--out", help="New (or empty) directory for tasks.jsonl; an interrupted "
+                             "run's directory resumes."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the order bugs are tried in and of the issue texts."),
+    requires: list[str] = typer.Option([], "--requires", help="Extra test requirement for --package, e.g. "
+                                       "hypothesis==6.100.0 (repeatable)."),
+    engine: str = typer.Option("local", "--engine", help="Sandbox engine for the test runs: local or docker."),
+    max_candidates: int = typer.Option(30, "--max-candidates", help="Candidate bugs run per package."),
+) -> None:
+    """Tasks from real packages: the sdist becomes a git repository, its own test suite runs in a
+    sandbox, SWE-smith's procedural modifiers inject bugs, and bugs that break passing tests become
+    SWE-bench rows (F2P/P2P measured, issue text from the failing test)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from crr.tasks.synth import curated as curated_packages
+    from crr.tasks.synth import parse_package, synthesise
+
+    specs = [parse_package(p, tuple(requires)) for p in package] + (curated_packages() if curated else [])
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
+                  TimeElapsedColumn(), console=err_console) as bar:
+        jobs: dict[str, int] = {}
+
+        def progress(state) -> None:
+            if state.package not in jobs:
+                jobs[state.package] = bar.add_task(state.package, total=n, note="")
+            bar.update(jobs[state.package], completed=state.tasks,
+                       note=f"{state.candidates} candidate bugs tried")
+
+        tasks = synthesise(specs, out, n=n, seed=seed, engine=engine, max_candidates=max_candidates,
+                           progress=progress)
+    table = Table(title=f"{len(tasks)} tasks from {len(specs)} package(s)")
+    for col in ("instance_id", "bug", "#F2P", "#P2P"):
+        table.add_column(col, justify="right" if col.startswith("#") else "left")
+    for t in tasks:
+        table.add_row(t.instance_id, f"{t.metadata['bug_strategy']} in {t.metadata['buggy_entity']}",
+                      str(len(t.FAIL_TO_PASS)), str(len(t.PASS_TO_PASS)))
+    console.print(table)
+    console.print(f"wrote {Path(out) / 'tasks.jsonl'}", highlight=False)
+
+
 @tasks_app.command("show")
 @friendly
 def tasks_show(
@@ -398,6 +445,9 @@ def filter_tasks_command(
     seed: int | None = typer.Option(None, "--seed", help="Seed of the reruns' hash seeds and test orders "
                                     "(default 0)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per test run (default 1800)."),
+    record_http: bool = typer.Option(False, "--record-http", help="First run each task with an environment "
+                                     "once with the gold patch and network, recording its HTTP traffic; "
+                                     "every other run replays it with no network."),
 ) -> None:
     """Filter a task set: pre-check, then the gold patch rerun --reruns times per task; writes
     admitted.jsonl, discarded.jsonl, infra_errors.jsonl and the discard table into a run directory."""
@@ -406,7 +456,8 @@ def filter_tasks_command(
     from crr.filter import filter_config, filter_tasks, open_run
 
     run, settings, candidates = open_run({"tasks": tasks, "engine": engine, "mode": mode, "reruns": reruns,
-                                          "limit": limit, "seed": seed, "timeout": timeout}, out, resume)
+                                          "limit": limit, "seed": seed, "timeout": timeout,
+                                          "record_http": record_http or None}, out, resume)
     err_console.print(f"run directory: {run.path}", highlight=False, soft_wrap=True)
     progress, on_start, on_result = _filter_progress()
     try:
@@ -879,8 +930,9 @@ def train_command(
             f"±{fmt(r['adv_std'], '.3f')} nz {fmt(r['adv_nonzero'])} | sel {r['selected']} hits {r['selector_hits']}"
             f" forks {led['forks']} contrasts {r['contrasts']}"
             + (f" replaced {r['replaced']}" if r.get("replaced") is not None else "")
-            + f" | fork share {r['fork_share']:.1%} | {led['wall_s']:.1f}s (roll {led['rollout_s']:.1f} "
-            f"cf {led['fork_s'] + led['cf_rollout_s'] + led['cf_test_s']:.1f} upd {led['update_s']:.1f}) | "
+            + f" | fork share {r['fork_share']:.1%} cf share {r['cf_share']:.1%} | {led['wall_s']:.1f}s (roll "
+            f"{led['rollout_s']:.1f} fork {led['fork_s']:.1f} cf {led['cf_rollout_s'] + led['cf_test_s']:.1f} "
+            f"upd {led['update_s']:.1f}) | "
             f"traj {cum['trajectories']} tok {cum['generated_tokens_all']}", highlight=False, soft_wrap=True)
 
     summary = train(cfg, run, checkpoint, on_iteration=line)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time set-up for a fresh machine, idempotent; both `make main` and `make test` run it.
-#  - the Python environment (.venv) with crr and its dev tools (torch 2.13.0 is the CPU build);
+#  - the Python environment (.venv) with crr, its dev tools and the synth extra (SWE-smith; torch
+#    2.13.0 is the CPU build);
 #  - Docker (Debian's docker.io) with dockerd running, when we are root and it is missing;
 #  - crr's sandbox base image, built without a registry (scripts/build-base-image.sh).
 # Set CRR_SKIP_DOCKER=1 to skip the Docker parts (the local fork engine needs none of them).
@@ -15,7 +16,7 @@ stamp=.venv/.crr-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "[setup] installing crr and its dependencies into .venv (first time: a few minutes)"
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[dev]'
+  .venv/bin/pip install -q -e '.[dev,synth]'
   touch "$stamp"
 fi
 

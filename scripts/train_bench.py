@@ -4,8 +4,8 @@ preset, and the fork share of a CRR iteration (paper: 1.71x microbatch latency; 
     .venv/bin/python scripts/train_bench.py --updates 3 [key=value overrides...]
 
 Runs `crr train` for each method with the same seed and config into a temporary directory and reads the
-ledgers: mean iteration wall_s per method, their ratio, and the CRR fork share
-(fork_s + cf_rollout_s + cf_test_s) / wall_s.
+ledgers: mean iteration wall_s and phase seconds per method, their ratio, the fork share fork_s / wall_s
+(snapshot, restore and materialisation) and the counterfactual share (fork_s + cf_rollout_s + cf_test_s) / wall_s.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import tempfile
 
 from crr.train.config import load_config, parse_overrides
+from crr.train.ledger import PHASES
 from crr.train.trainer import start_run, train
 
 
@@ -32,8 +33,11 @@ def main() -> None:
         train(cfg, run)
         its = json.loads((run.path / "ledger.json").read_text())["iterations"]
         wall = sum(i["wall_s"] for i in its) / len(its)
-        fork = sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its) / sum(i["wall_s"] for i in its)
-        result[method] = {"iteration_wall_s": wall, "fork_share": fork, "forks": sum(i["forks"] for i in its)}
+        total = sum(i["wall_s"] for i in its)
+        result[method] = {"iteration_wall_s": wall, "forks": sum(i["forks"] for i in its),
+                          **{k: sum(i[k] for i in its) / len(its) for k in PHASES},
+                          "fork_share": sum(i["fork_s"] for i in its) / total,
+                          "cf_share": sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its) / total}
     result["crr_over_grpo"] = result["crr"]["iteration_wall_s"] / result["grpo"]["iteration_wall_s"]
     print(json.dumps(result, indent=2))
 

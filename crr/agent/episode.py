@@ -52,7 +52,7 @@ from transformers import PreTrainedTokenizerBase
 
 from crr.agent.conversation import Conversation, initial_messages
 from crr.agent.prompt import DEFAULT_MAX_TURNS
-from crr.agent.tools import ToolCallError, execute, parse_tool_call, tool_type_score
+from crr.agent.tools import Observation, ToolCall, ToolCallError, execute, parse_tool_call, tool_type_score
 from crr.agent.verifier import VERIFY_TIMEOUT_S, verify
 from crr.errors import CRRError, SandboxError
 from crr.policy.backend import GenerationBackend, StepSample
@@ -111,6 +111,7 @@ class Step:
     exec_s: float
     snapshot_ms: float | None = None  # time to snapshot s_t
     digest: str | None = None         # tree_digest(s_t), when recorded
+    resampled: bool = False           # the observation is injected replay noise (crr.train.replay_noise)
 
 
 @dataclass
@@ -196,6 +197,9 @@ class Episode:
         self.sandbox: Sandbox | None = None
         self.conversation: Conversation | None = None
         self.max_context = config.max_context_tokens or tokenizer.model_max_length
+        # What the agent reads of an executed call: (t, call, real output) -> output; counterfactual
+        # branches set it to inject replay noise (crr.train.replay_noise), everything else reads the real one.
+        self.observe: Callable[[int, ToolCall, Observation], Observation] | None = None
         self._start = time.monotonic()
 
     @property
@@ -238,7 +242,9 @@ class Episode:
         context_matches = None if sample is None else sample.prompt_ids == self.conversation.context_ids(t)
         try:
             snapshot_ms, digest = self._record_state(t, terminal_call)
-            obs = execute(self.sandbox, call) if call is not None else None
+            obs = real = execute(self.sandbox, call) if call is not None else None
+            if obs is not None and self.observe is not None:
+                obs = self.observe(t, call, obs)
         except CRRError as e:  # the sandbox failed, not the agent
             self._infra(f"step {t}: {e}")
             return None
@@ -265,7 +271,7 @@ class Episode:
             tool_type=tool_type_score(call) if call is not None else None,
             temperature=sample.temperature if sample else 0.0, sample_seed=sample_seed,
             context_matches=context_matches, gen_s=gen_s, exec_s=time.perf_counter() - start,
-            snapshot_ms=snapshot_ms, digest=digest)
+            snapshot_ms=snapshot_ms, digest=digest, resampled=obs is not real)
         self.traj.steps.append(step)
         return step
 

@@ -13,6 +13,13 @@ replays deterministically, so candidate tasks whose held-out tests flake are dro
 A sandbox that fails (missing image or bundle, dead container, the verifier's infra_error) says
 nothing about the task: it is an infrastructure error, neither admitted nor discarded.
 
+Network replay (tasks with an environment, crr.replay.mirror / crr.replay.http): every sandbox
+above has no network and replays HTTP from the task's cassette. With `record_http`, a recording run
+comes first: the gold patch in a sandbox of a second engine that has the network (the one door),
+recording every request into `cassettes/<id>.yaml` in the run directory; the admitted row points
+to it. A request with no recording in any gold rerun excludes the task (`http_request_not_recorded`),
+as one that makes a PASS_TO_PASS test fail in the pre-check does.
+
 The run directory holds the append-only `results.jsonl` (one record per finished task, written as it
 finishes, so a crash or Ctrl-C loses only the tasks in flight) and, rebuilt from it at the end of
 every run or resume, `admitted.jsonl` (task rows for `crr train`), `discarded.jsonl`,
@@ -22,13 +29,14 @@ every run or resume, `admitted.jsonl` (task rows for `crr train`), `discarded.js
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -38,7 +46,8 @@ from crr.agent.verifier import MAX_HASH_SEED, VERIFY_TIMEOUT_S, VerifierResult, 
 from crr.errors import CRRError
 from crr.replay import ENGINES, get_engine
 from crr.replay.base import ForkEngine
-from crr.rundir import RunDir
+from crr.replay.http import Traffic, collect
+from crr.rundir import RunDir, atomic_write_text
 from crr.tasks.loaders import load_tasks, write_tasks
 from crr.tasks.schema import Task
 
@@ -53,6 +62,8 @@ P2P_FAILS_BEFORE_GOLD = "pass_to_pass_fails_before_gold"
 GOLD_DOES_NOT_APPLY = "gold_patch_does_not_apply"
 NONDETERMINISTIC = "nondeterministic"
 FAILS_UNDER_GOLD = "fails_under_gold"
+HTTP_NOT_RECORDED = "http_request_not_recorded"
+CASSETTES = "cassettes"
 MAX_RERUNS = 100
 
 
@@ -65,6 +76,7 @@ class FilterConfig:
     reruns: int = 3
     seed: int = 0                      # run seeds derive from (seed, instance_id)
     timeout: float = VERIFY_TIMEOUT_S  # per test run
+    record_http: bool = False          # record HTTP in a gold run with network first (module doc)
 
     def __post_init__(self) -> None:
         if not 2 <= self.reruns <= MAX_RERUNS:
@@ -88,8 +100,11 @@ def run_seeds(instance_id: str, config: FilterConfig) -> list[int]:
 
 # ------------------------------------------------------------------------------------ one task
 
-def check_task(engine: ForkEngine, task: Task, config: FilterConfig) -> dict:
-    """Pre-check and reruns of one task; returns its results.jsonl record (module doc)."""
+def check_task(engine: ForkEngine, task: Task, config: FilterConfig, recorder: ForkEngine | None = None,
+               cassettes: Path | None = None) -> dict:
+    """Pre-check and reruns of one task; returns its results.jsonl record (module doc). With a
+    `recorder` (an engine made with record_http=True), a task with an environment is first run
+    with the gold patch there and its HTTP traffic saved under `cassettes`."""
     start = time.monotonic()
     pre_seed, *seeds = run_seeds(task.instance_id, config)
     record = {"instance_id": task.instance_id, "repo": task.repo, "seeds": [pre_seed, *seeds]}
@@ -101,7 +116,17 @@ def check_task(engine: ForkEngine, task: Task, config: FilterConfig) -> dict:
     if not task.FAIL_TO_PASS:
         return done(DISCARDED, NO_FAIL_TO_PASS, "no FAIL_TO_PASS test: no reward can tell a fix")
     try:
-        pre = _run(engine, task, pre_seed, gold=False, timeout=config.timeout)
+        if recorder is not None and task.mirror:
+            recording, traffic = _run(recorder, task, pre_seed, gold=True, timeout=config.timeout, recording=True)
+            if isinstance(recording, str):
+                return done(DISCARDED, GOLD_DOES_NOT_APPLY, recording)
+            if recording.infra_error:
+                return done(INFRA_ERROR, recording.infra_error, "recording run (gold patch, with network)")
+            if traffic.cassette:  # later runs replay it; the record keeps it relative to the run dir
+                replay = _save_cassette(cassettes, task.instance_id, traffic.cassette)
+                task = replace(task, http_replay=replay)
+                record["http_replay"] = {**replay, "cassette": f"{CASSETTES}/{Path(replay['cassette']).name}"}
+        pre, traffic = _run(engine, task, pre_seed, gold=False, timeout=config.timeout)
         if pre.infra_error:
             return done(INFRA_ERROR, pre.infra_error, "pre-check (no gold patch)")
         passing = {t: [pre.statuses[t]] for t in task.FAIL_TO_PASS if pre.statuses[t] == "PASSED"}
@@ -109,16 +134,20 @@ def check_task(engine: ForkEngine, task: Task, config: FilterConfig) -> dict:
             return done(DISCARDED, F2P_PASSES_BEFORE_GOLD, "FAIL_TO_PASS tests pass without the gold patch",
                         passing)
         failing = {t: [pre.statuses[t]] for t in task.PASS_TO_PASS if pre.statuses[t] != "PASSED"}
+        if failing and traffic.misses:
+            return done(DISCARDED, HTTP_NOT_RECORDED, _misses(traffic, "the pre-check"), failing)
         if failing:
             return done(DISCARDED, P2P_FAILS_BEFORE_GOLD, pre.note or "PASS_TO_PASS tests do not pass "
                         "without the gold patch (flaky, or mislabelled)", failing)
         runs: list[VerifierResult] = []
         for seed in seeds:
-            result = _run(engine, task, seed, gold=True, timeout=config.timeout)
+            result, traffic = _run(engine, task, seed, gold=True, timeout=config.timeout)
             if isinstance(result, str):
                 return done(DISCARDED, GOLD_DOES_NOT_APPLY, result)
             if result.infra_error:
                 return done(INFRA_ERROR, result.infra_error, f"rerun {len(runs) + 1} (seed {seed})")
+            if traffic.misses:
+                return done(DISCARDED, HTTP_NOT_RECORDED, _misses(traffic, f"rerun {len(runs) + 1}"))
             runs.append(result)
     except CRRError as e:  # the sandbox could not start or died under us (SandboxError included)
         return done(INFRA_ERROR, str(e))
@@ -136,9 +165,10 @@ def check_task(engine: ForkEngine, task: Task, config: FilterConfig) -> dict:
     return done(ADMITTED)
 
 
-def _run(engine: ForkEngine, task: Task, seed: int, gold: bool, timeout: float) -> VerifierResult | str:
-    """One verifier run in a fresh sandbox (the gold patch applied first when `gold`); a str says
-    why the gold patch did not apply."""
+def _run(engine: ForkEngine, task: Task, seed: int, gold: bool, timeout: float,
+         recording: bool = False) -> tuple[VerifierResult | str, Traffic]:
+    """One verifier run in a fresh sandbox (the gold patch applied first when `gold`) and its HTTP
+    traffic (crr.replay.http); a str says why the gold patch did not apply."""
     with engine.start(task) as sb:
         if gold and task.patch.strip():
             path = f"{SCRATCH_DIR}/gold.patch"  # inside .git: never part of the diff verify() takes
@@ -146,8 +176,26 @@ def _run(engine: ForkEngine, task: Task, seed: int, gold: bool, timeout: float) 
             sb.write_file(path, patch.encode())
             applied = sb.exec(f"git apply --verbose {path}", timeout=300)
             if applied.exit_code != 0:
-                return f"git apply of the gold patch failed: {applied.output.strip()[-400:]}"
-        return verify(sb, task, timeout=timeout, seed=seed)
+                return f"git apply of the gold patch failed: {applied.output.strip()[-400:]}", Traffic()
+        result = verify(sb, task, timeout=timeout, seed=seed)
+        return result, collect(sb, recording) if task.mirror else Traffic()
+
+
+def _save_cassette(cassettes: Path | None, instance_id: str, data: bytes) -> dict:
+    """The recorded cassette in the run directory; the task's http_replay field for it."""
+    if cassettes is None:
+        raise CRRError("recording HTTP needs a directory for the cassettes")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in instance_id)
+    path = cassettes / f"{safe}.yaml"
+    atomic_write_text(path, data.decode("utf-8"))
+    return {"cassette": str(path), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _misses(traffic: Traffic, where: str) -> str:
+    shown = ", ".join(f"{m['method']} {m['uri']}" for m in traffic.misses[:3])
+    more = f" and {len(traffic.misses) - 3} more" if len(traffic.misses) > 3 else ""
+    return (f"{where} made HTTP request(s) with no recording: {shown}{more} (sandboxes have no network; "
+            "record with --record-http, or drop the task)")
 
 
 # ------------------------------------------------------------------------------------ run directories
@@ -155,7 +203,7 @@ def _run(engine: ForkEngine, task: Task, seed: int, gold: bool, timeout: float) 
 COMMAND = "filter-tasks"
 # What a run is made of, stored in its config.yaml; None in `open_run`'s settings means "not given".
 DEFAULTS = {"tasks": None, "limit": None, "engine": "local", "mode": None, "reruns": 3, "seed": 0,
-            "timeout": VERIFY_TIMEOUT_S}
+            "timeout": VERIFY_TIMEOUT_S, "record_http": False}
 
 
 def open_run(settings: dict, out: Path | str, resume: Path | str | None = None
@@ -201,7 +249,8 @@ def filter_config(settings: dict) -> FilterConfig:
     if settings["limit"] is not None and settings["limit"] < 1:
         raise CRRError(f"--limit must be at least 1, got {settings['limit']}")
     return FilterConfig(engine=settings["engine"], engine_opts={"mode": mode} if mode else {},
-                        reruns=settings["reruns"], seed=settings["seed"], timeout=settings["timeout"])
+                        reruns=settings["reruns"], seed=settings["seed"], timeout=settings["timeout"],
+                        record_http=settings["record_http"])
 
 
 def _load(settings: dict) -> list[Task]:
@@ -255,9 +304,11 @@ def filter_tasks(tasks: Iterable[Task], run: RunDir, config: FilterConfig, worke
     start, finished = time.monotonic(), 0
     if todo:
         engine = get_engine(config.engine, **config.engine_opts)
+        recorder = get_engine(config.engine, **config.engine_opts, record_http=True) if config.record_http else None
         pool = ThreadPoolExecutor(workers, thread_name_prefix="crr-filter")
         try:
-            futures = [pool.submit(check_task, engine, task, config) for task in todo]
+            futures = [pool.submit(check_task, engine, task, config, recorder, run.path / CASSETTES)
+                       for task in todo]
             for future in as_completed(futures):
                 record = future.result()
                 run.append(RESULTS, record)
@@ -269,6 +320,8 @@ def filter_tasks(tasks: Iterable[Task], run: RunDir, config: FilterConfig, worke
         finally:  # also on Ctrl-C: queued tasks never start, sandboxes in flight are closed
             pool.shutdown(wait=False, cancel_futures=True)
             engine.close()
+            if recorder is not None:
+                recorder.close()
             pool.shutdown(wait=True)
     elapsed = time.monotonic() - start
     return write_outputs(run, tasks, tasks_per_min=60 * finished / elapsed if finished and elapsed else None)
@@ -288,7 +341,8 @@ def write_outputs(run: RunDir, tasks: Iterable[Task], tasks_per_min: float | Non
                        f"{unknown[0]}); resume a run with the task set it was started with")
     records = [latest[i] for i in sorted(latest)]
     verdicts = {v: [r for r in records if r["verdict"] == v] for v in (ADMITTED, DISCARDED, INFRA_ERROR)}
-    write_tasks([by_id[r["instance_id"]] for r in verdicts[ADMITTED]], run.path / "admitted.jsonl")
+    write_tasks([_admitted(by_id[r["instance_id"]], r, run) for r in verdicts[ADMITTED]],
+                run.path / "admitted.jsonl")
     for name, verdict in (("discarded.jsonl", DISCARDED), ("infra_errors.jsonl", INFRA_ERROR)):
         run.write_text(name, "".join(json.dumps(r, sort_keys=True) + "\n" for r in verdicts[verdict]))
     table = discard_table(records)
@@ -302,6 +356,12 @@ def write_outputs(run: RunDir, tasks: Iterable[Task], tasks_per_min: float | Non
                       tasks_per_min=tasks_per_min, run_dir=str(run.path))
     run.write_json("summary.json", asdict(summary))
     return summary
+
+
+def _admitted(task: Task, record: dict, run: RunDir) -> Task:
+    """The admitted row: the task, with the cassette its recording run saved (if any)."""
+    replay = record.get("http_replay")
+    return replace(task, http_replay={**replay, "cassette": str(run.path / replay["cassette"])}) if replay else task
 
 
 def discard_table(records: list[dict]) -> pd.DataFrame:

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from crr.errors import CRRError
@@ -40,7 +41,12 @@ def publish(built: Path, dest: Path) -> None:
 
 
 def base_checkout(task: Task) -> Path:
-    """Path of a clean checkout of `task.repo_src` at `task.base_commit` (with its .git)."""
+    """Path of a clean checkout of `task.repo_src` at `task.base_commit` (with its .git); a task
+    without repo_src but with an `sdist` (crr tasks synth) has its repository rebuilt from that."""
+    if not task.repo_src and task.sdist:
+        from crr.tasks.synth import materialise
+
+        task = replace(task, repo_src=str(materialise(task)))
     if not task.repo_src:
         raise CRRError(f"task {task.instance_id} has no repo_src, so it cannot be checked out locally; "
                        "give it a repo_src (a git repository or bundle) or run it with --engine docker "

@@ -20,6 +20,11 @@ overlay fork. PID 1 of every container is a small shell loop that runs action sc
 through a FIFO in a host directory bind-mounted at /run/crr, and streams their output back through
 another FIFO (~10 ms an action). Every container has no network, memory/CPU/pid limits, and the labels
 org.crr.owner=crr + engine id + owner pid, so `gc()` finds what crashed runs left, and only crr's.
+The one door is an engine made with `record_http=True` (the determinism filter's recording run,
+crr.replay.http): its containers share the host's network and record their HTTP traffic.
+
+A task with an environment (crr.replay.mirror) runs on a `crr-env:<key>` image instead of the base
+image: the base plus /opt/crr (lock, wheelhouse, venv), installed by a container with no network.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ import requests
 from docker.types import Mount
 
 from crr.errors import CRRError, SandboxError
+from crr.replay import http, mirror
 from crr.replay.base import BoundedOutput, ExecResult, Snapshot
 from crr.replay.checkout import base_checkout, cache_root, publish
 from crr.replay.overlay import Layer, OverlayWorkspace, mounts_under, process_start, unmount
@@ -68,7 +74,7 @@ log = logging.getLogger(__name__)
 REPO_DIR = "/testbed"
 CTL_DIR = "/run/crr"  # in every container: the host side of the command channel
 DEFAULT_BASE_IMAGE = "crr-base:bookworm"
-SNAPSHOT_REPO, TASK_REPO = "crr-snap", "crr-task"
+SNAPSHOT_REPO, TASK_REPO, ENV_REPO = "crr-snap", "crr-task", "crr-env"
 OWNER, ROLE, ENGINE, PID, PIDSTART, HOST, TASK = (
     f"org.crr.{k}" for k in ("owner", "role", "engine", "pid", "pidstart", "host", "task"))
 # What every action sees on top of the image's environment (the same as the local engine's).
@@ -191,16 +197,19 @@ class DockerSandbox:
         self.snapshot_id = snapshot_id  # the snapshot this sandbox was restored from (keeps it alive)
         self.workspace = workspace      # overlay mode only
         self.closed = False
+        self._env = DEFAULT_ENV if not task.mirror else {
+            **DEFAULT_ENV, **mirror.sandbox_env(mirror.ENV_ROOT, REPO_DIR, record=engine.record_http)}
         self._api = engine.api
         self._lock = threading.Lock()   # one action at a time: an action's end kills all processes
 
     # -- running commands ----------------------------------------------------------------------
 
     def exec(self, command: str, timeout: float = 60.0, env: dict[str, str] | None = None) -> ExecResult:
-        """Run `command` with bash in /testbed; `env` adds to or overrides DEFAULT_ENV."""
+        """Run `command` with bash in /testbed; `env` adds to or overrides DEFAULT_ENV (and the
+        variables of the task's environment)."""
         if timeout <= 0:
             raise CRRError(f"timeout must be positive, got {timeout}")
-        env = {**DEFAULT_ENV, **(env or {})}
+        env = {**self._env, **(env or {})}
         if bad := [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]:
             raise CRRError(f"invalid environment variable name(s) {bad}")
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
@@ -400,13 +409,14 @@ class DockerEngine:
 
     image: the base image for tasks without their own (default $CRR_BASE_IMAGE or crr-base:bookworm).
     pool_size: overlay mode, warm containers kept ready per image.
+    record_http: containers get the host's network and record HTTP (module doc).
     """
 
     name = "docker"
 
     def __init__(self, mode: Literal["commit", "overlay"] = "commit", image: str | None = None,
                  mem_limit: str = "2g", cpus: float = 1.0, pids_limit: int = 512,
-                 flatten_depth: int = 100, pool_size: int = 2):
+                 flatten_depth: int = 100, pool_size: int = 2, record_http: bool = False):
         if mode not in ("commit", "overlay"):
             raise CRRError(f"unknown docker fork mode {mode!r}; choose commit or overlay")
         if not 2 <= flatten_depth <= 120:
@@ -414,6 +424,7 @@ class DockerEngine:
                            f"got {flatten_depth}")
         self.mode, self.mem_limit, self.cpus, self.pids_limit = mode, mem_limit, cpus, pids_limit
         self.flatten_depth, self.pool_size = flatten_depth, max(0, pool_size)
+        self.record_http = record_http
         self.base_image = image or os.environ.get("CRR_BASE_IMAGE", DEFAULT_BASE_IMAGE)
         self.client = docker_client()
         self.api = self.client.api
@@ -436,11 +447,19 @@ class DockerEngine:
         self._check_open()
         if self.mode == "commit":
             image = self._task_image(task)
-            return self._commit_sandbox(task, image, depth=self._layers(image))
-        image = task.image or self.base_image
-        self._require_image(image, task)
-        lower = self._image_testbed(image) if task.image else base_checkout(task)
-        return self._overlay_sandbox(task, image, lambda root: OverlayWorkspace(root, lower))
+            sb = self._commit_sandbox(task, image, depth=self._layers(image))
+        else:
+            image = task.image or self._env_image(task)
+            self._require_image(image, task)
+            lower = self._image_testbed(image) if task.image else base_checkout(task)
+            sb = self._overlay_sandbox(task, image, lambda root: OverlayWorkspace(root, lower))
+        if task.mirror and not self.record_http:
+            try:
+                http.install_cassette(sb)
+            except BaseException:
+                sb.close()
+                raise
+        return sb
 
     def restore(self, snapshot: Snapshot) -> DockerSandbox:
         """An independent sandbox in exactly the state `snapshot` was taken in."""
@@ -527,11 +546,12 @@ class DockerEngine:
 
     def _task_image(self, task: Task) -> str:
         """The image a commit-mode sandbox of `task` starts from: the task's own image, or the base
-        image plus the base checkout at /testbed, committed once as a cached `crr-task:<key>`."""
+        (or env) image plus the base checkout at /testbed, committed once as a cached `crr-task:<key>`."""
         if task.image:
             self._require_image(task.image, task)
             return task.image
-        base_id = self._require_image(self.base_image, task)["Id"]
+        base = self._env_image(task)
+        base_id = self._require_image(base, task)["Id"]
         checkout = base_checkout(task)
         # Keyed by content (base image, commit), so tasks and runs with the same commit share it.
         key = hashlib.sha256(f"{base_id}\0{task.base_commit}".encode()).hexdigest()[:16]
@@ -541,7 +561,7 @@ class DockerEngine:
             return tag
         log.info("building %s for task %s from %s", tag, task.instance_id, checkout)
         with _docker_errors(f"build the image of task {task.instance_id}"):
-            container = self.client.containers.create(self.base_image, entrypoint=["true"], network_mode="none",
+            container = self.client.containers.create(base, entrypoint=["true"], network_mode="none",
                                                       labels={**self.labels, ROLE: "build"})
             try:  # a container that never starts takes the files, and commit makes them an image
                 with tempfile.TemporaryFile() as buf:
@@ -551,6 +571,43 @@ class DockerEngine:
                     container.put_archive("/", buf)
                 container.commit(TASK_REPO, key, changes=[f"WORKDIR {REPO_DIR}", *_label_changes(
                     {ROLE: "task", TASK: task.instance_id})])
+            finally:
+                container.remove(force=True)
+        return tag
+
+    def _env_image(self, task: Task) -> str:
+        """The image for a task's sandboxes (before /testbed): the base image, or for a task with an
+        environment the base plus /opt/crr installed from the wheelhouse with no network, committed
+        once as a cached `crr-env:<key>` (keyed by the base image and the environment)."""
+        if not task.mirror:
+            return self.base_image
+        lines = task.mirror["requirements"]
+        base_id = self._require_image(self.base_image, task)["Id"]
+        key = hashlib.sha256(f"{base_id}\0{mirror.environment_key(lines)}".encode()).hexdigest()[:16]
+        tag = f"{ENV_REPO}:{key}"
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            self.api.inspect_image(tag)
+            return tag
+        log.info("building %s (lock %s) for task %s", tag, mirror.digest(lines)[:12], task.instance_id)
+        script = mirror.install_script(mirror.ENV_ROOT, "/usr/bin/python3")
+        with tempfile.TemporaryDirectory() as staged, _docker_errors(f"build the environment of task "
+                                                                     f"{task.instance_id}"):
+            mirror.stage(lines, Path(staged) / "crr")
+            container = self.client.containers.create(self.base_image, entrypoint=["bash", "-c", script],
+                                                      network_mode="none", labels={**self.labels, ROLE: "build"})
+            try:
+                with tempfile.TemporaryFile() as buf:
+                    with tarfile.open(fileobj=buf, mode="w") as tar:
+                        tar.add(Path(staged) / "crr", arcname=mirror.ENV_ROOT.lstrip("/"), filter=_root_owned)
+                    buf.seek(0)
+                    container.put_archive("/", buf)
+                container.start()
+                status = container.wait(timeout=mirror.PIP_TIMEOUT_S)["StatusCode"]
+                if status != 0:
+                    logs = container.logs().decode("utf-8", errors="replace")
+                    raise SandboxError(f"installing the environment of task {task.instance_id} in {self.base_image} "
+                                       f"failed (exit {status}):\n{logs[-2000:]}")
+                container.commit(ENV_REPO, key, changes=_label_changes({ROLE: "task", TASK: task.instance_id}))
             finally:
                 container.remove(force=True)
         return tag
@@ -624,7 +681,8 @@ class DockerEngine:
             with _docker_errors(f"start a container from {image}"):
                 container = self.client.containers.create(
                     image, entrypoint=_PID1, command=[], name=name, labels={**self.labels, **labels},
-                    working_dir=REPO_DIR, network_mode="none", mem_limit=self.mem_limit,
+                    working_dir=REPO_DIR, network_mode="host" if self.record_http else "none",
+                    mem_limit=self.mem_limit,
                     nano_cpus=int(self.cpus * 1e9), pids_limit=self.pids_limit, mounts=mounts)
                 box.id = container.id
                 container.start()

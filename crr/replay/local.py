@@ -12,7 +12,9 @@ What each command is held to (probed once per process; a missing piece is logged
 - a fresh PID namespace (`unshare --pid --kill-child`): when the command's shell ends or is killed,
   the kernel kills everything it started, including processes that left the group with setsid;
 - a network namespace per sandbox with only its own loopback up: no network, yet tests that serve
-  on 127.0.0.1 work, and concurrent forks never contend for the same port;
+  on 127.0.0.1 work, and concurrent forks never contend for the same port. The one door is an engine
+  made with `record_http=True` (the determinism filter's recording run, crr.replay.http): its
+  sandboxes share the host's network and record their HTTP traffic;
 - a pids cgroup per engine (`pids.max`, cgroup v1): a fork bomb hits the cap, not the machine
   (RLIMIT_NPROC counts all of the user's processes and is not enforced for root at all). Commands
   are born in it: they are spawned from one thread that joined it once, because moving each new
@@ -23,7 +25,8 @@ What each command is held to (probed once per process; a missing piece is logged
   directory at FIXED_TMP_DIR (on the host both are empty mount points, made once; /tmp itself stays
   the host's, since crr's own interpreter may live there). Like the network
   namespace it is made once, on the spawner thread with mount(2) (no process per command), and the
-  spawner enters it before starting each command.
+  spawner enters it before starting each command. A task with an environment (crr.replay.mirror)
+  also gets its cached environment bound read-only at /opt/crr, as its Docker image has it.
 Without root only the session, the timeout kill, the rlimits and plain copies remain.
 """
 
@@ -54,6 +57,7 @@ from pathlib import Path
 from typing import Self
 
 from crr.errors import CRRError, SandboxError
+from crr.replay import http, mirror
 from crr.replay.base import BoundedOutput, ExecResult, Snapshot
 from crr.replay.checkout import base_checkout, cache_root
 from crr.replay.overlay import (CopyWorkspace, Layer, OverlayWorkspace, Workspace, mounts_under, overlay_unavailable,
@@ -69,7 +73,7 @@ FIXED_REPO_DIR = "/testbed"  # where commands see the repository, as in SWE-benc
 FIXED_TMP_DIR = "/tmp/crr-sandbox"  # and their scratch space (TMPDIR, HOME)
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _CLONE_NEWNET, _CLONE_NEWNS, _CLONE_FS, _SIOCSIFFLAGS, _IFF_UP = 0x40000000, 0x20000, 0x200, 0x8914, 0x1
-_MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
+_MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1, 0x20, 0x1000, 0x4000, 0x40000
 _libc = ctypes.CDLL(None, use_errno=True)
 _live: set[LocalEngine] = set()  # strong: an engine left unclosed still holds mounts until exit
 _warned: set[str] = set()
@@ -84,13 +88,15 @@ class LocalEngine:
 
     overlay: True requires overlayfs, False forces plain copies, None picks overlay when it works.
     mem_limit_mb / fsize_limit_mb are per-process rlimits; pids_limit caps the processes of all its
-    sandboxes together (their commands and everything those start).
+    sandboxes together (their commands and everything those start). record_http: sandboxes get the
+    host's network and record HTTP (crr.replay.http); only the determinism filter's recording run.
     """
 
     name = "local"
 
     def __init__(self, workdir: Path | None = None, overlay: bool | None = None, mem_limit_mb: int = 2048,
-                 fsize_limit_mb: int = 1024, pids_limit: int = 1024):
+                 fsize_limit_mb: int = 1024, pids_limit: int = 1024, record_http: bool = False):
+        self.record_http = record_http
         self.workdir = Path(workdir) if workdir else default_workdir()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.mode = "copy" if overlay is False else "overlay"
@@ -111,7 +117,7 @@ class LocalEngine:
         self._cgroup = self._join_pids_cgroup(pids_limit)
         self._netns = self._probe_netns()
         self._host_mntns = self._probe_mntns()  # an fd on the host's mount namespace, or None
-        self.enforced = {"pid_namespace": bool(self._unshare), "net_namespace": self._netns,
+        self.enforced = {"pid_namespace": bool(self._unshare), "net_namespace": self._netns and not record_http,
                          "fixed_repo_dir": self._host_mntns is not None,
                          "pids_cgroup": self._cgroup is not None, "rlimits": "as,fsize,core"}
         self._sandboxes: set[LocalSandbox] = set()
@@ -123,7 +129,14 @@ class LocalEngine:
 
     def start(self, task: Task) -> LocalSandbox:
         base = base_checkout(task)
-        return self._open(task, lambda root: self._workspace(root, base))
+        sb = self._open(task, lambda root: self._workspace(root, base))
+        if task.mirror and not self.record_http:
+            try:
+                http.install_cassette(sb)
+            except BaseException:
+                sb.close()
+                raise
+        return sb
 
     def restore(self, snapshot: Snapshot) -> LocalSandbox:
         with self._lock:
@@ -170,18 +183,21 @@ class LocalEngine:
             if self._closed:
                 raise CRRError("this local engine is closed; make a new one")
             k = next(self._seq)
+        environment = mirror.local_environment(task.mirror["requirements"]) if task.mirror else None
         sb_dir = self.dir / f"sb-{k}"
         for d in (sb_dir, sb_dir / "tmp", sb_dir / "tmp" / "home"):
             d.mkdir()
         namespaces: dict[int, int] = {}  # CLONE_NEW* -> an fd on the sandbox's namespace
         workspace = None
         try:
-            if self._netns:
-                namespaces[_CLONE_NEWNET] = self._spawner.submit(_new_netns).result()
+            if self._netns:  # named even when recording: the spawner thread sits in the last one it made
+                namespaces[_CLONE_NEWNET] = (_host_netns() if self.record_http
+                                             else self._spawner.submit(_new_netns).result())
             workspace = make_workspace(sb_dir / "ws")
             if self._host_mntns is not None:
                 namespaces[_CLONE_NEWNS] = self._spawner.submit(
-                    _new_mntns, self._host_mntns, str(workspace.tree), str(sb_dir / "tmp")).result()
+                    _new_mntns, self._host_mntns, str(workspace.tree), str(sb_dir / "tmp"),
+                    environment and str(environment)).result()
         except BaseException:
             for fd in namespaces.values():
                 os.close(fd)
@@ -189,7 +205,7 @@ class LocalEngine:
                 workspace.close()
             shutil.rmtree(sb_dir, ignore_errors=True)
             raise
-        sb = LocalSandbox(self, task, workspace, sb_dir, namespaces)
+        sb = LocalSandbox(self, task, workspace, sb_dir, namespaces, environment)
         with self._lock:
             self._sandboxes.add(sb)
         return sb
@@ -244,6 +260,7 @@ class LocalEngine:
         try:
             os.makedirs(FIXED_REPO_DIR, exist_ok=True)
             os.makedirs(FIXED_TMP_DIR, exist_ok=True)
+            os.makedirs(mirror.ENV_ROOT, exist_ok=True)
             host = self._spawner.submit(_own_fs_context).result()
             os.close(self._spawner.submit(_new_mntns, host, str(self.dir), str(self.dir)).result())
             return host
@@ -282,7 +299,7 @@ class LocalSandbox:
     """One task's repository in a local workspace; commands run as processes in `repo_dir`."""
 
     def __init__(self, engine: LocalEngine, task: Task, workspace: Workspace, sb_dir: Path,
-                 namespaces: dict[int, int]):
+                 namespaces: dict[int, int], environment: Path | None = None):
         self.task, self.workspace = task, workspace
         self._root = workspace.tree.resolve()
         self._engine, self._dir, self._namespaces = engine, sb_dir, namespaces
@@ -294,6 +311,9 @@ class LocalSandbox:
             "HOME": f"{tmp}/home", "TMPDIR": tmp, "LANG": "C.UTF-8", "TZ": "UTC",
             "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
         }
+        if environment is not None:  # the task's own Python environment replaces crr's
+            root = mirror.ENV_ROOT if fixed else str(environment)
+            self._env.update(mirror.sandbox_env(root, self.repo_dir, record=engine.record_http))
         self._closed = False
 
     def exec(self, command: str, timeout: float = 60.0, env: dict[str, str] | None = None) -> ExecResult:
@@ -534,6 +554,11 @@ def _new_netns() -> int:
     return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
 
 
+def _host_netns() -> int:
+    """An fd on the host's network namespace (the main thread's: only the spawner thread unshares)."""
+    return os.open(f"/proc/{os.getpid()}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+
+
 def _spawn(namespaces: dict[int, int], host_mntns: int | None, argv: list[str], **kwargs) -> subprocess.Popen:
     """On the spawner thread: enter the sandbox's namespaces, then start the command there."""
     for kind, fd in namespaces.items():
@@ -560,15 +585,20 @@ def _own_fs_context() -> int:
     return os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
 
 
-def _new_mntns(host: int, tree: str, tmp: str) -> int:
+def _new_mntns(host: int, tree: str, tmp: str, environment: str | None = None) -> int:
     """On the spawner thread: a mount namespace (made from the host's, so no other sandbox's binds
-    come along) where `tree` is FIXED_REPO_DIR and `tmp` is FIXED_TMP_DIR; an fd on it."""
+    come along) where `tree` is FIXED_REPO_DIR, `tmp` is FIXED_TMP_DIR and `environment`, when given,
+    is mirror.ENV_ROOT, read-only (it is shared by every sandbox of its lock); an fd on it."""
     _check(_libc.setns(host, _CLONE_NEWNS))
     try:
         _check(_libc.unshare(_CLONE_NEWNS))
         _check(_libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None))  # nothing leaks to the host
         _check(_libc.mount(tree.encode(), FIXED_REPO_DIR.encode(), None, _MS_BIND, None))
         _check(_libc.mount(tmp.encode(), FIXED_TMP_DIR.encode(), None, _MS_BIND, None))
+        if environment is not None:
+            target = mirror.ENV_ROOT.encode()
+            _check(_libc.mount(environment.encode(), target, None, _MS_BIND, None))
+            _check(_libc.mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY, None))
         return os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     finally:
         _check(_libc.setns(host, _CLONE_NEWNS))

@@ -2,11 +2,21 @@
 
 Rows from SWE-bench Verified carry FAIL_TO_PASS/PASS_TO_PASS as JSON strings; SWE-Gym, SWE-rebench
 and SWE-bench-Live carry lists. Both are accepted and normalised to tuples here.
+
+Three optional fields tie a task to the replay layer (paper: Appendix "Determinism Filter and
+Network Replay"); each is validated here:
+  mirror       {"requirements": ["name==version --hash=sha256:HEX", ...]}: the hash-pinned lock of the
+               task's environment (crr.replay.mirror); sandboxes install it from a local wheelhouse.
+  sdist        {"name", "version", "filename", "sha256", "url"}: the PyPI source distribution the
+               repository is rebuilt from when the row has no repo_src (crr.tasks.sdist).
+  http_replay  {"cassette": PATH, "sha256": HEX}: the HTTP traffic recorded by the filter's gold run,
+               replayed in every later sandbox (crr.replay.http); PATH is relative like repo_src.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -39,6 +49,9 @@ class Task:
     log_parser: str = DEFAULT_LOG_PARSER  # a name in swebench's PARSER_REGISTRY
     repo_src: str | None = None     # absolute path to a git repository or bundle holding base_commit
     test_cmd: str = DEFAULT_TEST_CMD  # the canonical test runner (`run_tests` appends a filter)
+    mirror: dict | None = field(default=None, compare=False)       # see the module doc
+    sdist: dict | None = field(default=None, compare=False)
+    http_replay: dict | None = field(default=None, compare=False)
     metadata: dict = field(default_factory=dict, compare=False)  # e.g. difficulty, bug family, flaky
     extra: dict = field(default_factory=dict, compare=False)     # KNOWN_EXTRA fields, kept verbatim
 
@@ -73,6 +86,9 @@ class Task:
         for name in ("log_parser", "test_cmd"):
             if row.get(name) is not None:
                 values[name] = _string(name, row[name])
+        for name, check in (("mirror", _mirror), ("sdist", _sdist), ("http_replay", _http_replay)):
+            if row.get(name) is not None:
+                values[name] = check(row[name])
         if "metadata" in row:
             if not isinstance(row["metadata"], dict):
                 raise TaskFormatError("field 'metadata': expected a JSON object")
@@ -80,6 +96,10 @@ class Task:
         values["extra"] = {k: row[k] for k in KNOWN_EXTRA if k in row}
         if values.get("repo_src") and base_dir is not None and not Path(values["repo_src"]).is_absolute():
             values["repo_src"] = str((base_dir / values["repo_src"]).resolve())
+        if values.get("http_replay") and base_dir is not None:
+            cassette = Path(values["http_replay"]["cassette"])
+            if not cassette.is_absolute():
+                values["http_replay"] = {**values["http_replay"], "cassette": str((base_dir / cassette).resolve())}
         _check_parser(values.get("log_parser", DEFAULT_LOG_PARSER))
         return cls(**values)
 
@@ -89,16 +109,70 @@ class Task:
         row["FAIL_TO_PASS"], row["PASS_TO_PASS"] = list(self.FAIL_TO_PASS), list(self.PASS_TO_PASS)
         extra = row.pop("extra")
         row.update(extra)
-        if self.repo_src and relative_to is not None:
-            try:
-                row["repo_src"] = str(Path(self.repo_src).resolve().relative_to(relative_to.resolve()))
-            except ValueError:
-                pass
+        if relative_to is not None:
+            if self.repo_src:
+                row["repo_src"] = _relative(self.repo_src, relative_to)
+            if self.http_replay:
+                row["http_replay"] = {**self.http_replay,
+                                      "cassette": _relative(self.http_replay["cassette"], relative_to)}
         return {k: v for k, v in row.items() if v is not None and v != {}}
 
     @property
     def held_out_tests(self) -> tuple[str, ...]:
         return self.FAIL_TO_PASS + self.PASS_TO_PASS
+
+
+def _relative(path: str, to: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(to.resolve()))
+    except ValueError:
+        return path
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# pip's hash-checking mode, one pinned wheel per line (what crr.replay.mirror.lock writes)
+LOCK_LINE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[^\s;]+ --hash=sha256:[0-9a-f]{64}")
+
+
+def _object(name: str, value: Any, keys: tuple[str, ...]) -> dict:
+    if not isinstance(value, dict):
+        raise TaskFormatError(f"field '{name}': expected a JSON object with {list(keys)}")
+    missing = [k for k in keys if k not in value]
+    if missing:
+        raise TaskFormatError(f"field '{name}': missing {missing}")
+    for k in keys:
+        _string(f"{name}.{k}", value[k])
+    return value
+
+
+def _digest(name: str, value: str) -> None:
+    if not _SHA256.fullmatch(value):
+        raise TaskFormatError(f"field '{name}': expected 64 lowercase hex digits (a sha256), got {value[:70]!r}")
+
+
+def _mirror(value: Any) -> dict:
+    if not isinstance(value, dict) or not isinstance(value.get("requirements"), list) or not value["requirements"]:
+        raise TaskFormatError("field 'mirror': expected {\"requirements\": [\"name==version --hash=sha256:HEX\", "
+                              "...]} (a non-empty lock, as `crr tasks synth` writes it)")
+    for line in value["requirements"]:
+        if not isinstance(line, str) or not LOCK_LINE.fullmatch(line):
+            raise TaskFormatError(f"field 'mirror.requirements': {line!r} is not a pinned, hashed requirement "
+                                  "like 'pytest==8.3.5 --hash=sha256:<64 hex digits>'")
+    return value
+
+
+def _sdist(value: Any) -> dict:
+    _object("sdist", value, ("name", "version", "filename", "sha256"))
+    _digest("sdist.sha256", value["sha256"])
+    if value.get("url") is not None:
+        _string("sdist.url", value["url"])
+    return value
+
+
+def _http_replay(value: Any) -> dict:
+    _object("http_replay", value, ("cassette", "sha256"))
+    _digest("http_replay.sha256", value["sha256"])
+    return value
 
 
 def _string(name: str, value: Any) -> str:

@@ -53,6 +53,7 @@ class CRRConfig(GRPOConfig):
     horizon: int | None = None                 # counterfactual horizon h in steps; None: to the end
     zero_contrast: bool = False                # control: selected steps get A = 0, no forks
     fork_cost_multiplier: float = 1.0          # m: (m - 1) x measured fork cost added as a real delay
+    replay_noise: float = 0.0                  # rho: share of branch steps whose output is resampled
     # --- LoRA (PEFT) or full fine-tuning
     use_lora: bool = True
     lora_r: int = 128
@@ -74,6 +75,8 @@ class CRRConfig(GRPOConfig):
                 raise CRRError(f"{name} must be {'>= 0' if name == 'k' else 'at least 1'}, got {getattr(self, name)}")
         if self.cf_temperature <= 0:
             raise CRRError(f"cf_temperature (T_cf) must be > 0, got {self.cf_temperature}")
+        if not 0.0 <= self.replay_noise <= 1.0:
+            raise CRRError(f"replay_noise (rho) must lie in [0, 1], got {self.replay_noise}")
         if self.fork_cost_multiplier < 1:
             raise CRRError(f"fork_cost_multiplier (m) must be >= 1, got {self.fork_cost_multiplier}")
         if not all(0 < f <= 1 for f in self.checkpoint_fractions):

@@ -26,6 +26,7 @@ from crr.replay.base import ForkEngine
 from crr.rollout import WorkerPool, sample_seed
 from crr.train.ledger import Ledger
 from crr.train.proposals import get_proposal
+from crr.train.replay_noise import RerunOutputs
 from crr.train.selectors import Selection
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class Branch:
 def run_branches(trajs: list[Trajectory], picks: dict[int, list[Selection]], *, cf_samples: int,
                  backend: GenerationBackend, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,
                  episode: EpisodeConfig, proposal: str, cf_temperature: float, seed: int, horizon: int | None,
-                 pool: WorkerPool, ledger: Ledger) -> list[Branch]:
+                 pool: WorkerPool, ledger: Ledger, noise: RerunOutputs | None = None) -> list[Branch]:
     branches = [Branch(row, sel.t, k, sel, None) for row in sorted(picks) for sel in picks[row]
                 for k in range(cf_samples)]
     if not branches:
@@ -71,6 +72,8 @@ def run_branches(trajs: list[Trajectory], picks: dict[int, list[Selection]], *, 
             t0 = time.perf_counter()
             for i, b in enumerate(live):
                 episodes[i] = _fork_episode(trajs[b.row], b, engine, tokenizer, config, horizon)
+                if noise is not None:
+                    episodes[i].observe = noise.for_branch(trajs[b.row].task_id, (b.row, b.t, b.k_index))
             fork_s = time.perf_counter() - t0
         ledger.charge_fork_cost(fork_s + sum((s.snapshot_ms or 0.0) / 1e3 for t in trajs for s in t.steps))
         for i in list(episodes):

@@ -53,6 +53,7 @@ from crr.train.config import CRRConfig, paper_loss_settings
 from crr.train.counterfactual import Branch, run_branches
 from crr.train.diagnostics import advantage_snr, bucket_covariance, prefix_signature
 from crr.train.ledger import Ledger
+from crr.train.replay_noise import RerunOutputs
 from crr.train.selectors import SelectorParams, select
 from crr.train.tuples import drop_parts_from, write_part
 
@@ -116,7 +117,8 @@ class CRRTrainer(GRPOTrainer):
             branches = run_branches(trajs, picks, cf_samples=cfg.cf_samples, backend=self.backend, engine=self.engine,
                                     tokenizer=self.processing_class, episode=self.episode, proposal=cfg.proposal,
                                     cf_temperature=cfg.cf_temperature, seed=seed + 1, horizon=cfg.horizon,
-                                    pool=self.pool, ledger=self.ledger) if cfg.forks else []
+                                    pool=self.pool, ledger=self.ledger,
+                                    noise=RerunOutputs(trajs, cfg.replay_noise, seed + 2)) if cfg.forks else []
             tuples = [self._tuple(trajs[b.row], b, step) for b in branches if b.sample is not None]
             write_part(self.run.path, step, tuples)
         finally:
@@ -195,6 +197,8 @@ class CRRTrainer(GRPOTrainer):
             "cf_reward_mean": float(np.mean([b.reward for b in branches if b.reward is not None]))
             if any(b.reward is not None for b in branches) else None,
             "replaced": getattr(self, "replaced", 0) if self.cfg.method == "search-select" else None,
+            "replay_noise_injected": sum(s.resampled for b in branches if b.traj for s in b.traj.steps[b.t:]),
+            "replay_noise_steps": sum(len(b.traj.steps) - b.t for b in branches if b.traj),
             "covariance": bucket_covariance(pd.DataFrame(tuples)) if tuples else None,
         }
 
@@ -241,7 +245,9 @@ class _IterationCallback(TrainerCallback):
         led.add("updates", 1)
         it = led.end()
         record = {"event": "iteration", "step": state.global_step, **tr.iteration,
-                  "fork_share": (it["fork_s"] + it["cf_rollout_s"] + it["cf_test_s"]) / it["wall_s"] if it["wall_s"] else 0.0,
+                  # fork/materialisation alone, and everything counterfactual (fork + rollout + tests)
+                  "fork_share": it["fork_s"] / it["wall_s"] if it["wall_s"] else 0.0,
+                  "cf_share": (it["fork_s"] + it["cf_rollout_s"] + it["cf_test_s"]) / it["wall_s"] if it["wall_s"] else 0.0,
                   "ledger": {k: it[k] for k in it if k != "iteration"}}
         if state.global_step % cfg.diagnostics_every:
             record.pop("advantage_snr"), record.pop("covariance")

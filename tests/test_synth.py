@@ -1,0 +1,102 @@
+"""`crr tasks synth` on real PyPI packages (sdist -> git repo -> its own test suite in a sandbox ->
+SWE-smith's procedural bugs -> measured rows), and the committed task set built from them."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from crr.agent.verifier import verify
+from crr.cli import app
+from crr.errors import CRRError
+from crr.filter.determinism import ADMITTED, RESULTS, FilterConfig, filter_tasks
+from crr.replay import get_engine
+from crr.rundir import RunDir
+from crr.tasks.loaders import TASKS_FILE, load_tasks
+from crr.tasks.sdist import find
+from crr.tasks.synth import PYTEST, curated, materialise, parse_package, synthesise
+
+SYNTH_V1 = Path(__file__).resolve().parents[1] / "data" / "tasks" / "synth-v1.jsonl"
+INFLECTION = parse_package("inflection==0.5.1")  # one module, 455 tests in half a second
+INFLECTION_SHA256 = "1a29730d366e996aaacffb2f1f1cb9593dc38e2ddd30c91250c6dde09ea9b417"  # as PyPI publishes it
+
+
+@pytest.fixture(scope="module")
+def synthesised(tmp_path_factory) -> tuple[Path, list]:
+    out = tmp_path_factory.mktemp("synth") / "inflection"
+    return out, synthesise([INFLECTION], out, n=1, seed=0, max_candidates=4)
+
+
+def test_synth_makes_rows_whose_fail_to_pass_fail_before_and_pass_after_the_gold_patch(synthesised):
+    _, (task,) = synthesised
+    assert task.repo == "pypi/inflection" and task.repo_src is None and task.version == "0.5.1"
+    assert task.sdist["sha256"] == INFLECTION_SHA256 and task.sdist["filename"] == "inflection-0.5.1.tar.gz"
+    assert any(line.startswith(PYTEST + " --hash=sha256:") for line in task.mirror["requirements"])
+    assert task.metadata["bug_strategy"].startswith("func_pm_") and task.metadata["buggy_file"] == "inflection/__init__.py"
+    assert "+++ b/inflection/__init__.py" in task.patch and "new file mode" in task.test_patch
+    assert task.FAIL_TO_PASS and task.PASS_TO_PASS and not set(task.FAIL_TO_PASS) & set(task.PASS_TO_PASS)
+    assert any(f"`{t}`" in task.problem_statement for t in task.FAIL_TO_PASS)  # written from a failing test
+    with get_engine("local") as engine:
+        with engine.start(task) as sb:  # base_commit: the bug, the failing tests' file hidden
+            assert sb.exec("test ! -e test_inflection.py", timeout=10).exit_code == 0
+            before = verify(sb, task, timeout=300)
+        with engine.start(task) as sb:
+            sb.write_file(".git/crr/gold.patch", task.patch.encode())
+            assert sb.exec("git apply .git/crr/gold.patch", timeout=60).exit_code == 0
+            after = verify(sb, task, timeout=300)
+    assert before.reward == 0.0 and after.reward == 1.0, (before.note, after.note)
+    assert all(before.statuses[t] != "PASSED" for t in task.FAIL_TO_PASS)
+    assert all(before.statuses[t] == "PASSED" for t in task.PASS_TO_PASS)
+
+
+def test_an_interrupted_synth_resumes_and_other_settings_are_refused(synthesised):
+    out, tasks = synthesised
+    (out / TASKS_FILE).unlink()  # interrupted after its package finished
+    calls = []
+    assert synthesise([INFLECTION], out, n=1, seed=0, max_candidates=4, progress=calls.append) == tasks
+    assert calls == [] and load_tasks(str(out)) == tasks  # nothing ran again
+    with pytest.raises(CRRError, match="other settings"):
+        synthesise([INFLECTION], out, n=2, seed=0, max_candidates=4)
+
+
+def test_a_row_rebuilds_its_repository_from_the_sdist_or_is_refused(synthesised):
+    _, (task,) = synthesised
+    assert (materialise(task) / ".git").is_dir()
+    with pytest.raises(CRRError, match="does not match its sdist"):
+        materialise(dataclasses.replace(task, base_commit="0" * 40))
+    with pytest.raises(CRRError, match="not the 0000"):
+        materialise(dataclasses.replace(task, base_commit="1" * 40, sdist={**task.sdist, "sha256": "0" * 64}))
+
+
+def test_the_committed_task_set_loads_and_its_tasks_pass_the_filter(tmp_path):
+    tasks = load_tasks(str(SYNTH_V1))
+    assert len(tasks) >= 10 and all(t.sdist and t.mirror and t.repo_src is None for t in tasks)
+    packages = {t.repo for t in tasks}
+    assert len(packages) >= 5 and packages <= {f"pypi/{p.name}" for p in curated()}
+    smallest = min(tasks, key=lambda t: len(t.held_out_tests))
+    run = RunDir.create("filter-tasks", "synth-v1", root=tmp_path / "runs")
+    summary = filter_tasks([smallest], run, FilterConfig(reruns=3, timeout=300), workers=1)
+    (record,) = run.records(RESULTS)
+    assert record["verdict"] == ADMITTED, record
+    assert summary.admitted == 1 and load_tasks(str(run.path / "admitted.jsonl")) == [smallest]
+
+
+def test_bad_packages_are_clear_errors(tmp_path):
+    with pytest.raises(CRRError, match="is not a project"):
+        find("crr-no-such-package-anywhere", "1.0")
+    with pytest.raises(CRRError, match="no release 99.0"):
+        find("inflection", "99.0")
+    with pytest.raises(CRRError, match="no source distribution"):
+        find("tree-sitter-php", "0.23.0")  # published as wheels only
+    runner = CliRunner()
+    result = runner.invoke(app, ["tasks", "synth", "--package", "sortedcontainers==2.4.0", "--out",
+                                 str(tmp_path / "s")])
+    assert result.exit_code == 2 and "carries no tests" in result.output
+    result = runner.invoke(app, ["tasks", "synth", "--package", "inflection", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "NAME==VERSION" in result.output and not (tmp_path / "x").exists()
+    result = runner.invoke(app, ["tasks", "synth", "--package", "inflection==0.5.1", "--out", str(tmp_path / "s"),
+                                 "--n", "0"])
+    assert result.exit_code == 2 and "--n must be at least 1" in result.output
