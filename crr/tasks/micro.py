@@ -240,20 +240,20 @@ def _candidate(instance_id: str, template: Template, family: str, size: str, fla
     flaky_test = _plant_flaky(flaky, tests, template, rng) if flaky else None
     shutil.rmtree(repo)
     _write(repo, {**files, **{f"tests/test_{t.module}.py": _render(t, held_out=False) for t in tests.values()}})
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-q", "-m", f"{package}: initial import")
-    base_commit = _git(repo, "rev-parse", "HEAD").strip()
+    pinned_git(repo, "init", "-q", "-b", "main")
+    pinned_git(repo, "add", "-A")
+    pinned_git(repo, "commit", "-q", "-m", f"{package}: initial import")
+    base_commit = pinned_git(repo, "rev-parse", "HEAD").strip()
 
     # 4. Test patch and gold patch as real git diffs against base_commit.
-    test_patch = _diff(repo, {f"tests/test_{t.module}.py": _render(t, held_out=True)
+    test_patch = files_diff(repo, {f"tests/test_{t.module}.py": _render(t, held_out=True)
                               for t in tests.values() if t.held_out})
-    patch = _diff(repo, {f"{package}/{bug_module.name}.py": bug_module.source})
+    patch = files_diff(repo, {f"{package}/{bug_module.name}.py": bug_module.source})
 
     # 5. Measure FAIL_TO_PASS / PASS_TO_PASS.
-    _git(repo, "apply", "-", stdin=test_patch)
+    pinned_git(repo, "apply", "-", stdin=test_patch)
     before = _pytest(repo, work.parent)
-    _git(repo, "apply", "-", stdin=patch)
+    pinned_git(repo, "apply", "-", stdin=patch)
     after = _pytest(repo, work.parent)
     if not after or any(status != "PASSED" for status in after.values()):
         return None  # the gold patch must pass everything
@@ -274,7 +274,7 @@ def _candidate(instance_id: str, template: Template, family: str, size: str, fla
 
     bundle = out / "repos" / f"{instance_id}.bundle"
     bundle.parent.mkdir(parents=True, exist_ok=True)
-    _git(repo, "bundle", "create", "-q", str(bundle), "HEAD", "main")
+    pinned_git(repo, "bundle", "create", "-q", str(bundle), "HEAD", "main")
 
     n_modules = sum(1 for path in files if path.startswith(f"{package}/"))
     indirect = bug.function not in bug_functions
@@ -471,7 +471,7 @@ def _issue(rng: random.Random, package: str, template: Template, case: _Case, re
 
 # ------------------------------------------------------------------------------------ processes
 
-def _git(repo: Path, *args: str, stdin: str | None = None) -> str:
+def pinned_git(repo: Path, *args: str, stdin: str | None = None) -> str:
     """git with the pinned identity/dates and no user config (crr.replay.checkout's helper uses the
     user's environment, which would make base_commit and the diffs machine-dependent)."""
     out = subprocess.run(["git", *args], check=False, cwd=repo, input=stdin, capture_output=True, text=True,
@@ -481,14 +481,14 @@ def _git(repo: Path, *args: str, stdin: str | None = None) -> str:
     return out.stdout
 
 
-def _diff(repo: Path, files: dict[str, str]) -> str:
+def files_diff(repo: Path, files: dict[str, str]) -> str:
     """The unified diff that turns base_commit into base_commit + `files`; the tree is reset after."""
     _write(repo, files)
-    _git(repo, "add", "-A")
+    pinned_git(repo, "add", "-A")
     try:
-        return _git(repo, "diff", "--cached", "--no-color", "--no-ext-diff", "--full-index")
+        return pinned_git(repo, "diff", "--cached", "--no-color", "--no-ext-diff", "--full-index")
     finally:
-        _git(repo, "reset", "-q", "--hard")
+        pinned_git(repo, "reset", "-q", "--hard")
 
 
 def _probe(repo: Path, package: str, cases: list[_Case], sites: list[tuple[Module, Mutant]]) -> dict:

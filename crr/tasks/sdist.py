@@ -30,7 +30,7 @@ from packaging.version import InvalidVersion, Version
 
 from crr.errors import CRRError
 from crr.replay.checkout import cache_root
-from crr.tasks.micro import _git
+from crr.tasks.micro import pinned_git
 
 log = logging.getLogger(__name__)
 
@@ -143,10 +143,10 @@ def unpack(archive: Path, dest: Path) -> None:
 def pristine_repo(sdist: Sdist, dest: Path) -> str:
     """A git repository of the sdist's tree at `dest`, in one commit (the same on every machine)."""
     unpack(fetch(sdist), dest)
-    _git(dest, "init", "-q", "-b", "main")
-    _git(dest, "add", "-A")
-    _git(dest, "commit", "-q", "-m", f"{sdist.name} {sdist.version} from {sdist.filename}")
-    return _git(dest, "rev-parse", "HEAD").strip()
+    pinned_git(dest, "init", "-q", "-b", "main")
+    pinned_git(dest, "add", "-A")
+    pinned_git(dest, "commit", "-q", "-m", f"{sdist.name} {sdist.version} from {sdist.filename}")
+    return pinned_git(dest, "rev-parse", "HEAD").strip()
 
 
 def declared_requirements(tree: Path) -> list[str]:

@@ -45,7 +45,7 @@ from crr.replay.base import ForkEngine, Sandbox
 from crr.replay.checkout import cache_root, publish
 from crr.rundir import atomic_write_text
 from crr.tasks.loaders import TASKS_FILE, read_tasks_jsonl, write_tasks
-from crr.tasks.micro import _diff, _git
+from crr.tasks.micro import files_diff, pinned_git
 from crr.tasks.schema import DEFAULT_LOG_PARSER, DEFAULT_TEST_CMD, Task
 from crr.tasks.sdist import Sdist, declared_requirements, find, pristine_repo
 
@@ -263,14 +263,14 @@ def _task(spec: PackageSpec, sdist: Sdist, lines: list[str], repo: Path, pristin
     p2p = sorted(t for t in passing if t.split("::")[0] in held_files and statuses.get(t) == "PASSED")
     instance_id = (f"{sdist.name}-{sdist.version}__{bug.strategy}__"
                    f"{hashlib.sha256(f'{bug.path}{bug.source}'.encode()).hexdigest()[:8]}")
-    pristine_files = {p: _git(repo, "show", f"{pristine}:{p}") for p in [bug.path, *held_files]}
+    pristine_files = {p: pinned_git(repo, "show", f"{pristine}:{p}") for p in [bug.path, *held_files]}
     problem = _issue(sdist, broken, pristine_files, text, rng)
-    _git(repo, "checkout", "-q", "--detach", pristine)
+    pinned_git(repo, "checkout", "-q", "--detach", pristine)
     (repo / bug.path).write_text(bug.source)
     base_commit = _commit(repo, held_files, instance_id)
-    patch = _diff(repo, {bug.path: pristine_files[bug.path]})
-    test_patch = _diff(repo, {p: pristine_files[p] for p in held_files})
-    _git(repo, "checkout", "-q", "--detach", pristine)
+    patch = files_diff(repo, {bug.path: pristine_files[bug.path]})
+    test_patch = files_diff(repo, {p: pristine_files[p] for p in held_files})
+    pinned_git(repo, "checkout", "-q", "--detach", pristine)
     return Task(instance_id=instance_id, repo=f"pypi/{sdist.name}", base_commit=base_commit,
                 problem_statement=problem, patch=patch, test_patch=test_patch, FAIL_TO_PASS=tuple(broken),
                 PASS_TO_PASS=tuple(p2p), version=sdist.version, test_cmd=spec.test_cmd,
@@ -283,10 +283,10 @@ def _task(spec: PackageSpec, sdist: Sdist, lines: list[str], repo: Path, pristin
 def _commit(repo: Path, removed: list[str], message: str) -> str:
     """Commit the working tree with `removed` deleted (micro's fixed identity and date)."""
     if removed:
-        _git(repo, "rm", "-q", "--", *removed)
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-q", "-m", message)
-    return _git(repo, "rev-parse", "HEAD").strip()
+        pinned_git(repo, "rm", "-q", "--", *removed)
+    pinned_git(repo, "add", "-A")
+    pinned_git(repo, "commit", "-q", "-m", message)
+    return pinned_git(repo, "rev-parse", "HEAD").strip()
 
 
 def materialise(task: Task) -> Path:
@@ -303,7 +303,7 @@ def materialise(task: Task) -> Path:
     try:
         sdist = Sdist.from_row(task.sdist)
         pristine_repo(sdist, tmp / "repo")
-        _git(tmp / "repo", "apply", "-R", "-", stdin=task.patch)
+        pinned_git(tmp / "repo", "apply", "-R", "-", stdin=task.patch)
         removed = [f.path for f in PatchSet(task.test_patch) if f.is_added_file] if task.test_patch.strip() else []
         commit = _commit(tmp / "repo", removed, task.instance_id)
         if commit != task.base_commit:
