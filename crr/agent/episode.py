@@ -129,6 +129,7 @@ class Trajectory:
     resolution: str | None = None
     verifier_note: str | None = None
     model_patch: str = ""
+    test_report: dict = field(default_factory=dict)  # swebench's get_eval_tests_report (error taxonomy)
     wall_s: float = 0.0
     # Runtime only (not serialised): where the snapshots of s_t live.
     task: Task | None = field(default=None, repr=False, compare=False)
@@ -284,6 +285,7 @@ class Episode:
             result = verify(self.sandbox, self.task, timeout=self.config.verify_timeout_s)
             traj.reward, traj.infra_error = result.reward, result.infra_error
             traj.resolution, traj.verifier_note, traj.model_patch = result.resolution, result.note, result.model_patch
+            traj.test_report = result.report
         if self.sandbox is not None:
             self.sandbox.close()
         traj.wall_s = time.monotonic() - self._start

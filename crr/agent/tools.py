@@ -423,13 +423,15 @@ def model_patch(sandbox: Sandbox) -> str:
 
     Stages everything into a temporary copy of the index (GIT_INDEX_FILE), so the repository's own
     index is untouched, and writes the diff to a scratch file read back whole (exec output is
-    bounded). Raises SandboxError if git fails."""
+    bounded). The copy keeps the index's mtime (cp -p): git rechecks the content of entries as new as
+    the index ("racily clean"), and a fresh mtime would hide an edit made in the second of the checkout
+    that kept the file's size. Raises SandboxError if git fails."""
     out = f"{SCRATCH_DIR}/model.patch"
     excludes = " ".join(shlex.quote(f":(exclude,glob){g}") for g in _ARTEFACT_EXCLUDES)
     script = (
         f'set -e; mkdir -p {SCRATCH_DIR}; tmp=$(mktemp); trap \'rm -f "$tmp"\' EXIT; '
         f'idx=$(git rev-parse --git-path index); '
-        f'if [ -f "$idx" ]; then cp "$idx" "$tmp"; else rm -f "$tmp"; fi; '
+        f'if [ -f "$idx" ]; then cp -p "$idx" "$tmp"; else rm -f "$tmp"; fi; '
         f'export GIT_INDEX_FILE="$tmp"; git add -A -- . {excludes}; '
         f"git diff --cached --binary --no-color --no-ext-diff {shlex.quote(sandbox.task.base_commit)} "
         f"> {out}")

@@ -6,7 +6,7 @@ It works as SWE-bench's harness does, and grades with swebench's own code: take 
 reset the files the test patch touches to base_commit and apply the test patch; run the held-out
 tests between swebench's START/END markers (the task's swebench 5.x `eval_script` when it has one,
 else `task.test_cmd` on the test ids); parse the log with PARSER_REGISTRY[task.log_parser] via
-get_logs_eval, and grade with get_eval_tests_report / get_resolution_status.
+get_logs_eval, and grade with get_eval_tests_report / get_resolution_status (`grade`: a log alone).
 
 Outcomes are kept apart on purpose, because a reward of 0 trains the policy and an infra error
 must not:
@@ -58,12 +58,14 @@ LOG_KEEP_CHARS = 10_000     # VerifierResult.log keeps the first and last this m
 MAX_LOG_BYTES = 16_000_000  # a test run that prints forever is cut here (inside the sandbox)
 MAX_HASH_SEED = 2**32 - 1   # PYTHONHASHSEED's largest value
 
+# swebench 4.x NON_TEST_EXTS: files of a test patch that are data, not tests to run
+_NON_TEST_EXTS = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
 _RUNNER_EXIT = re.compile(re.escape(TEST_EXIT_CODE) + r": (\d+)")
 
 # Test and harness files (paper: Error-Mode Taxonomy, harness subversion): a patch touching these
 # changes the verifier's target rather than the code under test.
 HARNESS_DIRS = frozenset({"tests", "test", "testing", ".github", ".circleci"})
-HARNESS_FILES = ("test_*.py", "*_test.py", "tests.py", "conftest.py", "pytest.ini", "tox.ini",
+HARNESS_FILES = ("test_*.py", "*_test.py", "*_tests.py", "tests.py", "conftest.py", "pytest.ini", "tox.ini",
                  "setup.cfg", "pyproject.toml", "noxfile.py", ".coveragerc", "runtests.py")
 
 
@@ -101,15 +103,17 @@ def patch_paths(patch: str) -> list[str]:
 
 def harness_files_touched(model_patch: str, task: Task) -> list[str]:
     """Files of `model_patch` that are test or harness files: the HARNESS_DIRS / HARNESS_FILES
-    exclusion list plus every file the task's test patch touches. Empty for a clean patch."""
+    exclusion list plus every file the task's test patch touches, less the files the gold patch
+    changes (those are on the fix path, e.g. a fix that has to edit setup.cfg). Empty for a clean patch."""
     if not model_patch.strip():
         return []
     held_out = set(patch_paths(task.test_patch)) if task.test_patch.strip() else set()
+    gold = set(patch_paths(task.patch)) if task.patch.strip() else set()
 
     def is_harness(path: str) -> bool:
         parts = path.split("/")
-        return (path in held_out or bool(HARNESS_DIRS.intersection(parts[:-1]))
-                or any(fnmatch.fnmatchcase(parts[-1], pat) for pat in HARNESS_FILES))
+        return path not in gold and (path in held_out or bool(HARNESS_DIRS.intersection(parts[:-1]))
+                                     or any(fnmatch.fnmatchcase(parts[-1], pat) for pat in HARNESS_FILES))
 
     return [p for p in patch_paths(model_patch) if is_harness(p)]
 
@@ -123,10 +127,21 @@ def seeded_order(tests: Sequence[str], seed: int) -> list[str]:
     return order[::-1] if seed % 2 else order
 
 
-def eval_script_lines(task: Task, seed: int | None = None) -> list[str]:
+def test_directives(task: Task) -> list[str]:
+    """What SWE-bench's harness gives the runner: the test files of the test patch (not data files),
+    as dotted modules under tests/ for Django's runtests.py. Hand-written: swebench 5.x dropped its
+    get_test_directives with the per-repo specs."""
+    paths = [f.target_file[2:] for f in PatchSet(task.test_patch) if not f.is_removed_file]
+    paths = [p for p in paths if not p.endswith(_NON_TEST_EXTS)]
+    if task.repo == "django/django":
+        paths = [p.removesuffix(".py").removeprefix("tests/").replace("/", ".") for p in paths]
+    return paths
+
+
+def eval_script_lines(task: Task, seed: int | None = None, targets: Sequence[str] | None = None) -> list[str]:
     """The swebench-style eval script (without shebang) for a task that carries none: reset the
-    test-patch files, apply the test patch, run test_cmd on the held-out ids between the markers
-    (in `seeded_order(ids, seed)` when a seed is given)."""
+    test-patch files, apply the test patch, run test_cmd on `targets` (default: the held-out ids) between
+    the markers (in `seeded_order(targets, seed)` when a seed is given)."""
     base = shlex.quote(task.base_commit)
     lines: list[str] = []
     if task.test_patch.strip():
@@ -144,7 +159,8 @@ def eval_script_lines(task: Task, seed: int | None = None) -> list[str]:
                   f"if [ $? -ne 0 ]; then echo '{APPLY_PATCH_FAIL}'; exit 1; fi"]
     # The ids go on the command line of the runner from this script file, so no argv-size limit of
     # the engine's exec applies; only the kernel's 2 MB, far above any task's id list.
-    tests = task.held_out_tests if seed is None else seeded_order(task.held_out_tests, seed)
+    targets = task.held_out_tests if targets is None else targets
+    tests = targets if seed is None else seeded_order(targets, seed)
     ids = " ".join(shlex.quote(t) for t in tests)
     lines += [f": '{START_TEST_OUTPUT}'", f"{task.test_cmd} {ids}".rstrip(), f": '{END_TEST_OUTPUT}'"]
     return lines
@@ -181,13 +197,20 @@ def verify(sandbox: Sandbox, task: Task, timeout: float = VERIFY_TIMEOUT_S,
         text = sandbox.read_file(log_path).decode("utf-8", errors="replace")
     except CRRError as e:  # SandboxError included: the sandbox, not the agent, failed
         return _infra(f"the test run failed in the sandbox: {e}", patch, "")
+    return grade(task, text, patch, timed_out=run.timed_out, timeout=timeout, seed=seed)
 
+
+def grade(task: Task, text: str, patch: str = "", *, timed_out: bool = False, timeout: float = VERIFY_TIMEOUT_S,
+          seed: int | None = None) -> VerifierResult:
+    """Grade the log of an eval-script run (`text`) for `task` with the task's swebench parser; `verify`
+    without the sandbox, so that logs from anywhere (a fixture, the official harness) grade the same."""
+    spec = swebench_spec(task, seed)
     if RESET_FAILED in text:
         return _infra("resetting the test files to base_commit failed", patch, text)
     note = None
     if APPLY_PATCH_FAIL in text:
         note = "the test patch did not apply over the agent's changes"
-    elif run.timed_out:
+    elif timed_out:
         note = f"the test run timed out after {timeout:g} s (the patched code hangs)"
     elif START_TEST_OUTPUT not in text:
         return _infra("the eval script stopped before the tests started", patch, text)
@@ -210,7 +233,7 @@ def verify(sandbox: Sandbox, task: Task, timeout: float = VERIFY_TIMEOUT_S,
     log.info("verified %s: %s (%s)%s", task.instance_id, reward, resolution, f"; {note}" if note else "")
     return VerifierResult(reward=reward, resolution=resolution, report=report, model_patch=patch,
                           statuses={t: status_map.get(t, "MISSING") for t in task.held_out_tests},
-                          log=truncate(text, LOG_KEEP_CHARS), note=note, timed_out=run.timed_out)
+                          log=truncate(text, LOG_KEEP_CHARS), note=note, timed_out=timed_out)
 
 
 def _infra(reason: str, patch: str, text: str) -> VerifierResult:

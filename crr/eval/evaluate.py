@@ -1,0 +1,377 @@
+"""The evaluation runner (paper: Experiments, "greedy pass@1 with a 50-turn cap"; Supplementary
+"Multiple-sample evaluation", eight samples at T = 0.6): roll the policy out on a benchmark's tasks,
+grade every final state with the verifier (swebench's grading, each task's own log parser), and write
+an eval run directory that `crr report` reads.
+
+    policy = resolve_policy(run="results/runs/...-train-crr-seed11")    # or model=..., or the default
+    config = EvalConfig(*benchmark("micro"), policy=policy, samples=1, temperature=0.0)
+    run = start_eval(config, out="results/evals")
+    summary = evaluate(config, run)
+
+The run directory (the format crr report reads):
+  config.yaml         the EvalConfig: dataset, tasks source, model, train_run, checkpoint, method,
+                      train_seed, samples, temperature, seed, max_turns, engine, ...
+  results.jsonl       one record per (instance, sample), appended as each finishes: reward (after the
+                      harness audit; None for an infrastructure failure), resolution, end_reason, turns,
+                      generated tokens, the model patch, error_mode and the held-out test counts
+  transcripts.jsonl   each sample's tool calls and observations (what the taxonomy's audit reads)
+  predictions.jsonl   SWE-bench predictions of sample 0 (instance_id, model_name_or_path, model_patch),
+                      so that the official harness can grade them too
+  summary.json        pass@1, pass@k, all-n, per-repository pass@1, error modes (crr.eval.passk, .taxonomy)
+  infra_retried.jsonl infrastructure-failure records set aside when their samples were run again
+
+Resume: evaluating into an existing run directory (`resume_eval`) runs only the (instance, sample) pairs
+without a record, plus, with retry_infra, those whose record is an infrastructure failure. Samples are
+run in chunks of `batch` episodes (one generation batch, one sandbox each); chunk c of pass p samples
+with seed SeedSequence([seed, p, c]), recorded on every result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import yaml
+
+from crr.errors import CRRError
+from crr.eval.passk import summarise_samples
+from crr.eval.taxonomy import audit, error_mode, held_out_counts, summarise_modes
+from crr.rundir import RunDir
+from crr.tasks.loaders import load_tasks
+from crr.tasks.schema import Task
+
+log = logging.getLogger(__name__)
+
+RESULTS = "results.jsonl"
+TRANSCRIPTS = "transcripts.jsonl"
+PREDICTIONS = "predictions.jsonl"
+SUMMARY = "summary.json"
+INFRA_RETRIED = "infra_retried.jsonl"
+DEFAULT_OUT = Path("results/evals")
+SAMPLED_TEMPERATURE = 0.6  # the paper's multi-sample evaluation
+
+# crr eval's benchmark names -> (tasks source for crr.tasks.loaders, dataset adapter)
+BENCHMARKS: dict[str, tuple[str, str | None]] = {
+    "micro-test": ("micro-test", None),
+    "micro-train": ("micro-train", None),
+    "verified": ("SWE-bench/SWE-bench_Verified", "swe-bench"),
+    "live": ("SWE-bench-Live/SWE-bench-Live", "swe-bench-live"),
+    "rebench": ("nebius/SWE-rebench", "swe-rebench"),
+    "gym": ("SWE-Gym/SWE-Gym", "swe-gym"),
+}
+ALIASES = {"micro": "micro-test"}
+HUB_BENCHMARKS = ("verified", "live", "rebench", "gym")
+
+
+def benchmark(name: str, path: str | None = None) -> tuple[str, str, str | None]:
+    """(dataset label, tasks source, adapter) of `crr eval NAME [FILE]`: a benchmark by name (FILE: a
+    local copy of a hub dataset, a save_to_disk directory or .parquet file), or `tasks FILE`."""
+    name = ALIASES.get(name, name)
+    if name == "tasks":
+        if path is None:
+            raise CRRError("`crr eval tasks FILE` needs the task file (JSONL) or directory")
+        return Path(path).stem or Path(path).resolve().name, path, None
+    if name not in BENCHMARKS:
+        raise CRRError(f"unknown benchmark {name!r}; use one of micro, {', '.join(HUB_BENCHMARKS)}, "
+                       "or `tasks FILE` for a task file")
+    source, adapter = BENCHMARKS[name]
+    if path is not None:
+        if name not in HUB_BENCHMARKS:
+            raise CRRError(f"{name} is the embedded micro set and takes no FILE; use `crr eval tasks {path}`")
+        source = path
+    return name, source, adapter
+
+
+# ------------------------------------------------------------------------------------ the policy
+
+@dataclass
+class Policy:
+    model: str                      # what is evaluated: a model directory or hub id, or a PEFT adapter
+    base_model: str | None = None   # the model an adapter applies to
+    train_run: str | None = None
+    checkpoint: str | None = None
+    method: str | None = None
+    train_seed: int | None = None
+
+
+def resolve_policy(model: str | None = None, run: Path | str | None = None,
+                   checkpoint: str | None = None) -> Policy:
+    """The policy to evaluate: `model` (a directory or hub id), a `crr train` run's model/ or
+    checkpoints/checkpoint-N (`checkpoint` N, or a path), or the embedded default (the warm-started
+    default when it has been built, else the tiny default, as crr train chooses)."""
+    from crr.train.trainer import CHECKPOINTS, resolve_model
+
+    if model is not None and run is not None:
+        raise CRRError("give --model or --run, not both")
+    if run is None:
+        if checkpoint is not None and not Path(checkpoint).is_dir():
+            raise CRRError(f"--checkpoint {checkpoint}: no such directory; a checkpoint number needs --run RUN_DIR")
+        # crr train's own choice when its config leaves `model` unset
+        target = str(checkpoint or model or resolve_model(SimpleNamespace(model=None)))
+        if not Path(target).expanduser().is_dir():
+            if target.startswith(("/", ".", "~")):
+                raise CRRError(f"no model directory at {target}; pass a model or LoRA adapter directory or a hub id")
+            return Policy(model=target)  # a hub id: load_policy finds it in the local cache or says why not
+        return Policy(model=target, base_model=_adapter_base(Path(target).expanduser(), None, resolve_model))
+
+    train = RunDir.open(run)
+    cfg = train.config
+    if checkpoint is None:
+        target = train.path / "model"
+    else:
+        target = train.path / CHECKPOINTS / f"checkpoint-{checkpoint}" if checkpoint.isdigit() else Path(checkpoint)
+    if not target.is_dir():
+        steps = sorted(int(m.group(1)) for p in (train.path / CHECKPOINTS).glob("checkpoint-*")
+                       if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)))
+        missing = "model/ (did training finish?)" if checkpoint is None else "such checkpoint"
+        raise CRRError(f"{target} does not exist: the run has no {missing}; pick one with --checkpoint N "
+                       f"(checkpoints: {', '.join(map(str, steps)) or 'none'})")
+    return Policy(model=str(target), base_model=_adapter_base(target, cfg.get("model"), resolve_model),
+                  train_run=str(train.path), checkpoint=None if checkpoint is None else str(target),
+                  method=cfg.get("method"), train_seed=cfg.get("seed"))
+
+
+def _adapter_base(target: Path, configured: str | None, resolve_model: Callable) -> str | None:
+    """None for a full model directory; for a PEFT adapter (crr train with use_lora) the model it was
+    trained on: the train config's `model`, else the base recorded in adapter_config.json, else crr
+    train's default."""
+    if (target / "adapter_config.json").is_file():
+        recorded = json.loads((target / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        if configured:
+            return configured
+        if recorded and (Path(recorded).is_dir() or not recorded.startswith(("/", ".", "~"))):
+            return recorded
+        return resolve_model(SimpleNamespace(model=None))
+    if (target / "config.json").is_file():
+        return None
+    raise CRRError(f"{target} holds neither a model (config.json) nor a LoRA adapter (adapter_config.json)")
+
+
+def load_eval_policy(policy: Policy, device: str = "cpu"):
+    """(model, tokenizer) ready for generation; an adapter is merged into its base model."""
+    from crr.policy.model import load_policy
+
+    if policy.base_model is None:
+        return load_policy(policy.model, device)
+    from peft import PeftModel
+
+    base, tokenizer = load_policy(policy.base_model, device)
+    try:
+        model = PeftModel.from_pretrained(base, policy.model).merge_and_unload()
+    except (OSError, ValueError, RuntimeError) as e:  # missing weights, shape mismatch with the base
+        raise CRRError(f"cannot apply the LoRA adapter {policy.model} to {policy.base_model} ({e}); "
+                       "is that the model it was trained on?") from None
+    return model.eval(), tokenizer
+
+
+# ------------------------------------------------------------------------------------ config and run
+
+@dataclass
+class EvalConfig:
+    dataset: str                    # the benchmark's label: micro-test, verified, live, rebench, gym, a file's name
+    tasks: str                      # the tasks source given to crr.tasks.loaders.load_tasks
+    adapter: str | None = None      # its dataset adapter
+    split: str | None = None
+    n_tasks: int | None = None      # the first N tasks (None: all)
+    model: str = ""
+    base_model: str | None = None
+    train_run: str | None = None
+    checkpoint: str | None = None
+    method: str | None = None
+    train_seed: int | None = None
+    samples: int = 1                # n per instance
+    temperature: float = 0.0        # 0: greedy
+    seed: int = 0
+    max_turns: int = 50             # H
+    max_new_tokens: int = 512
+    engine: str = "local"
+    workers: int = 4
+    batch: int = 32                 # episodes run together
+
+    def __post_init__(self) -> None:
+        if self.samples < 1:
+            raise CRRError(f"--samples must be at least 1, got {self.samples}")
+        if self.temperature < 0:
+            raise CRRError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.samples > 1 and self.temperature == 0:
+            raise CRRError(f"--samples {self.samples} at temperature 0 gives {self.samples} copies of the greedy "
+                           f"sample; pass --temperature (the paper samples at {SAMPLED_TEMPERATURE})")
+        for name in ("max_turns", "max_new_tokens", "workers", "batch"):
+            if getattr(self, name) < 1:
+                raise CRRError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.n_tasks is not None and self.n_tasks < 1:
+            raise CRRError(f"--n-tasks must be at least 1, got {self.n_tasks}")
+
+    @classmethod
+    def make(cls, dataset: str, tasks: str, adapter: str | None, policy: Policy, **settings) -> EvalConfig:
+        return cls(dataset=dataset, tasks=tasks, adapter=adapter, **asdict(policy), **settings)
+
+
+# Settings a resumed evaluation may change: how it runs, and a larger task set.
+_RESUMABLE = ("workers", "batch", "n_tasks")
+
+
+def start_eval(config: EvalConfig, out: Path | str = DEFAULT_OUT) -> RunDir:
+    label = Path(config.train_run).name if config.train_run else Path(config.model).name
+    if config.checkpoint:
+        label += f"-{Path(config.checkpoint).name}"
+    name = re.sub(r"[^\w.-]+", "-", f"{config.dataset}-{label}")
+    return RunDir.create("eval", name, root=out, config=asdict(config), seeds={"eval": config.seed})
+
+
+def resume_eval(path: Path | str, overrides: dict | None = None) -> tuple[EvalConfig, RunDir]:
+    """The config and run directory of an earlier evaluation. `overrides` (None: not given) must agree
+    with its config, except workers, batch and a larger n_tasks."""
+    run = RunDir.open(path)
+    if run.manifest.get("command") != "eval":
+        raise CRRError(f"{path} is a `crr {run.manifest.get('command')}` run, not an evaluation; --resume takes "
+                       "a directory made by crr eval")
+    config = EvalConfig(**run.config)
+    for key, value in (overrides or {}).items():
+        current = getattr(config, key)
+        if value is None or value == current:
+            continue
+        if key == "n_tasks" and (current is None or value < current):
+            which = "all" if current is None else f"the first {current}"
+            raise CRRError(f"{path} evaluates {which} tasks; --n-tasks can grow on resume, not shrink")
+        if key not in _RESUMABLE:
+            raise CRRError(f"{path} was made with {key}={current!r}, not {value!r}; drop the option to resume it, "
+                           "or start a new evaluation without --resume")
+        setattr(config, key, value)
+    run.write_text("config.yaml", yaml.safe_dump(asdict(config), sort_keys=False))
+    return config, run
+
+
+def load_eval_tasks(config: EvalConfig) -> list[Task]:
+    """The evaluation's tasks; offline, a hub benchmark's error says how to evaluate a local copy."""
+    try:
+        tasks = load_tasks(config.tasks, config.split, adapter=config.adapter)
+    except CRRError as e:
+        if config.tasks == BENCHMARKS.get(config.dataset, ("",))[0] and config.dataset in HUB_BENCHMARKS:
+            raise CRRError(f"{e}. Then evaluate the copy with `crr eval {config.dataset} DIR`") from None
+        raise
+    return tasks[:config.n_tasks] if config.n_tasks else tasks
+
+
+# ------------------------------------------------------------------------------------ running
+
+def evaluate(config: EvalConfig, run: RunDir, *, retry_infra: bool = True,
+             on_result: Callable[[dict, int, int], None] | None = None) -> dict:
+    """Run every (instance, sample) of the evaluation that has no record yet (and, with retry_infra,
+    those whose record is an infrastructure failure), then write predictions.jsonl and summary.json.
+    `on_result(record, done, total)` follows progress. Returns the summary."""
+    tasks = load_eval_tasks(config)
+    if retry_infra:
+        _set_aside_infra(run)
+    done = {(r["instance_id"], r["sample"]) for r in run.records(RESULTS)}
+    pending = [(t, s) for t in tasks for s in range(config.samples) if (t.instance_id, s) not in done]
+    pass_index = sum(r.get("event") == "eval" for r in run.records("metrics.jsonl"))
+    run.log_metrics({"event": "eval", "pass": pass_index, "pending": len(pending), "recorded": len(done)})
+    log.info("evaluating %d (instance, sample) pairs of %d tasks (%d already recorded)", len(pending), len(tasks),
+             len(done))
+    try:
+        if pending:
+            _run_pending(config, run, pending, pass_index, on_result)
+    finally:  # an interrupted evaluation still leaves a summary of what it has
+        summary = write_outputs(config, run, tasks)
+    return summary
+
+
+def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]], pass_index: int,
+                 on_result: Callable[[dict, int, int], None] | None) -> None:
+    import torch
+
+    from crr.agent.episode import EpisodeConfig
+    from crr.policy.backend import TransformersBackend
+    from crr.replay import get_engine
+    from crr.rollout import RolloutConfig, rollout
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer = load_eval_policy(Policy(**{f.name: getattr(config, f.name) for f in dataclasses.fields(Policy)}),
+                                        device)
+    backend = TransformersBackend(model, tokenizer, device=device)
+    episode = EpisodeConfig(max_turns=config.max_turns, temperature=config.temperature,
+                            max_new_tokens=config.max_new_tokens, snapshots=False,
+                            max_context_tokens=getattr(model.config, "max_position_embeddings", None))
+    finished = 0
+    with get_engine(config.engine) as engine:
+        for c, start in enumerate(range(0, len(pending), config.batch)):
+            chunk = pending[start:start + config.batch]
+            seed = chunk_seed(config.seed, pass_index, c)
+
+            def record(traj, chunk=chunk, seed=seed) -> None:
+                nonlocal finished
+                task, sample = chunk[traj.task_index]
+                result = result_record(task, sample, seed, traj)
+                run.append(RESULTS, result)
+                run.append(TRANSCRIPTS, {"instance_id": task.instance_id, "sample": sample,
+                                         "steps": [{"t": s.t, "action": s.action, "observation": s.observation,
+                                                    "is_error": s.is_error} for s in traj.steps]})
+                finished += 1
+                if on_result is not None:
+                    on_result(result, finished, len(pending))
+
+            rollout([t for t, _ in chunk], backend, engine, tokenizer,
+                    RolloutConfig(group=1, seed=seed, workers=config.workers, episode=episode),
+                    on_trajectory=record)
+
+
+def chunk_seed(seed: int, pass_index: int, chunk: int) -> int:
+    """The rollout seed of chunk `chunk` in evaluation pass `pass_index`: distinct chunks (and resumed
+    passes) draw independent samples."""
+    return int(np.random.SeedSequence([seed, pass_index, chunk]).generate_state(1)[0])
+
+
+def result_record(task: Task, sample: int, seed: int, traj) -> dict:
+    """The results.jsonl record of one finished sample (a crr.agent.episode.Trajectory)."""
+    reward, harness_files = audit(traj.reward, traj.model_patch, task)
+    return {
+        "instance_id": task.instance_id, "repo": task.repo, "sample": sample, "seed": seed,
+        "reward": reward, "verifier_reward": traj.reward, "resolution": traj.resolution,
+        "end_reason": traj.end_reason, "turns": len(traj.steps), "generated_tokens": traj.generated_tokens,
+        "infra_error": traj.infra_error, "verifier_note": traj.verifier_note, "model_patch": traj.model_patch,
+        "harness_files": harness_files, "error_mode": error_mode(reward, traj.model_patch, task, traj.test_report),
+        **held_out_counts(traj.test_report, task), "wall_s": traj.wall_s,
+    }
+
+
+def _set_aside_infra(run: RunDir) -> None:
+    """Move infrastructure-failure records out of results.jsonl so that their samples run again; they
+    are appended to infra_retried.jsonl first, so a crash in between loses nothing."""
+    records = run.records(RESULTS)
+    infra = [r for r in records if r["reward"] is None]
+    if not infra:
+        return
+    for r in infra:
+        run.append(INFRA_RETRIED, r)
+    run.write_text(RESULTS, "".join(json.dumps(r, sort_keys=True, default=str) + "\n"
+                                    for r in records if r["reward"] is not None))
+    log.info("retrying %d samples that met infrastructure failures", len(infra))
+
+
+def write_outputs(config: EvalConfig, run: RunDir, tasks: list[Task]) -> dict:
+    """predictions.jsonl and summary.json from the records (the last one of each (instance, sample))."""
+    instances = {t.instance_id: t.repo for t in tasks}
+    latest = {(r["instance_id"], r["sample"]): r for r in run.records(RESULTS)}
+    records = [r for (iid, s), r in latest.items() if iid in instances and s < config.samples]
+    predictions = [{"instance_id": t.instance_id, "model_name_or_path": config.model,
+                    "model_patch": latest[(t.instance_id, 0)]["model_patch"]}
+                   for t in tasks if (t.instance_id, 0) in latest]
+    run.write_text(PREDICTIONS, "".join(json.dumps(p, sort_keys=True) + "\n" for p in predictions))
+    summary = {
+        "dataset": config.dataset, "model": config.model, "train_run": config.train_run,
+        "checkpoint": config.checkpoint, "method": config.method, "train_seed": config.train_seed,
+        "samples": config.samples, "temperature": config.temperature,
+        **summarise_samples(records, instances, config.samples),
+        "missing": len(instances) * config.samples - len(records),
+        "error_modes": summarise_modes(records),
+    }
+    run.write_json(SUMMARY, summary)
+    return summary
