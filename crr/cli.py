@@ -586,6 +586,103 @@ def model_bench(
                   f"mean H_t {result['mean_step_entropy']:.2f}", highlight=False)
 
 
+# --- report (the paper's tables and figures from run directories) and experiment (comparison driver)
+report_app = typer.Typer(help="The paper's tables and figures from run directories only.", no_args_is_help=True)
+app.add_typer(report_app, name="report")
+_RUNS_HELP = "A run directory or a folder holding run directories (searched recursively); repeatable."
+
+
+def _print_report(kind: str, out: Path, runs, entries) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"crr report {kind}: {len(runs.train)} train runs, {len(runs.evals)} eval runs "
+                        f"({runs.scale} scale) -> {out}")
+    for col in ("output", "status", "written"):
+        table.add_column(col)
+    style = {"complete": "green", "partial": "yellow", "missing": "red"}
+    for e in entries:
+        table.add_row(e.name, f"[{style[e.status]}]{e.status}[/]", " ".join(Path(f).suffix[1:] for f in e.files) or "-")
+    console.print(table)
+    todo = {m["what"]: m["commands"] for e in entries for m in e.missing}
+    if todo:
+        console.print(f"[bold]{len(todo)} runs missing[/] (listed with their commands in {out / 'report.md'}):")
+        for what, commands in todo.items():
+            console.print(f"  {escape(what)}:", highlight=False)
+            for c in commands:
+                console.print(f"    {escape(c)}", highlight=False, soft_wrap=True)
+    console.print(f"index: {out / 'report.md'}", highlight=False)
+
+
+@report_app.command("tables")
+@friendly
+def report_tables(
+    runs: list[Path] = typer.Option(..., "--runs", help=_RUNS_HELP),
+    out: Path = typer.Option(Path("results/report"), "--out", help="Where the tables and report.md go."),
+) -> None:
+    """Main results, composition, Search-Select, accounting ledger, equal wall clock, the four ablations, advantage
+    SNR and covariance, pass@k and all-n, error taxonomy (shares and absolute rates), per-repository pass@1 and
+    the fork composition, each as Markdown, LaTeX (booktabs) and CSV. A table whose runs are missing says which
+    runs to make, with the commands."""
+    from crr.report import write_tables
+
+    loaded, entries = write_tables(runs, out)
+    _print_report("tables", out, loaded, entries)
+
+
+@report_app.command("plots")
+@friendly
+def report_plots(
+    runs: list[Path] = typer.Option(..., "--runs", help=_RUNS_HELP),
+    out: Path = typer.Option(Path("results/report"), "--out", help="Where the figures and report.md go."),
+) -> None:
+    """Sample efficiency (pass@1 against on-policy trajectories and wall clock), training reward, the ablation
+    panels (k, selector, horizon, T_cf), advantage SNR and covariance, per-repository pass@1; PNG and PDF."""
+    from crr.report import write_plots
+
+    loaded, entries = write_plots(runs, out)
+    _print_report("plots", out, loaded, entries)
+
+
+experiment_app = typer.Typer(help="Run a whole comparison (experiments/*.comparison.yaml): train every arm and "
+                                  "seed, evaluate, report.", no_args_is_help=True)
+app.add_typer(experiment_app, name="experiment")
+
+
+@experiment_app.command("run")
+@friendly
+def experiment_run(
+    spec: Path = typer.Argument(..., help="A comparison spec, e.g. experiments/cpu-main.comparison.yaml."),
+    out: Path | None = typer.Option(None, "--out", help="Where runs/, evals/ and report/ go (default: "
+                                    "results/NAME, NAME from the spec)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show each train run's state and command; run nothing."),
+    report: bool = typer.Option(True, "--report/--no-report", help="Write the tables and figures at the end."),
+) -> None:
+    """Train every arm and seed of the spec (skipping finished runs, resuming interrupted ones), evaluate each
+    final model and the checkpoints the spec names, then write `crr report` tables and figures to OUT/report."""
+    from crr.comparison import plan, run_comparison
+    from crr.experiments import load_comparison
+
+    comparison = load_comparison(spec)
+    out = out or Path("results") / comparison.name
+    if dry_run:
+        console.print(f"[bold]{comparison.name}[/]: {len(comparison.arms)} arms -> {out}", highlight=False)
+        for s in plan(comparison, out):
+            console.print(f"  {s.arm} seed {s.seed} [{s.status}] {s.command or s.path}", highlight=False,
+                          soft_wrap=True, markup=False)
+        console.print("each finished run RUN of arm ARM is then evaluated:", highlight=False)
+        for e in comparison.evals:
+            at = ", ".join(f"{f:.0%}" for f in e.checkpoint_fractions)
+            console.print(f"  {e.command('RUN', out=out / 'evals' / 'ARM')}" + (f" (also at the checkpoints nearest "
+                          f"{at} of its wall clock: --checkpoint N)" if at else ""), highlight=False, soft_wrap=True,
+                          markup=False)
+        return
+    statuses = run_comparison(comparison, out, report=report,
+                              say=lambda m: console.print(m, highlight=False, soft_wrap=True))
+    if statuses:
+        console.print(", ".join(f"{k}: {v}" for k, v in statuses.items()), highlight=False, soft_wrap=True)
+
+
 # --- demo (the main job until the trainer lands) ----------------------------------------------
 @app.command()
 @friendly

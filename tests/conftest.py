@@ -55,6 +55,46 @@ def git_repo(path: Path, files: dict[str, str]) -> str:
     return commit_all(path)
 
 
+# A task the untrained tiny model sometimes solves (shared by the trainer and report tests): the hidden test
+# passes iff the agent ran the test suite unfiltered before submitting (the conftest leaves a marker when pytest
+# runs without node ids; the verifier passes node ids). The tiny model calls run_tests often but not always, so
+# returns differ between siblings and between branches: real contrasts.
+RAN_CONFTEST = '''import pathlib
+
+import _pytest.terminal
+
+_pytest.terminal.format_session_duration = lambda s: "(time)"
+
+
+def pytest_configure(config):
+    if not any("::" in a for a in config.invocation_params.args):
+        pathlib.Path("ran.txt").write_text("1")
+'''
+_TEST_RAN = "import pathlib\n\n\ndef test_ran():\n    assert pathlib.Path('ran.txt').exists()\n"
+RAN_PATCH = ("--- /dev/null\n+++ b/tests/test_ran.py\n@@ -0,0 +1,5 @@\n"
+             + "".join(f"+{line}\n" for line in _TEST_RAN.splitlines()))
+
+
+def ran_task(root: Path, instance_id: str = "ran-1", repo: str | None = None) -> Task:
+    """The run-the-tests task over a real git repository made under `root`."""
+    src = Path(tempfile.mkdtemp(dir=root, prefix=f"repo-{instance_id}-"))
+    commit = git_repo(src, {"conftest.py": RAN_CONFTEST, "tests/test_ok.py": "def test_ok():\n    assert True\n",
+                            "a.py": "x = 1\n"})
+    return Task(instance_id=instance_id, repo=repo or f"local/{instance_id}", base_commit=commit, patch="",
+                problem_statement="Run the test suite, then submit.", test_patch=RAN_PATCH,
+                FAIL_TO_PASS=("tests/test_ran.py::test_ran",), PASS_TO_PASS=("tests/test_ok.py::test_ok",),
+                version="0", repo_src=str(src), test_cmd="python3 -m pytest -rA -p no:cacheprovider")
+
+
+@pytest.fixture(scope="session")
+def ran_tasks_file(tmp_path_factory) -> Path:
+    """tasks.jsonl holding the one run-the-tests task."""
+    from crr.tasks.loaders import write_tasks
+
+    root = tmp_path_factory.mktemp("ran-task")
+    return write_tasks([ran_task(root)], root / "tasks.jsonl")
+
+
 @pytest.fixture
 def make_task(tmp_path: Path) -> Callable[..., Task]:
     """make_task(files, instance_id="t1", **task_fields) -> a Task over a real, committed git repo."""

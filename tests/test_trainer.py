@@ -13,39 +13,12 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from crr.cli import app
-from crr.tasks.loaders import write_tasks
 from crr.train.tuples import read_tuples
 
-# The hidden test passes iff the agent ran the test suite unfiltered before submitting (the conftest leaves a
-# marker when pytest runs without node ids; the verifier passes node ids). The untrained tiny model calls
-# run_tests often but not always, so returns differ between siblings and between branches: real contrasts.
-CONFTEST = '''import pathlib
-
-import _pytest.terminal
-
-_pytest.terminal.format_session_duration = lambda s: "(time)"
-
-
-def pytest_configure(config):
-    if not any("::" in a for a in config.invocation_params.args):
-        pathlib.Path("ran.txt").write_text("1")
-'''
-TEST_RAN = "import pathlib\n\n\ndef test_ran():\n    assert pathlib.Path('ran.txt').exists()\n"
-RAN_PATCH = ("--- /dev/null\n+++ b/tests/test_ran.py\n@@ -0,0 +1,5 @@\n"
-             + "".join(f"+{line}\n" for line in TEST_RAN.splitlines()))
 SMALL = ["n_tasks=1", "num_generations=3", "max_turns=2", "max_new_tokens=40", "k=2", "eta=0.0", "workers=2", "warmup_steps=0"]
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture
-def tasks_file(make_task, tmp_path) -> Path:
-    task = make_task({"conftest.py": CONFTEST, "tests/test_ok.py": "def test_ok():\n    assert True\n", "a.py": "x = 1\n"},
-                     instance_id="ran-1", problem_statement="Run the test suite, then submit.", test_patch=RAN_PATCH,
-                     FAIL_TO_PASS=("tests/test_ran.py::test_ran",), PASS_TO_PASS=("tests/test_ok.py::test_ok",),
-                     test_cmd="python3 -m pytest -rA -p no:cacheprovider")
-    return write_tasks([task], tmp_path / "tasks.jsonl")
 
 
 def run_train(args: list[str], root: Path) -> tuple[str, Path]:
@@ -61,8 +34,8 @@ def lora_b_norm(path: Path) -> float:
     return sum(float(w.abs().sum()) for k, w in weights.items() if "lora_B" in k)
 
 
-def test_crr_end_to_end_and_resume(tasks_file, tmp_path):
-    out, run = run_train(["--method", "crr", "--out", str(tmp_path), "--max-updates", "2", f"tasks={tasks_file}", *SMALL], tmp_path)
+def test_crr_end_to_end_and_resume(ran_tasks_file, tmp_path):
+    out, run = run_train(["--method", "crr", "--out", str(tmp_path), "--max-updates", "2", f"tasks={ran_tasks_file}", *SMALL], tmp_path)
     assert "2/2 R" in out and "fork share" in out
     for name in ("config.yaml", "manifest.json", "metrics.jsonl", "ledger.json", "summary.json"):
         assert (run / name).is_file(), name
@@ -95,10 +68,10 @@ def test_crr_end_to_end_and_resume(tasks_file, tmp_path):
 
 
 @pytest.mark.parametrize("method", ["grpo", "search-select"])
-def test_other_methods_end_to_end(method, tasks_file, tmp_path):
+def test_other_methods_end_to_end(method, ran_tasks_file, tmp_path):
     # max_turns=3: returns then differ between the G siblings of the first group (seed 11)
-    out, run = run_train(["--method", method, "--out", str(tmp_path), "--max-updates", "1", f"tasks={tasks_file}",
-                          *SMALL, "max_turns=3"], tmp_path)
+    out, run = run_train(["--method", method, "--out", str(tmp_path), "--max-updates", "1", f"tasks={ran_tasks_file}",
+                          *SMALL, "max_turns=3", *(["replay_noise=1.0"] if method == "search-select" else [])], tmp_path)
     assert "1/1 R" in out
     assert lora_b_norm(run / "model") > 0
     ledger = json.loads((run / "ledger.json").read_text())["cumulative"]
@@ -108,6 +81,7 @@ def test_other_methods_end_to_end(method, tasks_file, tmp_path):
         assert ledger["forks"] == 0 and not (run / "tuples").exists() and it["selected"] == 0
     else:
         assert ledger["forks"] > 0 and it["replaced"] is not None and 0 <= it["replaced"] <= 3
+        assert it["replay_noise_steps"] > 0 and 0 <= it["replay_noise_injected"] <= it["replay_noise_steps"]
 
 
 def test_bad_input_is_a_clear_error(tmp_path):

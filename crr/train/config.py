@@ -1,26 +1,26 @@
 """One config for `crr train`: TRL's GRPOConfig (every learner knob) plus the CRR fields, with the
 paper's loss set explicitly where TRL 1.16's defaults differ (../shared/notes/trl.md, section 3).
 
-Presets live in experiments/ (flat YAML: any field below or of GRPOConfig); the CPU preset is the
-embedded default. `load_config(preset, overrides)` applies `key=value` overrides (values parsed as YAML;
-a dotted key such as `crr.k=2` or `trl.beta=0.0` names the same flat field, the prefix only says which
-part it belongs to).
+Presets live in experiments/ (flat YAML: any field below or of GRPOConfig, plus `base: other.yaml` to start
+from another preset); the CPU preset is the embedded default. `load_config(preset, overrides)` applies
+`key=value` overrides (values parsed as YAML; a dotted key such as `crr.k=2` or `trl.beta=0.0` names the
+same flat field, the prefix only says which part it belongs to).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from enum import Enum
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 import yaml
 from trl import GRPOConfig
 
 from crr.errors import CRRError
+from crr.experiments import EXPERIMENTS, read_preset
 
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 DEFAULT_PRESET = EXPERIMENTS / "cpu-crr.yaml"
 METHODS = {"grpo": "grpo", "crr": "crr", "search-select": "search_select"}   # method -> advantage estimator
 _PREFIXES = ("crr.", "trl.")
@@ -134,13 +134,10 @@ def parse_overrides(pairs: list[str]) -> dict:
 
 
 def load_config(preset: Path | str | None = None, overrides: dict | None = None) -> CRRConfig:
-    """A preset file (default: the CPU preset) with overrides applied; bad keys or values are CRRErrors."""
+    """A preset file (default: the CPU preset; `base: other.yaml` chains, crr.experiments.read_preset) with
+    overrides applied; bad keys or values are CRRErrors."""
     path = Path(preset) if preset is not None else DEFAULT_PRESET
-    if not path.is_file():
-        raise CRRError(f"no config file at {path}; the presets are in {EXPERIMENTS}")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise CRRError(f"{path} must be a YAML mapping of config keys")
+    data = read_preset(path)
     names = {f.name for f in dataclasses.fields(CRRConfig) if f.init}
     unknown = sorted(set(data) - names)
     if unknown:

@@ -283,6 +283,7 @@ def resume_run(path: Path | str) -> tuple[CRRConfig, RunDir, str | None]:
 
     run = RunDir.open(path)
     cfg = load_config(run.path / "config.yaml")
+    cfg.output_dir = str(run.path / CHECKPOINTS)   # the run may have moved, or config.yaml holds a relative path
     ckpt = get_last_checkpoint(str(run.path / CHECKPOINTS)) if (run.path / CHECKPOINTS).is_dir() else None
     done = int(Path(ckpt).name.split("-")[-1]) if ckpt else 0
     Ledger(run, cfg.fork_cost_multiplier).truncate(done)

@@ -1,0 +1,151 @@
+"""The comparison driver: every arm and seed of a comparison spec (crr.experiments) trained, every model
+evaluated, then `crr report`. Resumable: re-running it skips what is complete, resumes what was interrupted
+(`crr train --resume`, `crr eval --resume` semantics) and starts what is absent.
+
+    crr experiment run experiments/cpu-main.comparison.yaml --out results/cpu-main
+
+Layout under `out`: runs/<arm>/ (train run directories), evals/<arm>/ (eval run directories), report/.
+An equal-wall-clock arm (`budget_from: crr`) runs after its source arm, with `budget_hours` set to the
+ledger wall clock of the source's run of the same seed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from crr.errors import CRRError
+from crr.experiments import Arm, Comparison, EvalSpec
+from crr.report.runs import EvalRun, TrainRun, load_runs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Step:
+    kind: str            # train | eval
+    arm: str
+    seed: int
+    status: str          # done | resume | todo
+    command: str
+    path: Path | None = None
+
+
+def ordered_arms(spec: Comparison) -> list[Arm]:
+    """Arms with a budget of their own first: a matched arm needs its source's wall clock."""
+    return sorted(spec.arms.values(), key=lambda a: a.budget_from is not None)
+
+
+def _train_runs(out: Path, arm: Arm, seed: int) -> list[TrainRun]:
+    folder = out / "runs" / arm.name
+    if not any(folder.glob("*/manifest.json")):
+        return []
+    return sorted((r for r in load_runs([folder]).train if r.seed == seed), key=lambda r: (r.complete, r.path.name))
+
+
+def _eval_runs(out: Path, arm: Arm, run: TrainRun) -> list[EvalRun]:
+    folder = out / "evals" / arm.name
+    if not any(folder.glob("*/manifest.json")):
+        return []
+    return [e for e in load_runs([out / "runs" / arm.name, folder]).evals if e.train is not None and e.train.path == run.path]
+
+
+def plan(spec: Comparison, out: Path) -> list[Step]:
+    """The train steps and their state (evaluations follow each finished run)."""
+    steps = []
+    for arm in ordered_arms(spec):
+        for seed in arm.seeds:
+            runs = _train_runs(out, arm, seed)
+            if runs and runs[-1].complete:
+                steps.append(Step("train", arm.name, seed, "done", "", runs[-1].path))
+            elif runs:
+                steps.append(Step("train", arm.name, seed, "resume", f"crr train --resume {runs[-1].path}", runs[-1].path))
+            else:
+                steps.append(Step("train", arm.name, seed, "todo", arm.train_command(seed, out=out / "runs" / arm.name)))
+    return steps
+
+
+def run_comparison(spec: Comparison, out: Path, *, report: bool = True, say: Callable[[str], None] = log.info) -> dict:
+    """Train, evaluate and report everything the spec asks for that `out` lacks; returns the report's entries."""
+    for arm in ordered_arms(spec):
+        for seed in arm.seeds:
+            run = _train(spec, arm, seed, out, say)
+            for ev in (e for e in spec.evals if e.covers(arm.name)):
+                for step in run.eval_steps(ev.checkpoint_fractions):
+                    _evaluate(arm, run, ev, step, out, say)
+    if not report:
+        return {}
+    from crr.report import write_plots, write_tables
+
+    _, tables = write_tables([out], out / "report")
+    _, figures = write_plots([out], out / "report")
+    say(f"report: {out / 'report' / 'report.md'}")
+    return {e.name: e.status for e in tables + figures}
+
+
+def _train(spec: Comparison, arm: Arm, seed: int, out: Path, say: Callable[[str], None]) -> TrainRun:
+    from crr.train.config import load_config, parse_overrides
+    from crr.train.trainer import resume_run, start_run, train
+
+    runs = _train_runs(out, arm, seed)
+    if runs and runs[-1].complete:
+        say(f"{arm.name} seed {seed}: done ({runs[-1].path.name})")
+        return runs[-1]
+    if runs:
+        cfg, run, checkpoint = resume_run(runs[-1].path)
+        say(f"{arm.name} seed {seed}: resuming {run.path.name} from {checkpoint or 'the start'}")
+    else:
+        budget = None
+        if arm.budget_from is not None:
+            source = _train_runs(out, spec.arms[arm.budget_from], seed)
+            if not source or not source[-1].complete:
+                raise CRRError(f"{arm.name} seed {seed} takes its budget from {arm.budget_from} seed {seed}, which "
+                               "has no finished run")
+            budget = source[-1].wall_s / 3600
+        folder = out / "runs" / arm.name
+        # exactly what `crr train` does with the arm's command line (Arm.train_command)
+        overrides = {**parse_overrides(arm.overrides), "seed": seed, "output_dir": str(folder)}
+        if budget is not None:
+            overrides["budget_hours"] = budget
+        cfg, checkpoint = load_config(arm.config, overrides), None
+        run = start_run(cfg, folder)
+        say(f"{arm.name} seed {seed}: {arm.train_command(seed, budget, folder)} -> {run.path.name}")
+
+    def line(r: dict) -> None:
+        reward = "-" if r["reward_mean"] is None else f"{r['reward_mean']:.2f}"
+        say(f"  {arm.name} seed {seed}: update {r['step']}/{r['max_steps']} R {reward} "
+            f"trajectories {r['cumulative']['trajectories']} wall {r['cumulative']['wall_s']:.0f}s")
+
+    train(cfg, run, checkpoint, on_iteration=line)
+    done = [r for r in _train_runs(out, arm, seed) if r.path == run.path.resolve()]
+    return done[0]
+
+
+def _evaluate(arm: Arm, run: TrainRun, ev: EvalSpec, step: int, out: Path, say: Callable[[str], None]) -> None:
+    from crr.eval import EvalConfig, benchmark, evaluate, resolve_policy, resume_eval, start_eval
+    from crr.eval.evaluate import SAMPLED_TEMPERATURE
+
+    final = step == run.updates
+    what = f"{arm.name} seed {run.seed} {ev.dataset}{f' x{ev.samples}' if ev.samples > 1 else ''} " \
+           f"{'final' if final else f'checkpoint-{step}'}"
+    found = [e for e in _eval_runs(out, arm, run)
+             if e.dataset == ev.dataset and e.samples == ev.samples and (e.final if final else e.step == step)]
+    if any(e.complete for e in found):
+        say(f"{what}: done")
+        return
+    if found:
+        config, erun = resume_eval(found[-1].path)
+        say(f"{what}: resuming {erun.path.name}")
+    else:
+        label, source, adapter = benchmark("tasks" if ev.tasks else ev.dataset, str(ev.tasks) if ev.tasks else None)
+        policy = resolve_policy(run=run.path, checkpoint=None if final else str(step))
+        settings = dict(ev.settings)
+        if ev.samples > 1:   # as `crr eval --samples N` does
+            settings.setdefault("temperature", SAMPLED_TEMPERATURE)
+        config = EvalConfig.make(label, source, adapter, policy, **settings)
+        erun = start_eval(config, out / "evals" / arm.name)
+        say(f"{what}: {ev.command(str(run.path), None if final else step, out / 'evals' / arm.name)}")
+    rate = evaluate(config, erun)["pass_at_1"]
+    say(f"{what}: pass@1 {'-' if rate is None else f'{rate:.1%}'}")

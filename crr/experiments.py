@@ -1,0 +1,215 @@
+"""Experiment presets and comparison specs (the files in experiments/). Plain YAML, no torch or TRL, so that
+`crr report` reads them quickly.
+
+A preset is a flat mapping of config keys; `base: other.yaml` (relative to the preset's folder) starts from
+another preset, so an arm is a base preset plus the keys it changes:
+
+    # experiments/cpu-grpo.yaml
+    base: cpu-crr.yaml
+    method: grpo
+
+A comparison spec (`*.comparison.yaml`) lists the arms of one paper experiment, the seeds, and the
+evaluations of every arm's final model; `crr experiment run SPEC` runs it (crr.comparison) and `crr report`
+takes from it which runs a table needs and the commands that make them:
+
+    name: cpu-main
+    seeds: [11, 23, 47]
+    eval:                                             # `crr eval DATASET` (or `crr eval tasks FILE`) settings
+      - {dataset: micro-test, checkpoint_fractions: [0.25, 0.5, 0.75]}
+      - {dataset: micro-test, samples: 8, temperature: 0.6, arms: [grpo, crr]}
+    arms:
+      grpo: {config: cpu-grpo.yaml}
+      crr: {config: cpu-crr.yaml}
+      k=1: {config: cpu-crr.yaml, overrides: [k=1], seeds: [11]}
+      grpo-equal-wall-clock: {config: cpu-grpo-wallclock.yaml, budget_from: crr}
+
+`budget_from: ARM` gives the arm `--budget-hours` = the measured ledger wall clock of ARM's run of the same
+seed (the equal-wall-clock comparison, Table supp-wallclock). `checkpoint_fractions` also evaluates the saved
+checkpoints nearest those fractions of each run's wall clock (the sample-efficiency curves).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from crr.errors import CRRError
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+PAPER_SEEDS = (11, 23, 47)
+# The config keys the paper's ablations and controls vary: train runs with the same method, the same values
+# of these keys and the same budget are seeds of one arm (crr.report.runs; a key counts once the scale's CRR
+# preset lists it, so a run made before a key existed still finds its arm).
+ABLATION_KEYS = ("k", "selector", "horizon", "cf_temperature", "zero_contrast", "cf_samples", "proposal",
+                 "fork_cost_multiplier", "replay_noise")
+BENCHMARKS = ("micro-test", "verified", "live", "rebench", "gym")   # `crr eval NAME` (crr.eval.evaluate.BENCHMARKS)
+EVAL_SETTINGS = ("samples", "temperature", "seed", "n_tasks", "max_turns", "max_new_tokens", "split", "engine",
+                 "workers", "batch")                                 # crr.eval.EvalConfig fields a spec may set
+
+
+def read_preset(path: Path | str, _seen: tuple[Path, ...] = ()) -> dict:
+    """A preset's keys with its `base:` chain applied (the preset's own keys win)."""
+    path = Path(path).resolve()
+    if path in _seen:
+        raise CRRError(f"preset base chain loops: {' -> '.join(p.name for p in (*_seen, path))}")
+    if not path.is_file():
+        raise CRRError(f"no config file at {path}; the presets are in {EXPERIMENTS}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise CRRError(f"{path} must be a YAML mapping of config keys")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    return {**read_preset(path.parent / base, (*_seen, path)), **data}
+
+
+def _join(args: list[str]) -> str:
+    """A command line for display; <placeholders> stay unquoted."""
+    return " ".join(a if a.startswith("<") else shlex.quote(a) for a in args)
+
+
+def display_path(path: Path) -> str:
+    """A preset or task path as typed from the repository root, when it lies inside it."""
+    try:
+        return str(path.relative_to(EXPERIMENTS.parent))
+    except ValueError:
+        return str(path)
+
+
+@dataclass
+class Arm:
+    name: str
+    config: Path                        # the preset file
+    overrides: list[str] = field(default_factory=list)
+    seeds: tuple[int, ...] = PAPER_SEEDS
+    budget_from: str | None = None
+
+    @property
+    def settings(self) -> dict:
+        """The preset with the overrides applied."""
+        out = read_preset(self.config)
+        for pair in self.overrides:
+            key, _, value = pair.partition("=")
+            out[key.removeprefix("crr.").removeprefix("trl.")] = yaml.safe_load(value)
+        return out
+
+    def train_args(self, seed: int, budget_hours: float | None = None, out: Path | None = None) -> list[str]:
+        """`crr train` arguments (without the program name) for one seed."""
+        args = ["train", "--config", display_path(self.config), "--seed", str(seed)]
+        if self.budget_from is not None:
+            args += ["--budget-hours", f"{budget_hours:.6g}" if budget_hours is not None
+                     else f"<wall-clock hours of the {self.budget_from} run of seed {seed}>"]
+        if out is not None:
+            args += ["--out", str(out)]
+        return args + self.overrides
+
+    def train_command(self, seed: int, budget_hours: float | None = None, out: Path | None = None) -> str:
+        return _join(["crr", *self.train_args(seed, budget_hours, out)])
+
+
+@dataclass
+class EvalSpec:
+    """One evaluation of every arm's final model (and of the checkpoints nearest these fractions)."""
+    dataset: str = "micro-test"         # a benchmark name, or a task file's label (`tasks: FILE`)
+    tasks: Path | None = None
+    checkpoint_fractions: tuple[float, ...] = ()
+    settings: dict = field(default_factory=dict)
+    arms: tuple[str, ...] = ()          # only these arms (empty: every arm)
+
+    def covers(self, arm: str) -> bool:
+        return not self.arms or arm in self.arms
+
+    @property
+    def samples(self) -> int:
+        return int(self.settings.get("samples", 1))
+
+    def eval_args(self, run: str, checkpoint: int | None = None, out: Path | str = "results/evals") -> list[str]:
+        args = ["eval", *(["tasks", display_path(self.tasks)] if self.tasks else [self.dataset]), "--run", str(run)]
+        if checkpoint is not None:
+            args += ["--checkpoint", str(checkpoint)]
+        for key, value in self.settings.items():
+            args += [f"--{key.replace('_', '-')}", str(value)]
+        return args + ["--out", str(out)]
+
+    def command(self, run: str, checkpoint: int | None = None, out: Path | str = "results/evals") -> str:
+        return _join(["crr", *self.eval_args(run, checkpoint, out)])
+
+
+@dataclass
+class Comparison:
+    name: str
+    path: Path
+    arms: dict[str, Arm]
+    seeds: tuple[int, ...]
+    evals: list[EvalSpec]
+
+
+def _eval_spec(path: Path, entry) -> EvalSpec:
+    if not isinstance(entry, dict):
+        raise CRRError(f"{path}: an eval entry is a mapping like {{dataset: micro-test}}, got {entry!r}")
+    bad = sorted(set(entry) - {"dataset", "tasks", "checkpoint_fractions", "arms", *EVAL_SETTINGS})
+    if bad:
+        raise CRRError(f"{path}: unknown eval key(s) {bad}; use dataset or tasks, checkpoint_fractions, arms and "
+                       f"{', '.join(EVAL_SETTINGS)}")
+    arms = tuple(str(a) for a in entry.get("arms", ()))
+    fractions = tuple(float(f) for f in entry.get("checkpoint_fractions", ()))
+    if not all(0 < f < 1 for f in fractions):
+        raise CRRError(f"{path}: checkpoint_fractions lie in (0, 1) (the final model is always evaluated)")
+    settings = {k: entry[k] for k in EVAL_SETTINGS if k in entry}
+    if "tasks" in entry:
+        tasks = (path.parent / str(entry["tasks"])).resolve()
+        # crr eval labels a task file's results by the file's stem (crr.eval.evaluate.benchmark)
+        return EvalSpec(tasks.stem or tasks.name, tasks, fractions, settings, arms)
+    dataset = entry.get("dataset", "micro-test")
+    if dataset not in BENCHMARKS:
+        raise CRRError(f"{path}: eval dataset {dataset!r} is not one of {', '.join(BENCHMARKS)} (or give tasks: FILE)")
+    return EvalSpec(dataset, None, fractions, settings, arms)
+
+
+def load_comparison(path: Path | str) -> Comparison:
+    """A comparison spec, validated: every arm's preset exists and `budget_from` names another arm."""
+    path = Path(path)
+    if not path.is_file() and (EXPERIMENTS / path.name).is_file():
+        path = EXPERIMENTS / path.name
+    if not path.is_file():
+        raise CRRError(f"no comparison spec at {path}; the shipped ones are {EXPERIMENTS}/*.comparison.yaml")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict) or not isinstance(data.get("arms"), dict) or not data["arms"]:
+        raise CRRError(f"{path}: a comparison spec is a mapping with `arms:` (name: {{config: PRESET}})")
+    unknown = sorted(set(data) - {"name", "seeds", "eval", "arms"})
+    if unknown:
+        raise CRRError(f"{path}: unknown key(s) {unknown}; a spec has name, seeds, eval and arms")
+    seeds = tuple(int(s) for s in data.get("seeds", PAPER_SEEDS))
+    evals = [_eval_spec(path, e) for e in data.get("eval") or []]
+    arms = {}
+    for name, spec in data["arms"].items():
+        spec = spec or {}
+        if "config" not in spec:
+            raise CRRError(f"{path}: arm {name!r} needs `config: PRESET.yaml`")
+        bad = sorted(set(spec) - {"config", "overrides", "seeds", "budget_from"})
+        if bad:
+            raise CRRError(f"{path}: arm {name!r} has unknown key(s) {bad}; an arm has config, overrides, seeds, "
+                           "budget_from")
+        config = (path.parent / spec["config"]).resolve()
+        read_preset(config)   # a missing or malformed preset fails now, not hours into the comparison
+        overrides = [str(o) for o in spec.get("overrides", [])]
+        if any("=" not in o for o in overrides):
+            raise CRRError(f"{path}: arm {name!r}: overrides are key=value strings, got {overrides}")
+        arms[name] = Arm(str(name), config, overrides, tuple(int(s) for s in spec.get("seeds", seeds)),
+                         spec.get("budget_from"))
+    for ev in evals:
+        if set(ev.arms) - set(arms):
+            raise CRRError(f"{path}: eval of {ev.dataset} names unknown arm(s) {sorted(set(ev.arms) - set(arms))}")
+    for arm in arms.values():
+        if arm.budget_from is not None and (arm.budget_from not in arms or arms[arm.budget_from].budget_from):
+            raise CRRError(f"{path}: arm {arm.name!r} takes its budget from {arm.budget_from!r}, which is not an "
+                           "arm with a budget of its own")
+    return Comparison(str(data.get("name", path.name.removesuffix(".comparison.yaml"))), path, arms, seeds, evals)
+
+
+def comparisons(scale: str) -> list[Comparison]:
+    """The shipped comparison specs of one scale (cpu or paper)."""
+    return [load_comparison(p) for p in sorted(EXPERIMENTS.glob(f"{scale}-*.comparison.yaml"))]

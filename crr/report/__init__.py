@@ -1,0 +1,107 @@
+"""`crr report`: the paper's tables and figures from run directories only.
+
+    report = write_tables([Path("results/cpu-main")], Path("results/cpu-main/report"))
+    report = write_plots([Path("results/cpu-main")], Path("results/cpu-main/report"))
+
+Both find the `crr train` / `crr eval` runs at or under the given paths (crr.report.runs), write their outputs
+and keep an index, report.md (with report.json, the same as data), of everything written to `out` so far:
+each entry's status (complete, partial, missing), files, and the runs still to make.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from crr.experiments import display_path
+from crr.report.output import missing_markdown, write_table
+from crr.report.runs import Runs, load_runs
+from crr.rundir import atomic_write_json, atomic_write_text
+
+INDEX = "report.json"
+
+
+@dataclass
+class Entry:
+    name: str
+    kind: str            # table | figure
+    title: str
+    status: str          # complete | partial | missing
+    files: list[str]
+    missing: list[dict]  # {what, commands}
+
+
+def write_tables(paths: list[Path], out: Path) -> tuple[Runs, list[Entry]]:
+    from crr.report.tables import all_tables
+
+    runs = load_runs(paths)
+    entries = []
+    for t in all_tables(runs):
+        files = write_table(t, out)
+        entries.append(Entry(t.name, "table", t.title, t.status, [f.name for f in files],
+                             [{"what": m.what, "commands": m.commands} for m in t.missing]))
+    _index(runs, out, entries)
+    return runs, entries
+
+
+def write_plots(paths: list[Path], out: Path) -> tuple[Runs, list[Entry]]:
+    from crr.report.plots import all_plots
+
+    runs = load_runs(paths)
+    entries = []
+    for p in all_plots(runs, out):
+        status = "missing" if not p.files else "partial" if p.missing else "complete"
+        entries.append(Entry(p.name, "figure", p.title, status, [f.name for f in p.files],
+                             [{"what": m.what, "commands": m.commands} for m in p.missing]))
+    _index(runs, out, entries)
+    return runs, entries
+
+
+def _runs_markdown(runs: Runs) -> str:
+    train = pd.DataFrame([{"arm": r.arm.label, "seed": r.seed, "updates": r.updates,
+                           "trajectories": sum(it["trajectories"] for it in r.iterations),
+                           "wall clock (s)": f"{r.wall_s:.1f}", "finished": "yes" if r.complete else "no",
+                           "run": r.path.name} for r in sorted(runs.train, key=lambda r: (r.arm.label, r.seed))])
+    evals = pd.DataFrame([{"arm": e.label, "seed": e.seed, "dataset": e.dataset, "samples": e.samples,
+                           "update": e.step, "pass@1": "—" if not e.complete else f"{100 * e.summary['pass_at_1']:.1f}",
+                           "run": e.path.name} for e in sorted(runs.evals, key=lambda e: (e.label, e.seed or 0, e.step or 0))])
+    parts = [f"## Runs ({runs.scale} scale)\n"]
+    for title, df in (("Train runs", train), ("Eval runs", evals)):
+        parts.append(f"### {title}\n\n" + (df.to_markdown(index=False, disable_numparse=True) if not df.empty else "none") + "\n")
+    if runs.ignored:
+        parts.append("Ignored (not train or eval runs): " + ", ".join(runs.ignored) + "\n")
+    return "\n".join(parts)
+
+
+def _index(runs: Runs, out: Path, entries: list[Entry]) -> None:
+    """Merge this command's entries into out/report.json and rewrite report.md from it."""
+    path = out / INDEX
+    index = json.loads(path.read_text()) if path.is_file() else {"entries": []}
+    mine = {(e.kind, e.name): e.__dict__ for e in entries}
+    # in place of the entries this command rewrote, then the new ones, so that tables keep the paper's order
+    index["entries"] = [mine.pop((e["kind"], e["name"]), e) for e in index["entries"]] + list(mine.values())
+    index["runs_markdown"] = _runs_markdown(runs)
+    atomic_write_json(path, index)
+    lines = ["# crr report\n", "Made by `crr report tables` / `crr report plots` from run directories only.\n"]
+    for kind in ("table", "figure"):
+        items = [e for e in index["entries"] if e["kind"] == kind]
+        if not items:
+            continue
+        lines.append(f"## {kind.capitalize()}s\n")
+        for e in items:
+            links = ", ".join(f"[{f}]({f})" for f in e["files"]) or "not drawn"
+            lines.append(f"- **{e['title']}** ({e['status']}): {links}")
+        lines.append("")
+    todo = {m["what"]: m["commands"] for e in index["entries"] for m in e["missing"]}
+    if todo:
+        from crr.report.tables import Missing
+
+        lines.append("## Runs still to make\n")
+        specs = ", ".join(f"`crr experiment run {display_path(s.path)}`" for s in runs.catalogue.specs.values())
+        lines.append(f"Each comparison's runs and evaluations are made (resumably) by {specs}; one by one:\n")
+        lines.append(missing_markdown([Missing(w, c) for w, c in todo.items()]))
+    lines.append(index["runs_markdown"])
+    atomic_write_text(out / "report.md", "\n".join(lines))

@@ -1,0 +1,304 @@
+"""`crr experiment run` and `crr report` on real run directories: a tiny comparison (CRR over two seeds, GRPO,
+and GRPO given the CRR run's measured wall clock; the real tiny model, real local sandboxes, forks and TRL
+updates; real `crr eval` runs greedy, at a checkpoint and sampled) is run once per module; the tables are
+checked against numbers recomputed from the run files, every output format is checked, missing runs are named
+with their commands, an interrupted comparison resumes, and bad input is a clear error."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import ran_task
+from typer.testing import CliRunner
+
+from crr.cli import app
+from crr.experiments import EXPERIMENTS, load_comparison, read_preset
+from crr.report.runs import load_runs
+from crr.rundir import read_jsonl
+from crr.tasks.loaders import write_tasks
+from crr.train.tuples import read_tuples
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# The CPU preset cut down so that an update takes seconds: one task, G = 2, two turns (a fork at t = 0); GRPO
+# one update over two seeds, CRR two updates (whose wall clock, the equal-wall-clock arm's budget, then buys
+# GRPO more than one). Evaluated on two tasks in two repositories: greedy; the equal-wall-clock run also at a
+# checkpoint; CRR with 2 samples of one task.
+TINY = {"base": str(EXPERIMENTS / "cpu-crr.yaml"), "n_tasks": 1, "num_generations": 2, "max_turns": 2,
+        "max_new_tokens": 32, "eta": 0.0, "workers": 2, "max_steps": 2}
+EVAL = {"tasks": "eval.jsonl", "max_turns": 2, "max_new_tokens": 32}
+SPEC = {"name": "tiny", "seeds": [11, 23],
+        "eval": [EVAL, {**EVAL, "checkpoint_fractions": [0.5], "arms": ["grpo-equal-wall-clock"]},
+                 {**EVAL, "n_tasks": 1, "samples": 2, "temperature": 0.6, "arms": ["crr"]}],
+        # GRPO first: the first run in a process pays one-time warm-up costs, which should not inflate the CRR
+        # wall clock that the equal-wall-clock arm receives as its budget
+        "arms": {"grpo": {"config": "tiny-grpo.yaml"}, "crr": {"config": "tiny-crr.yaml", "seeds": [11]},
+                 "grpo-equal-wall-clock": {"config": "tiny-grpo-wallclock.yaml", "budget_from": "crr", "seeds": [11]}}}
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(app, list(args))
+    # Rich wraps long lines at the runner's terminal width (and folds words longer than a line)
+    result.text = " ".join(result.output.split())
+    result.squeezed = "".join(result.output.split())
+    return result
+
+
+@pytest.fixture(scope="module")
+def comparison(ran_tasks_file, tmp_path_factory) -> Path:
+    """The tiny comparison's output folder (runs/, evals/, report/), made by `crr experiment run`."""
+    root = tmp_path_factory.mktemp("comparison")
+    # e1's held-out test passes already: any patch that leaves the tests alone resolves it (pass rates above 0);
+    # e2 is the run-the-tests task, which the untrained model mostly fails (the error taxonomy has failures)
+    solved = replace(ran_task(root, "e1", "local/a"), FAIL_TO_PASS=("tests/test_ok.py::test_ok",), PASS_TO_PASS=())
+    write_tasks([solved, ran_task(root, "e2", "local/b")], root / "eval.jsonl")
+    (root / "tiny-crr.yaml").write_text(yaml.safe_dump({**TINY, "tasks": str(ran_tasks_file)}))
+    (root / "tiny-grpo.yaml").write_text(yaml.safe_dump({"base": "tiny-crr.yaml", "method": "grpo", "max_steps": 1}))
+    (root / "tiny-grpo-wallclock.yaml").write_text(yaml.safe_dump({"base": "tiny-grpo.yaml", "max_steps": 50}))
+    (root / "tiny.comparison.yaml").write_text(yaml.safe_dump(SPEC, sort_keys=False))
+    result = invoke("experiment", "run", str(root / "tiny.comparison.yaml"), "--out", str(root / "out"))
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return root / "out"
+
+
+def train_dirs(out: Path, arm: str) -> list[Path]:
+    return sorted(p.parent for p in (out / "runs" / arm).glob("*/manifest.json"))
+
+
+def eval_dirs(out: Path) -> list[tuple[Path, dict, dict]]:
+    return [(p.parent, yaml.safe_load((p.parent / "config.yaml").read_text()), json.loads((p.parent / "summary.json").read_text()))
+            for p in sorted((out / "evals").glob("*/*/manifest.json"))]
+
+
+def wall(run: Path) -> float:
+    return sum(it["wall_s"] for it in json.loads((run / "ledger.json").read_text())["iterations"])
+
+
+def test_comparison_trains_every_arm_evaluates_and_reports(comparison):
+    assert [len(train_dirs(comparison, a)) for a in ("crr", "grpo", "grpo-equal-wall-clock")] == [1, 2, 1]
+    for arm in ("crr", "grpo", "grpo-equal-wall-clock"):
+        for run in train_dirs(comparison, arm):
+            assert (run / "summary.json").is_file() and (run / "model").is_dir()
+    crr11 = train_dirs(comparison, "crr")[0]
+    matched = train_dirs(comparison, "grpo-equal-wall-clock")[0]
+    assert yaml.safe_load((matched / "config.yaml").read_text())["budget_hours"] == pytest.approx(wall(crr11) / 3600)
+    assert wall(matched) >= wall(crr11)                      # GRPO ran until it had used CRR's wall clock
+    evals = eval_dirs(comparison)
+    for _, config, summary in evals:
+        assert summary["missing"] == 0 and config["dataset"] == "eval"
+    finals = [c for _, c, _ in evals if c["checkpoint"] is None]
+    assert sorted((Path(c["train_run"]).parent.name, c["samples"]) for c in finals) == sorted(
+        [("crr", 1), ("crr", 2), ("grpo", 1), ("grpo", 1), ("grpo-equal-wall-clock", 1)])
+    # CRR's two updates buy GRPO (no forks) more than one; the equal-wall-clock run is also evaluated at its
+    # checkpoint nearest half of that budget
+    updates = len(json.loads((matched / "ledger.json").read_text())["iterations"])
+    checkpoints = [(Path(c["train_run"]).parent.name, int(c["checkpoint"].rsplit("-", 1)[1])) for _, c, _ in evals
+                   if c["checkpoint"]]
+    assert updates > 1 and checkpoints and all(a == "grpo-equal-wall-clock" and 0 < s < updates for a, s in checkpoints)
+    assert sum(s["pass_at_1"] > 0 for _, _, s in evals) >= 1   # e1 is solved: pass rates are not all zero
+    assert (comparison / "report" / "report.md").is_file() and (comparison / "report" / "main.md").is_file()
+
+
+def test_tables_agree_with_the_run_files(comparison):
+    out = comparison / "report"
+    evals = eval_dirs(comparison)
+    final = {(Path(c["train_run"]).parent.name, c["train_seed"], c["samples"]): s for _, c, s in evals if c["checkpoint"] is None}
+
+    main = pd.read_csv(out / "main.csv")
+    grpo = main[(main.arm == "GRPO") & (main.dataset == "eval")].iloc[0]
+    rates = pd.Series([100 * final[("grpo", seed, 1)]["pass_at_1"] for seed in (11, 23)])
+    assert grpo.pass_at_1 == pytest.approx(rates.mean()) and grpo["std"] == pytest.approx(rates.std(ddof=1))
+    assert grpo.seeds == 2
+    crr = main[(main.arm == "CRR") & (main.dataset == "eval")].iloc[0]
+    assert crr.pass_at_1 == pytest.approx(100 * final[("crr", 11, 1)]["pass_at_1"]) and math.isnan(crr["std"])
+    cell = f"{rates.mean():.1f} ± {rates.std(ddof=1):.1f}"
+    assert "| GRPO " in (out / "main.md").read_text() and cell in (out / "main.md").read_text()
+
+    accounting = pd.read_csv(out / "accounting.csv")
+    for arm, folder in (("CRR", "crr"), ("GRPO", "grpo")):
+        ledgers = [json.loads((r / "ledger.json").read_text())["iterations"] for r in train_dirs(comparison, folder)]
+        rows = accounting[accounting.arm == arm]
+        for key in ("rollout_s", "update_s", "wall_s", "trajectories", "forks", "generated_tokens_all"):
+            assert rows[key].mean() == pytest.approx(sum(sum(it[key] for it in ls) for ls in ledgers) / len(ledgers)), key
+    assert (accounting[accounting.arm == "GRPO"].forks == 0).all() and accounting[accounting.arm == "CRR"].forks.sum() > 0
+
+    wallclock = pd.read_csv(out / "wallclock.csv")
+    matched = wallclock[wallclock.arm == "GRPO (equal wall clock)"]
+    run = train_dirs(comparison, "grpo-equal-wall-clock")[0]
+    its = json.loads((run / "ledger.json").read_text())["iterations"]
+    cum = pd.Series([it["wall_s"] for it in its]).cumsum()
+    crr11 = train_dirs(comparison, "crr")[0]
+    assert matched.hours.tolist() == pytest.approx([f * wall(crr11) / 3600 for f in (0.25, 0.5, 0.75, 1.0)])
+    for row in matched.itertuples():     # the saved checkpoint (every update here) closest to each time
+        assert row.step == int((cum - row.hours * 3600).abs().idxmin()) + 1
+        assert row.trajectories == sum(it["trajectories"] for it in its[:row.step])
+
+    snr = pd.read_csv(out / "snr.csv").set_index("arm")
+    per_run = [pd.Series([r["advantage_snr"] for r in read_jsonl(p / "metrics.jsonl")
+                          if r.get("event") == "iteration" and r.get("advantage_snr") is not None]).mean()
+               for p in train_dirs(comparison, "crr")]
+    assert snr.at["CRR", "advantage_snr"] == pytest.approx(pd.Series(per_run).mean(), nan_ok=True)
+
+    passk = pd.read_csv(out / "passk.csv")
+    row = passk[(passk.arm == "CRR") & (passk.seed == 11)].iloc[0]
+    assert row.pass_at_2 == pytest.approx(100 * final[("crr", 11, 2)]["pass_at_k"]["2"])
+    assert row.all_n == pytest.approx(100 * final[("crr", 11, 2)]["all_n"])
+
+    per_repo = pd.read_csv(out / "per_repo.csv")
+    results = {c["train_seed"]: pd.DataFrame(read_jsonl(p / "results.jsonl")) for p, c, _ in evals
+               if c["checkpoint"] is None and c["samples"] == 1 and Path(c["train_run"]).parent.name == "grpo"}
+    expect = pd.concat(r.groupby("repo")["reward"].mean() * 100 for r in results.values()).groupby(level=0).mean()
+    got = per_repo[per_repo.arm == "GRPO"].groupby("repo")["pass_at_1"].mean()
+    assert sorted(got.index) == ["local/a", "local/b"] and got.to_dict() == pytest.approx(expect.to_dict())
+
+    errors = pd.read_csv(out / "errors.csv")
+    failed = results[11][results[11].reward == 0]
+    counts = errors[(errors.arm == "GRPO") & (errors.seed == 11)].set_index("mode")["count"]
+    assert counts.to_dict() == {m: int((failed.error_mode == m).sum()) for m in counts.index} and counts.sum() > 0
+
+    forks = pd.read_csv(out / "fork_composition.csv")
+    tuples = pd.concat([read_tuples(r) for r in train_dirs(comparison, "crr")]).dropna(subset=["reward", "cf_reward"])
+    assert forks.forks.sum() == len(tuples) > 0
+    assert forks.frequency.sum() == pytest.approx(100)
+
+
+def test_every_format_is_written(comparison):
+    out = comparison / "report"
+    entries = json.loads((out / "report.json").read_text())["entries"]
+    index = {f"{e['kind']}/{e['name']}": e for e in entries}
+    tables = [e for e in entries if e["kind"] == "table"]
+    assert [e["name"] for e in tables] == [
+        "main", "composition", "search_select", "accounting", "wallclock", "ablation_k", "ablation_selector",
+        "ablation_horizon", "ablation_cf_temperature", "snr", "covariance", "passk", "errors", "errors_absolute",
+        "per_repo", "fork_composition"]
+    report = (out / "report.md").read_text()
+    for e in tables:
+        assert f"[{e['name']}.md]({e['name']}.md)" in report
+        if e["status"] != "missing":
+            tex = (out / f"{e['name']}.tex").read_text()
+            assert all(rule in tex for rule in ("\\toprule", "\\midrule", "\\bottomrule", f"\\label{{tab:{e['name']}}}"))
+            assert "±" not in tex and not pd.read_csv(out / f"{e['name']}.csv").empty
+    for name in ("main", "accounting", "wallclock", "passk", "errors", "per_repo", "fork_composition", "snr"):
+        assert index[f"table/{name}"]["status"] != "missing", name
+    for name in ("sample_efficiency", "train_reward", "ablations", "snr", "per_repo"):
+        assert index[f"figure/{name}"]["files"] == [f"{name}.png", f"{name}.pdf"], name
+        assert f"[{name}.png]({name}.png)" in report
+        assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (out / f"{name}.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+def test_missing_runs_are_named_with_their_commands(comparison, tmp_path):
+    main = (comparison / "report" / "main.md").read_text()
+    # cpu-main wants GRPO and Search-Select for seeds 11, 23 and 47: the absent ones come with their commands
+    assert "grpo, seed 47: train run" in main and "crr train --config experiments/cpu-grpo.yaml --seed 47" in main
+    assert "crr train --config experiments/cpu-crr.yaml --seed 23" in main
+    assert "crr train --config experiments/cpu-search-select.yaml --seed 47" in main
+    assert "crr eval micro-test --run" in main               # the spec's own benchmark was not run here
+    k = (comparison / "report" / "ablation_k.md").read_text()
+    assert "crr train --config experiments/cpu-crr.yaml --seed 11 k=1" in k
+
+    # Only the GRPO run: tables that need forks have no data; their files say so and name the commands.
+    result = invoke("report", "tables", "--runs", str(comparison / "runs" / "grpo"), "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    forks = (tmp_path / "fork_composition.md").read_text()
+    assert "No data yet" in forks and "crr train --config experiments/cpu-crr.yaml --seed 11" in forks
+    assert not (tmp_path / "fork_composition.tex").exists()
+    assert "runs missing" in result.text and "crr train --config experiments/cpu-crr.yaml --seed 23" in result.text
+
+
+def test_a_corrupt_run_file_is_named(comparison, tmp_path):
+    run = shutil.copytree(train_dirs(comparison, "grpo")[0], tmp_path / "runs" / "grpo-run")
+    (run / "ledger.json").write_text("{torn")
+    result = invoke("report", "tables", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "r"))
+    assert result.exit_code == 2 and f"{run / 'ledger.json'}isnotvalidJSON" in result.squeezed
+
+
+def test_interrupted_comparison_resumes_and_complete_runs_are_skipped(comparison):
+    spec = comparison.parent / "tiny.comparison.yaml"
+    before = sorted(p.parent for p in comparison.rglob("manifest.json"))
+    # an interrupted sampled evaluation (its last record lost) and a GRPO run interrupted after its last
+    # checkpoint, before the final model and summary were written
+    sampled = next(p for p, c, _ in eval_dirs(comparison) if c["samples"] == 2 and Path(c["train_run"]).parent.name == "crr")
+    lines = (sampled / "results.jsonl").read_text().splitlines(keepends=True)
+    (sampled / "results.jsonl").write_text("".join(lines[:-1]))
+    (sampled / "summary.json").unlink()
+    grpo = next(r for r in train_dirs(comparison, "grpo") if r.name.endswith("seed11"))
+    (grpo / "summary.json").unlink()
+    shutil.rmtree(grpo / "model")
+
+    dry = invoke("experiment", "run", str(spec), "--out", str(comparison), "--dry-run")
+    assert dry.exit_code == 0 and "grpo seed 11 [resume] crr train --resume" in dry.text
+    assert "grpo seed 23 [done]" in dry.text and "crr seed 11 [done]" in dry.text
+
+    result = invoke("experiment", "run", str(spec), "--out", str(comparison), "--no-report")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert "resuming" in result.text and f"resuming {sampled.name}" in result.text
+    assert "crr seed 11: done" in result.text
+    assert sorted(p.parent for p in comparison.rglob("manifest.json")) == before      # nothing started afresh
+    assert (grpo / "summary.json").is_file() and (grpo / "model" / "adapter_model.safetensors").is_file()
+    assert len(list(read_jsonl(sampled / "results.jsonl"))) == len(lines)
+    assert all(e.complete for e in load_runs([comparison]).evals)
+
+
+def test_bad_input_is_a_clear_error(tmp_path):
+    for args, message in (((str(tmp_path / "nope"),), "does not exist"),
+                          ((str(tmp_path),), "holds no crr run directories")):
+        result = invoke("report", "tables", "--runs", *args, "--out", str(tmp_path / "r"))
+        assert result.exit_code == 2 and message in result.text, result.output
+    (tmp_path / "file.txt").write_text("x")
+    result = invoke("report", "plots", "--runs", str(tmp_path / "file.txt"), "--out", str(tmp_path / "r"))
+    assert result.exit_code == 2 and "is a file" in result.text
+    other = tmp_path / "sft-run"
+    other.mkdir()
+    (other / "manifest.json").write_text(json.dumps({"command": "sft"}))
+    result = invoke("report", "tables", "--runs", str(other), "--out", str(tmp_path / "r"))
+    assert result.exit_code == 2 and "no `crr train` or `crr eval` runs" in result.text
+
+    (tmp_path / "bad.comparison.yaml").write_text(yaml.safe_dump(
+        {"arms": {"grpo": {"config": str(EXPERIMENTS / "cpu-grpo.yaml"), "budget_from": "crr"}}}))
+    result = invoke("experiment", "run", str(tmp_path / "bad.comparison.yaml"))
+    assert result.exit_code == 2 and "takes its budget from 'crr'" in result.text
+    result = invoke("experiment", "run", str(tmp_path / "none.comparison.yaml"))
+    assert result.exit_code == 2 and "no comparison spec" in result.text
+
+
+def test_presets_and_comparison_specs():
+    from crr.eval.taxonomy import ERROR_MODES
+    from crr.report.tables import ERROR_MODES as LABELS
+    from crr.train.config import load_config
+
+    assert tuple(LABELS) == ERROR_MODES
+    grpo = read_preset(EXPERIMENTS / "cpu-grpo.yaml")
+    assert grpo["method"] == "grpo" and grpo["learning_rate"] == read_preset(EXPERIMENTS / "cpu-crr.yaml")["learning_rate"]
+    for preset in sorted(EXPERIMENTS.glob("*.yaml")):
+        if not preset.name.endswith(".comparison.yaml"):   # paper presets train in bf16 on a GPU
+            cfg = load_config(preset, {"bf16": False} if preset.name.startswith("paper-") else {})
+            assert cfg.method == read_preset(preset)["method"]
+    assert load_config(EXPERIMENTS / "paper-grpo-wallclock.yaml", {"bf16": False}).max_trajectories is None
+    names: dict[tuple, str] = {}
+    for spec in sorted(EXPERIMENTS.glob("[!.]*.comparison.yaml")):
+        comparison = load_comparison(spec)
+        assert comparison.evals and all(set(a.seeds) <= {11, 23, 47} for a in comparison.arms.values())
+        for arm in comparison.arms.values():   # one arm, one name, across every spec of a scale
+            key = (spec.name.split("-")[0], arm.budget_from, *sorted(arm.settings.items(), key=str))
+            assert names.setdefault(key, arm.name) == arm.name
+    assert load_comparison(EXPERIMENTS / "paper-main.comparison.yaml").arms["crr"].seeds == (11, 23, 47)
+
+
+def test_preset_base_chains_and_loops(tmp_path):
+    from crr.errors import CRRError
+
+    (tmp_path / "a.yaml").write_text("base: b.yaml\nk: 1\n")
+    (tmp_path / "b.yaml").write_text(f"base: {EXPERIMENTS / 'cpu-crr.yaml'}\nk: 2\nselector: random\n")
+    merged = read_preset(tmp_path / "a.yaml")
+    assert merged["k"] == 1 and merged["selector"] == "random" and merged["method"] == "crr"
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(CRRError, match="loops"):
+        read_preset(tmp_path / "a.yaml")
