@@ -394,6 +394,15 @@ def test_an_interrupted_run_cleans_up_and_a_killed_one_is_collected(api, task, d
         assert not Path(info["root"]).exists()
         return
     assert api.containers(all=True, filters={"label": label}) and left  # SIGKILL: all left behind
+    # The engine warms pool containers in a background thread: a create the daemon accepted before the
+    # SIGKILL can still land after it. Collect once docker has settled (gc run again would find it too).
+    ids, deadline = None, time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = {c["Id"] for c in api.containers(all=True, filters={"label": label})}
+        if now == ids:
+            break
+        ids = now
+        time.sleep(1.0)
     removed = gc()
     assert any(r.startswith("container crr-" + info["engine"]) for r in removed)
     assert api.containers(all=True, filters={"label": label}) == []
