@@ -453,13 +453,7 @@ class DockerEngine:
             self._require_image(image, task)
             lower = self._image_testbed(image) if task.image else base_checkout(task)
             sb = self._overlay_sandbox(task, image, lambda root: OverlayWorkspace(root, lower))
-        if task.mirror and not self.record_http:
-            try:
-                http.install_cassette(sb)
-            except BaseException:
-                sb.close()
-                raise
-        return sb
+        return http.install_cassette(sb, self.record_http)
 
     def restore(self, snapshot: Snapshot) -> DockerSandbox:
         """An independent sandbox in exactly the state `snapshot` was taken in."""

@@ -47,12 +47,18 @@ def sandbox_env(repo_dir: str, record: bool) -> dict[str, str]:
             "CRR_HTTP_CASSETTE": f"{repo_dir}/{CASSETTE}", "CRR_HTTP_MISSES": f"{repo_dir}/{MISSES}"}
 
 
-def install_cassette(sandbox: Sandbox) -> None:
-    """Put the task's recorded cassette where the replaying plugin reads it (fresh sandboxes only:
-    a restored one has it in its snapshot). A task without one replays an empty cassette."""
+def install_cassette(sandbox: Sandbox, record_http: bool = False) -> Sandbox:
+    """Put the task's recorded cassette where the replaying plugin reads it, in a fresh sandbox of a task
+    with an environment (a restored one has it in its snapshot; a recording one records instead). A task
+    without one replays an empty cassette. The sandbox is closed if this fails."""
     replay = sandbox.task.http_replay
-    if replay:
-        sandbox.write_file(CASSETTE, read_cassette(replay))
+    if replay and sandbox.task.mirror and not record_http:
+        try:
+            sandbox.write_file(CASSETTE, read_cassette(replay))
+        except BaseException:
+            sandbox.close()
+            raise
+    return sandbox
 
 
 def read_cassette(replay: dict) -> bytes:

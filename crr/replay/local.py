@@ -130,13 +130,7 @@ class LocalEngine:
     def start(self, task: Task) -> LocalSandbox:
         base = base_checkout(task)
         sb = self._open(task, lambda root: self._workspace(root, base))
-        if task.mirror and not self.record_http:
-            try:
-                http.install_cassette(sb)
-            except BaseException:
-                sb.close()
-                raise
-        return sb
+        return http.install_cassette(sb, self.record_http)
 
     def restore(self, snapshot: Snapshot) -> LocalSandbox:
         with self._lock:
