@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,6 +41,23 @@ def publish(built: Path, dest: Path) -> None:
             raise
 
 
+def cached_repo(kind: str, task: Task, key: str, build: Callable[[Path], None]) -> Path:
+    """The cache entry `<cache>/<kind>/<instance>-<key>`: on first use `build(repo)` makes the repository
+    in a temporary sibling, which is then published whole (a crash leaves nothing half-built behind)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in task.instance_id)[:80]
+    dest = cache_root() / kind / f"{safe}-{key}"
+    if dest.is_dir():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{safe}."))
+    try:
+        build(tmp / "repo")
+        publish(tmp / "repo", dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
 def base_checkout(task: Task) -> Path:
     """Path of a clean checkout of `task.repo_src` at `task.base_commit` (with its .git); a task
     without repo_src but with an `sdist` (crr tasks synth) has its repository rebuilt from that."""
@@ -54,17 +72,10 @@ def base_checkout(task: Task) -> Path:
     src = Path(task.repo_src)
     if not src.exists():
         raise CRRError(f"task {task.instance_id}: repo_src {src} does not exist")
+
+    def clone(repo: Path) -> None:
+        _git("clone", "-q", "--no-checkout", str(src), str(repo))
+        _git("-c", "advice.detachedHead=false", "checkout", "-q", task.base_commit, cwd=repo)
+
     key = hashlib.sha256(f"{src.resolve()}\0{task.base_commit}".encode()).hexdigest()[:16]
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in task.instance_id)[:80]
-    dest = cache_root() / "checkouts" / f"{safe}-{key}"
-    if dest.is_dir():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{safe}."))
-    try:
-        _git("clone", "-q", "--no-checkout", str(src), str(tmp / "repo"))
-        _git("-c", "advice.detachedHead=false", "checkout", "-q", task.base_commit, cwd=tmp / "repo")
-        publish(tmp / "repo", dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+    return cached_repo("checkouts", task, key, clone)

@@ -42,7 +42,7 @@ from crr.agent.tools import SCRATCH_DIR
 from crr.errors import CRRError
 from crr.replay import get_engine, mirror
 from crr.replay.base import ForkEngine, Sandbox
-from crr.replay.checkout import cache_root, publish
+from crr.replay.checkout import cached_repo
 from crr.rundir import atomic_write_text
 from crr.tasks.loaders import TASKS_FILE, read_tasks_jsonl, write_tasks
 from crr.tasks.micro import files_diff, pinned_git
@@ -294,25 +294,18 @@ def materialise(task: Task) -> Path:
     pristine sdist commit, the gold patch reversed and the test patch's files removed."""
     if not task.sdist:
         raise CRRError(f"task {task.instance_id} has neither repo_src nor sdist; it cannot be checked out")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in task.instance_id)[:80]
-    dest = cache_root() / "synth-repos" / f"{safe}-{task.base_commit[:12]}"
-    if dest.is_dir():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{safe}."))
-    try:
-        sdist = Sdist.from_row(task.sdist)
-        pristine_repo(sdist, tmp / "repo")
-        pinned_git(tmp / "repo", "apply", "-R", "-", stdin=task.patch)
+    sdist = Sdist.from_row(task.sdist)
+
+    def rebuild(repo: Path) -> None:
+        pristine_repo(sdist, repo)
+        pinned_git(repo, "apply", "-R", "-", stdin=task.patch)
         removed = [f.path for f in PatchSet(task.test_patch) if f.is_added_file] if task.test_patch.strip() else []
-        commit = _commit(tmp / "repo", removed, task.instance_id)
+        commit = _commit(repo, removed, task.instance_id)
         if commit != task.base_commit:
             raise CRRError(f"task {task.instance_id}: rebuilding it from {sdist.filename} gave commit {commit[:12]}, "
                            f"not its base_commit {task.base_commit[:12]}; the row does not match its sdist")
-        publish(tmp / "repo", dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+
+    return cached_repo("synth-repos", task, task.base_commit[:12], rebuild)
 
 
 # ------------------------------------------------------------------------------------ files and ids
