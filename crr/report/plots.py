@@ -98,15 +98,19 @@ def sample_efficiency(runs: Runs, out: Path) -> Plot:
     return plot
 
 
+def _train_frames(needs: Needs, arms) -> pd.DataFrame | None:
+    """Every update of every finished train run of these arms, one frame (None when there is none)."""
+    frames = [f for ref in arms for run in needs.train(ref) if not (f := run.frame()).empty]
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
 def train_reward(runs: Runs, out: Path) -> Plot:
     spec, arms = _curve_arms(runs)
     needs = Needs(runs, spec)
     plot = Plot("train_reward", "Training reward against on-policy trajectories and wall clock", missing=needs.missing)
-    frames = [run.frame() for ref in arms for run in needs.train(ref)]
-    frames = [f for f in frames if not f.empty]
-    if not frames:
+    df = _train_frames(needs, arms)
+    if df is None:
         return plot
-    df = pd.concat(frames, ignore_index=True)
     df["arm"] = df["arm"].map({r.label: _label(r) for r in arms})
     mean = df.groupby(["arm", "step"], sort=False)[["cum_trajectories", "cum_wall_s", "reward_mean"]].mean().reset_index()
     scale, unit = _time_unit(mean["cum_wall_s"].max())
@@ -171,11 +175,9 @@ def snr(runs: Runs, out: Path) -> Plot:
     needs = Needs(runs, spec)
     arms, crr = main_arms(runs, spec)
     plot = Plot("snr", "Advantage SNR and bucket covariance over training", missing=needs.missing)
-    frames = [run.frame() for ref in arms for run in needs.train(ref)]
-    frames = [f for f in frames if not f.empty]
-    if not frames:
+    df = _train_frames(needs, arms)
+    if df is None:
         return plot
-    df = pd.concat(frames, ignore_index=True)
     labels = {r.label: _label(r) for r in arms}
     fig = Figure(figsize=(10, 3.8))
     left, right = fig.subplots(1, 2)
