@@ -114,11 +114,12 @@ class CRRTrainer(GRPOTrainer):
             trajs = result.trajectories
             self.ledger.move(sum((s.snapshot_ms or 0.0) for t in trajs for s in t.steps) / 1e3, "rollout_s", "fork_s")
             picks = self._select(trajs, seed) if cfg.method != "grpo" else {}
+            # injected replay noise rho draws from this iteration's realised outputs (none to gather at rho = 0)
+            noise = RerunOutputs(trajs, cfg.replay_noise, seed + 2) if cfg.replay_noise else None
             branches = run_branches(trajs, picks, cf_samples=cfg.cf_samples, backend=self.backend, engine=self.engine,
                                     tokenizer=self.processing_class, episode=self.episode, proposal=cfg.proposal,
                                     cf_temperature=cfg.cf_temperature, seed=seed + 1, horizon=cfg.horizon,
-                                    pool=self.pool, ledger=self.ledger,
-                                    noise=RerunOutputs(trajs, cfg.replay_noise, seed + 2)) if cfg.forks else []
+                                    pool=self.pool, ledger=self.ledger, noise=noise) if cfg.forks else []
             tuples = [self._tuple(trajs[b.row], b, step) for b in branches if b.sample is not None]
             write_part(self.run.path, step, tuples)
         finally:
