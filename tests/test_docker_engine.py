@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from crr.errors import CRRError, SandboxError
 from crr.replay.base import MAX_OUTPUT_BYTES, ForkEngine, Sandbox, tree_digest
 from crr.replay.checkout import cache_root
-from crr.replay.docker import DEFAULT_BASE_IMAGE, DockerEngine, docker_client, gc
+from crr.replay.docker import DEFAULT_BASE_IMAGE, TESTBED_ENV, DockerEngine, docker_client, gc
 
 pytestmark = pytest.mark.docker
 
@@ -123,6 +123,23 @@ def test_task_given_as_image(engine, api, task):
     with engine.start(image_task) as sb:
         assert tree_digest(sb) == want
         assert sb.exec("git log --format=%H -1").output.strip() == task.base_commit
+
+
+def test_commands_in_a_swebench_style_image_use_its_testbed_env(engine, task):
+    """SWE-bench images keep python and the project's deps in conda's `testbed` env, which nothing activates
+    for non-interactive shells: the agent's commands must find it first on PATH all the same."""
+    with DockerEngine(mode="commit") as builder, builder.start(task) as sb:
+        python = f"{TESTBED_ENV}/bin/python"
+        assert sb.exec(f"mkdir -p {TESTBED_ENV}/bin && printf '#!/bin/sh\\necho testbed python\\n' > {python} "
+                       f"&& chmod +x {python}").exit_code == 0
+        snap = sb.snapshot()  # commit mode: an image of the whole container, /opt included
+        image_task = dataclasses.replace(task, instance_id="dk-conda", image=snap.handle["image"], repo_src=None)
+        with engine.start(image_task) as conda_sb:
+            assert conda_sb.exec("python --version").output == "testbed python\n"
+            assert conda_sb.exec("echo $CONDA_DEFAULT_ENV").output == "testbed\n"
+        builder.release(snap)
+    with engine.start(task) as plain:  # an image without the env is untouched
+        assert "Python 3" in plain.exec("python --version").output
 
 
 def test_missing_image_is_a_clear_error(engine, task):

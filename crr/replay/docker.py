@@ -93,7 +93,13 @@ _PID1 = ["sh", "-c", (f"cd /; exec 3<>{CTL_DIR}/req; while :; do if read -r id <
 # timeout's --verbose notice, which tells a timeout from a command that merely exits 124. Then every
 # process but PID 1 is killed: nothing an action started (`sleep 100 &`, a daemon that called setsid)
 # outlives it, and the output FIFO reaches EOF.
+# SWE-bench images keep the project's environment in conda (env "testbed"), which only their eval scripts
+# and interactive shells activate; the agent's `python -m pytest` needs it as much. Its bin first on PATH
+# is the part of `conda activate` that matters here, without activate's fraction of a second per command.
+TESTBED_ENV = "/opt/miniconda3/envs/testbed"
 _ACTION = (f"cd {REPO_DIR} 2>&1 || exit 125\n"
+           f'[ -d {TESTBED_ENV}/bin ] && export PATH="{TESTBED_ENV}/bin:$PATH" CONDA_PREFIX={TESTBED_ENV} '
+           "CONDA_DEFAULT_ENV=testbed\n"
            'timeout --verbose -k 2 "$1" sh -c \'exec bash -c "$0" 2>&1\' "$2" </dev/null\n'
            "rc=$?; kill -9 -1 2>/dev/null; exit $rc\n")
 
