@@ -213,6 +213,15 @@ def test_missing_runs_are_named_with_their_commands(comparison, tmp_path):
     assert "runs missing" in result.text and "crr train --config experiments/cpu-crr.yaml --seed 23" in result.text
 
 
+def test_missing_run_commands_name_runs_relative_to_the_working_directory(comparison, tmp_path, monkeypatch):
+    # a report made where the runs live names them as a fresh clone would, not by this machine's paths
+    monkeypatch.chdir(comparison)
+    result = invoke("report", "tables", "--runs", "runs", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    main = (tmp_path / "main.md").read_text()
+    assert "crr eval micro-test --run runs/" in main and str(comparison) not in main
+
+
 def test_a_corrupt_run_file_is_named(comparison, tmp_path):
     run = shutil.copytree(train_dirs(comparison, "grpo")[0], tmp_path / "runs" / "grpo-run")
     (run / "ledger.json").write_text("{torn")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -100,8 +101,8 @@ class Needs:
                         cmds.append(ev.command(f"<run directory of {ref.label} seed {seed}>"))
                     self._note(f"{ref.label}, seed {seed}: train run", *cmds)
                 elif not run.complete:
-                    self._note(f"{ref.label}, seed {seed}: train run not finished ({run.path})",
-                               f"crr train --resume {run.path}")
+                    self._note(f"{ref.label}, seed {seed}: train run not finished ({shown(run.path)})",
+                               f"crr train --resume {shown(run.path)}")
         return [r for _, r in sorted(runs.items()) if r.complete]
 
     def _budget(self, ref: ArmRef, seed: int) -> float | None:
@@ -118,8 +119,17 @@ class Needs:
             final = step is None or step == run.updates
             self._note(f"{run.arm.label}, seed {run.seed}: {_eval_label(ev)} eval of the "
                        f"{'final model' if final else f'update-{step} checkpoint'}",
-                       ev.command(str(run.path), None if final else step))
+                       ev.command(shown(run.path), None if final else step))
         return found
+
+
+def shown(path: Path) -> str:
+    """A run's path as a command should name it: relative to the working directory when under it, so a
+    report's commands work from a fresh clone rather than naming the machine that made the runs."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _main_spec(runs: Runs) -> Comparison | None:
