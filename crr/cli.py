@@ -851,13 +851,17 @@ def rollout_bench_command(
     group: int = typer.Option(8, "--group", help="G: trajectories of the one micro task."),
     max_turns: int = typer.Option(4, "--max-turns", help="Turn cap of the throughput run."),
     max_new_tokens: int = typer.Option(96, "--max-new-tokens"),
-    max_value_chars: int | None = typer.Option(16, "--max-value-chars"),
+    max_value_chars: int = typer.Option(16, "--max-value-chars", help="Bound every string argument to this many "
+                                        "characters (the untrained default model rambles); 0: unbounded, as a "
+                                        "trained policy runs."),
     engine: str = typer.Option("local", "--engine", help="Fork engine: local or docker."),
     mode: str | None = typer.Option(None, "--mode", help="Docker engine mode: commit or overlay (fork bench)."),
     fork_steps: int = typer.Option(45, "--fork-steps", help="Length of the scripted trajectory forked."),
     repeats: int = typer.Option(5, "--repeats", help="Timed forks per index and strategy."),
     only: str | None = typer.Option(None, "--only", help="throughput or fork (default: both)."),
     threads: int | None = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's)."),
+    prefix_cache: str = typer.Option("on", "--prefix-cache", help="Throughput with prefix KV reuse across turns "
+                                     "(on), without (off), or both in one run (both: prints the speed-up)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Rollout throughput (generated tokens/s, trajectories/min at G) and fork-by-index latency at t=5
@@ -868,15 +872,19 @@ def rollout_bench_command(
 
     if only not in (None, "throughput", "fork"):
         raise CRRError(f"--only takes throughput or fork, got {only!r}")
+    if prefix_cache not in ("on", "off", "both"):
+        raise CRRError(f"--prefix-cache takes on, off or both, got {prefix_cache!r}")
     result: dict = {}
     if only in (None, "fork"):
         with err_console.status(f"fork bench: a {fork_steps}-step scripted trajectory on the {engine} engine"):
             result["fork"] = fork_bench(engine, steps=fork_steps, repeats=repeats, **({"mode": mode} if mode else {}))
     if only in (None, "throughput"):
-        with err_console.status(f"throughput bench: G={group}, {max_turns}-turn cap"):
-            result["throughput"] = throughput_bench(model, group=group, max_turns=max_turns,
-                                                    max_new_tokens=max_new_tokens, max_value_chars=max_value_chars,
-                                                    engine=engine, threads=threads)
+        for reuse in {"on": [True], "off": [False], "both": [False, True]}[prefix_cache]:
+            with err_console.status(f"throughput bench: G={group}, {max_turns}-turn cap, prefix cache "
+                                    f"{'on' if reuse else 'off'}"):
+                result["throughput" if reuse else "throughput_no_prefix_cache"] = throughput_bench(
+                    model, group=group, max_turns=max_turns, max_new_tokens=max_new_tokens,
+                    max_value_chars=max_value_chars or None, engine=engine, threads=threads, prefix_cache=reuse)
     if as_json:
         emit_json(result)
         return
@@ -892,13 +900,22 @@ def rollout_bench_command(
         console.print(table)
         console.print(f"per-step recording cost: snapshot {f['snapshot_ms_p50']:.1f} ms, tree digest "
                       f"{f['digest_ms_p50']:.0f} ms", highlight=False)
-    if "throughput" in result:
-        r = result["throughput"]
-        console.print(f"throughput: G={r['group']}, {r['max_turns']}-turn cap, {r['steps']} turns, "
+    for key in ("throughput_no_prefix_cache", "throughput"):
+        if key not in result:
+            continue
+        r = result[key]
+        reuse = (f"prefix cache on: {r['prompt_tokens_reused']} prompt tokens reused, {r['prompt_tokens_prefilled']} "
+                 "encoded" if r["prefix_cache"] else "prefix cache off")
+        console.print(f"throughput ({reuse}): G={r['group']}, {r['max_turns']}-turn cap, {r['steps']} turns, "
                       f"{r['threads']} torch thread(s): "
                       f"[bold]{r['generated_tokens_per_s']:.1f} generated tokens/s[/] ({r['generated_tokens']} in "
                       f"{r['generation_s']:.0f} s of generation), [bold]{r['trajectories_per_min']:.2f} "
                       f"trajectories/min[/] ({r['wall_s']:.0f} s wall)", highlight=False, soft_wrap=True)
+    if "throughput" in result and "throughput_no_prefix_cache" in result:
+        on, off = result["throughput"], result["throughput_no_prefix_cache"]
+        console.print(f"prefix reuse speed-up: generation time x{off['generation_s'] / on['generation_s']:.2f}, "
+                      f"trajectories/min x{on['trajectories_per_min'] / off['trajectories_per_min']:.2f}",
+                      highlight=False)
 
 
 # --- sft (the warm start: exploring-expert trajectories, TRL's SFTTrainer) ---------------------

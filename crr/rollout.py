@@ -114,6 +114,9 @@ def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngin
     ecfg = config.episode
     episodes = [Episode(task, engine, tokenizer, ecfg, task_index=i, group=g, seed=config.seed)
                 for i, task in enumerate(tasks) for g in range(config.group)]
+    # Reused prefixes change a row's numbers by rounding only, but a rollout's trajectories should be a
+    # function of its seed and the weights alone, whatever the backend generated before.
+    backend.clear_cache()
     own_pool = pool is None
     pool = pool or ThreadWorkerPool(config.workers)
     finished: dict[int, Trajectory] = {}

@@ -92,15 +92,18 @@ def fork_bench(engine: str = "local", steps: int = 45, at: tuple[int, ...] = (5,
 
 def throughput_bench(model: str | None = None, group: int = 8, max_turns: int = 4, max_new_tokens: int = 96,
                      max_value_chars: int | None = 16, temperature: float = 0.6, seed: int = 0,
-                     engine: str = "local", workers: int = 4, threads: int | None = None) -> dict:
+                     engine: str = "local", workers: int = 4, threads: int | None = None,
+                     prefix_cache: bool = True) -> dict:
     """One micro task, G trajectories of the policy with a short turn cap: generated tokens per second
     (of generation time) and trajectories per minute (of wall time). `threads` sets torch's intra-op
-    threads (on 2 busy cores one thread is several times faster than two spinning against each other)."""
+    threads (on 2 busy cores one thread is several times faster than two spinning against each other);
+    `prefix_cache` False re-encodes every turn's whole conversation (the backend without prefix reuse)."""
     if threads is not None:
         torch.set_num_threads(threads)
     model = model or str(default_model_dir())
     model_obj, tokenizer = load_policy(model)
-    backend = TransformersBackend(model_obj, tokenizer, max_value_chars=max_value_chars)
+    backend = TransformersBackend(model_obj, tokenizer, max_value_chars=max_value_chars,
+                                  **({} if prefix_cache else {"prefix_cache_bytes": 0}))
     config = RolloutConfig(group=group, seed=seed, workers=workers, episode=EpisodeConfig(
         max_turns=max_turns, temperature=temperature, max_new_tokens=max_new_tokens, snapshots=False))
     with tempfile.TemporaryDirectory(prefix="crr-rollout-bench-") as tmp, get_engine(engine) as eng:
@@ -109,6 +112,8 @@ def throughput_bench(model: str | None = None, group: int = 8, max_turns: int = 
     s = result.summary
     return {"model": model, "threads": torch.get_num_threads(), "group": group, "max_turns": max_turns, "max_new_tokens": max_new_tokens,
             "max_value_chars": max_value_chars, "temperature": temperature, "engine": engine,
+            "prefix_cache": prefix_cache, "prompt_tokens_reused": backend.prefix_cache.reused_tokens,
+            "prompt_tokens_prefilled": backend.prefix_cache.prefilled_tokens if prefix_cache else None,
             **{k: s[k] for k in ("trajectories", "steps", "mean_turns", "generated_tokens", "generation_s", "wall_s",
                                  "generated_tokens_per_s", "trajectories_per_min", "grammar_rejection_rate",
                                  "truncated_calls", "end_reasons")}}

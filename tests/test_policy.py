@@ -3,6 +3,7 @@ tool calls with per-token log-probabilities and entropy, and the CRR proposal's 
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -17,7 +18,9 @@ from crr.agent.tools import parse_tool_call
 from crr.errors import CRRError
 from crr.policy import TransformersBackend, VLLMBackend, default_model_dir, init_tiny_model, load_policy
 from crr.policy.backend import DEFAULT_MAX_EXCLUSION_TRIES
+from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import MODEL_VERSION, SIZES, param_count
+from crr.policy.prefix_cache import PrefixCache
 
 MAX_VALUE_CHARS = 4
 # Worst case for the longest call with 4-character values (every character its own token, escapes
@@ -208,6 +211,16 @@ def test_unbounded_grammar_calls_parse_or_are_flagged_truncated(policy):
     assert any(not s.truncated for s in samples)
 
 
+def test_a_large_value_bound_keeps_integers_within_int64(policy):
+    # 24 characters a value: integer bounds stop at 18 digits (xgrammar's int64) instead of overflowing
+    grammar = ToolCallGrammar(policy[1], COMPACT_TOOLS, max_value_chars=24)
+    long_line = "x = 1  # " + "y" * 15
+    call = json.dumps({"name": "edit_file", "arguments": {"path": "a.py", "start": 123456789012345678, "end": 1,
+                                                          "replacement": long_line}})
+    assert grammar.tokenize(call) is not None
+    assert grammar.tokenize(call.replace("123456789012345678", "1234567890123456789")) is None
+
+
 def test_greedy_is_deterministic_and_counts_rejections(backend, policy):
     a = backend.generate([conversation()] * 2, temperature=0.0, seed=0, max_new_tokens=BUDGET)
     b = backend.generate([conversation()], temperature=0.0, seed=99, max_new_tokens=BUDGET)
@@ -233,6 +246,7 @@ def test_greedy_is_deterministic_and_counts_rejections(backend, policy):
 
 
 def test_sampling_is_reproducible_for_a_seed_and_varies_across_seeds(samples, backend, batch):
+    backend.clear_cache()  # else the prompts' cached prefixes make the numbers equal up to rounding only
     again = backend.generate(batch, temperature=0.7, seed=7, max_new_tokens=BUDGET)
     other = backend.generate(batch, temperature=0.7, seed=8, max_new_tokens=BUDGET)
     assert [(s.action_ids, s.behaviour_logprobs, s.entropies) for s in again] == \
@@ -264,6 +278,63 @@ def test_logprobs_match_a_teacher_forced_pass(samples, backend, policy):
         assert s.policy_logprobs == pytest.approx(policy_lp, abs=1e-4)
         assert s.entropies == pytest.approx(entropy, abs=1e-4)
         assert s.proposal_logprob == pytest.approx(sum(behaviour), abs=1e-3)
+
+
+def _assert_same_samples(fresh, reused):
+    for a, b in zip(fresh, reused, strict=True):
+        assert a.action_ids == b.action_ids
+        assert b.policy_logprobs == pytest.approx(a.policy_logprobs, abs=1e-4)
+        assert b.behaviour_logprobs == pytest.approx(a.behaviour_logprobs, abs=1e-4)
+        assert b.entropies == pytest.approx(a.entropies, abs=1e-4)
+
+
+def test_prefix_reuse_across_turns_matches_a_fresh_prefill(policy):
+    """Turns that extend earlier prompts, a branch from inside a cached conversation beside a row the cache
+    never saw, and weights changed in place: with the prefix cache every row samples what a fresh prefill
+    samples, with the same numbers."""
+    model, tokenizer = copy.deepcopy(policy[0]), policy[1]  # its weights are changed below
+    fresh = TransformersBackend(model, tokenizer, tools=COMPACT_TOOLS, max_value_chars=MAX_VALUE_CHARS,
+                                prefix_cache_bytes=0)
+    reuse = TransformersBackend(model, tokenizer, tools=COMPACT_TOOLS, max_value_chars=MAX_VALUE_CHARS)
+    observation = tokenizer.encode("\n<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n"
+                                   "<|im_start|>assistant\n")
+    prompts = [fresh.prompt_ids(c) for c in (conversation(), conversation("x " * 40))]
+    for turn in range(3):
+        samples = fresh.generate(prompts, temperature=0.7, seed=turn, max_new_tokens=BUDGET)
+        _assert_same_samples(samples, reuse.generate(prompts, temperature=0.7, seed=turn, max_new_tokens=BUDGET))
+        prompts = [p + s.action_ids + observation for p, s in zip(prompts, samples)]
+    cache = reuse.prefix_cache
+    assert cache.reused_tokens > cache.prefilled_tokens and fresh.prefix_cache.reused_tokens == 0
+    assert len(cache) == 2  # each turn's entry replaced the one it extends
+
+    branch = [prompts[0][:-len(observation) - 3], fresh.prompt_ids(conversation("new"))]
+    before = cache.reused_tokens
+    _assert_same_samples(fresh.generate(branch, temperature=0.7, seed=9, max_new_tokens=BUDGET),
+                         reuse.generate(branch, temperature=0.7, seed=9, max_new_tokens=BUDGET))
+    # all but the last token of the branch, and the new row's system prompt and tools (every prompt's opening)
+    shared = next(i for i, (a, b) in enumerate(zip(branch[0], branch[1])) if a != b)
+    assert cache.reused_tokens - before == len(branch[0]) - 1 + shared
+
+    with torch.no_grad():  # an optimizer step, in effect: the cached keys and values are stale now
+        model.model.layers[0].self_attn.k_proj.weight.mul_(1.5)
+    _assert_same_samples(fresh.generate(prompts, temperature=0.0, seed=0, max_new_tokens=BUDGET),
+                         reuse.generate(prompts, temperature=0.0, seed=0, max_new_tokens=BUDGET))
+
+
+def test_prefix_cache_is_bounded_in_bytes():
+    def kv(n):  # one layer, 2 heads, 4 dims: 64 bytes a token
+        return [(torch.zeros(2, n, 4), torch.zeros(2, n, 4))]
+    cache = PrefixCache(max_bytes=64 * 10)
+    cache.store([1, 2, 3, 4], kv(4))
+    cache.store([1, 2, 3, 4, 5, 6], kv(6))  # extends the first: replaces it
+    assert len(cache) == 1 and cache.bytes == 64 * 6
+    cache.store([7, 8, 9, 10], kv(4))
+    assert len(cache) == 2 and cache.bytes == 64 * 10
+    cache.store([11, 12], kv(2))  # over the bound: the least recently used entry goes
+    assert cache.bytes <= 64 * 10 and cache.lookup([1, 2, 3, 4, 5, 6, 7])[0] == 0
+    assert cache.lookup([7, 8, 9, 10, 0])[0] == 4 and cache.lookup([7, 8])[0] == 1
+    cache.store(list(range(20)), kv(20))  # larger than the whole bound: not kept
+    assert cache.lookup(list(range(21)))[0] == 0 and cache.bytes <= 64 * 10
 
 
 def test_exclude_never_returns_the_realised_call(policy):

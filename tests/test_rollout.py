@@ -109,3 +109,16 @@ def test_cli_rollout_end_to_end(task, tmp_path):
     assert "calc-1 #0" in result.stdout and "calc-1 #1" in result.stdout and "pass rate" in result.stdout
     bad = CliRunner().invoke(app, ["rollout", "--tasks", str(tmp_path / "missing.jsonl")])
     assert bad.exit_code == 2 and "does not exist" in bad.output
+
+
+def test_rollout_bench_with_and_without_prefix_reuse():
+    args = ["rollout", "bench", "--only", "throughput", "--group", "2", "--max-turns", "3", "--max-new-tokens", "40",
+            "--max-value-chars", "4", "--threads", "1"]
+    result = CliRunner().invoke(app, [*args, "--prefix-cache", "both", "--json"])
+    assert result.exit_code == 0, result.output
+    on, off = (json.loads(result.stdout)[k] for k in ("throughput", "throughput_no_prefix_cache"))
+    # the same trajectories either way: reuse changes the cost of a turn, not what is sampled
+    assert (on["generated_tokens"], on["steps"]) == (off["generated_tokens"], off["steps"])
+    assert on["prompt_tokens_reused"] > 0 and off["prompt_tokens_reused"] == 0
+    result = CliRunner().invoke(app, [*args, "--prefix-cache", "maybe"])
+    assert result.exit_code == 2 and "on, off or both" in result.output

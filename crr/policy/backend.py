@@ -38,8 +38,10 @@ from crr.agent.prompt import TOOL_SCHEMAS
 from crr.agent.tools import ToolCallError, parse_tool_call
 from crr.errors import CRRError
 from crr.policy.grammar import ToolCallGrammar, ToolCallMatcher, apply_bitmask
+from crr.policy.prefix_cache import PrefixCache, batch_past, row_kv
 
 DEFAULT_MAX_EXCLUSION_TRIES = 8
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30  # reused keys/values (the tiny model: ~3 KB a token, so ~350k tokens)
 
 
 @dataclass
@@ -77,6 +79,9 @@ Prompt = list[dict] | list[int]
 class GenerationBackend(Protocol):
     def generate(self, conversations: list[Prompt], temperature: float, seed: int, max_new_tokens: int,
                  exclude: list[str | None] | None = None) -> list[StepSample]: ...
+
+    def clear_cache(self) -> None:
+        """Forget reused prefixes, so what follows depends on its seeds and the weights only."""
 
 
 def step_entropy(entropies: list[float], semantic: list[bool]) -> float:
@@ -147,12 +152,15 @@ class TransformersBackend:
 
     A custom loop rather than `model.generate`: each step needs the grammar mask, the masked and raw
     distributions and the Gumbel draw of every row, which generate's logits processors cannot return.
-    Prompts are left-padded and the KV cache is kept across steps.
+    Prompts are left-padded and the KV cache is kept across steps, and across calls: a prompt that
+    extends an earlier one (the next turn, a branch of a trajectory) reuses its keys and values
+    (crr.policy.prefix_cache; `prefix_cache_bytes` bounds it, 0 turns it off).
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, device: str = "cpu",
                  tools: list[dict] | None = None, max_value_chars: int | None = None,
-                 max_exclusion_tries: int = DEFAULT_MAX_EXCLUSION_TRIES):
+                 max_exclusion_tries: int = DEFAULT_MAX_EXCLUSION_TRIES,
+                 prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES):
         if tokenizer.pad_token_id is None:
             raise CRRError("the tokenizer has no pad token; load the model with crr.policy.load_policy")
         self.model = model.to(device).eval()
@@ -160,6 +168,8 @@ class TransformersBackend:
         self.device = device
         self.tools = TOOL_SCHEMAS if tools is None else tools
         self.max_exclusion_tries = max_exclusion_tries
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self._weights_stamp: tuple[int, int] | None = None
         self.grammar = ToolCallGrammar(tokenizer, self.tools, vocab_size=model.get_output_embeddings().weight.shape[0],
                                        max_value_chars=max_value_chars)
 
@@ -210,15 +220,26 @@ class TransformersBackend:
     def _sample(self, prompts: list[list[int]], temperature: float, generator: torch.Generator,
                 max_new_tokens: int) -> list[StepSample]:
         start = time.perf_counter()
-        rows, width = len(prompts), max(map(len, prompts))
+        # Row i: its cached prefix (n_i tokens, right-aligned in the first `reused` columns), then the
+        # rest of its prompt (right-aligned in the next `width`); padding is masked out, and positions
+        # count a row's own tokens, so every token sits where a fresh left-padded prefill puts it.
+        self._invalidate_stale_prefixes()
+        cached = [self.prefix_cache.lookup(p) for p in prompts] if self.prefix_cache.max_bytes > 0 else \
+            [(0, None)] * len(prompts)
+        rows, reused = len(prompts), max(n for n, _ in cached)
+        width = max(len(p) - n for p, (n, _) in zip(prompts, cached))
         input_ids = torch.full((rows, width), self.tokenizer.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((rows, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            input_ids[i, width - len(p):] = torch.tensor(p)
-            attention[i, width - len(p):] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        attention = torch.zeros((rows, reused + width), dtype=torch.long)
+        positions = torch.zeros((rows, width), dtype=torch.long)
+        for i, (p, (n, _)) in enumerate(zip(prompts, cached)):
+            rest = len(p) - n
+            input_ids[i, width - rest:] = torch.tensor(p[n:])
+            attention[i, reused - n:reused] = 1
+            attention[i, reused + width - rest:] = 1
+            positions[i, width - rest:] = torch.arange(n, len(p))
         out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-                         position_ids=positions.to(self.device), use_cache=True, logits_to_keep=1)
+                         position_ids=positions.to(self.device), use_cache=True, logits_to_keep=1,
+                         past_key_values=batch_past(self.model.config, cached, reused))
         next_positions = positions[:, -1:] + 1
 
         matchers = [self.grammar.matcher() for _ in range(rows)]
@@ -264,8 +285,24 @@ class TransformersBackend:
                              use_cache=True, logits_to_keep=1)
             next_positions = next_positions + 1
         elapsed = time.perf_counter() - start
+        if self.prefix_cache.max_bytes > 0:
+            for i, (p, r) in enumerate(zip(prompts, record)):
+                keep = attention[i].nonzero()[:, 0].to(self.device)  # the tokens row i was fed
+                self.prefix_cache.store((p + r["action_ids"])[:len(keep)], row_kv(out.past_key_values, i, keep))
         return [self._step_sample(p, r, m, temperature, elapsed if t is None else t)
                 for p, r, m, t in zip(prompts, record, matchers, done_at)]
+
+    def clear_cache(self) -> None:
+        self.prefix_cache.clear()
+
+    def _invalidate_stale_prefixes(self) -> None:
+        """Cached keys and values belong to the weights that computed them. An optimizer step, a loaded
+        state dict or a LoRA update changes parameters in place, which bumps their autograd version
+        counters; so the sum of those counters (and the model's identity) stamps the weights."""
+        stamp = (id(self.model), sum(p._version for p in self.model.parameters()))
+        if stamp != self._weights_stamp:
+            self.prefix_cache.clear()
+            self._weights_stamp = stamp
 
     def _step_sample(self, prompt: list[int], r: dict[str, list], matcher: ToolCallMatcher, temperature: float,
                      wall_time_s: float) -> StepSample:

@@ -27,6 +27,7 @@ def generation_bench(model: str, batch: int = 8, max_new_tokens: int = 64, tempe
     backend.generate([conversation], temperature=temperature, seed=seed, max_new_tokens=4)  # warm-up
     samples, start = [], time.perf_counter()
     for r in range(repeats):
+        backend.clear_cache()  # each repeat encodes the prompt afresh: the figure is one cold batch's
         samples += backend.generate([conversation] * batch, temperature=temperature, seed=seed + r,
                                     max_new_tokens=max_new_tokens)
     elapsed = time.perf_counter() - start

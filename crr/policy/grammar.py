@@ -45,7 +45,8 @@ def tool_call_schema(tools: list[dict], max_value_chars: int | None = None) -> d
         if max_value_chars is not None:
             for prop in params.get("properties", {}).values():
                 if prop.get("type") == "integer" and "maximum" not in prop:
-                    prop["maximum"] = 10 ** max_value_chars - 1
+                    # xgrammar's integer bounds are int64: more than 18 digits would overflow them
+                    prop["maximum"] = 10 ** min(max_value_chars, 18) - 1
         cases.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
                       "required": ["name", "arguments"], "additionalProperties": False})
     return {"anyOf": cases}

@@ -1,0 +1,114 @@
+"""Prefix KV reuse across turns for the transformers backend.
+
+A multi-turn rollout's next prompt is its previous prompt plus the action it generated plus the
+observation, and a counterfactual branch's prompt is a prefix of its realised trajectory; re-encoding
+that shared prefix every turn made prefill grow with the square of the turn count. The cache keeps, per
+finished generation, the keys and values of every token the model was fed (the prompt and the action
+up to its last token), and a new prompt reuses the longest cached prefix of itself: only the rest is
+prefilled. (vLLM does the same with its automatic prefix caching; `model.generate` keeps a cache within
+one call only, and a batch of rows with different cached lengths needs the left-aligned assembly below.)
+
+Entries are per sequence, on the model's device, and bounded in bytes with least-recently-used eviction;
+an entry that another one extends is dropped when the longer one is stored. Reused keys and values are
+the same numbers a fresh prefill computes up to floating-point rounding (same positions, same masks).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import DynamicCache, PretrainedConfig
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values of one sequence, (heads, tokens, dim)
+
+
+@dataclass
+class _Entry:
+    ids: np.ndarray
+    kv: KV
+    nbytes: int
+
+
+class PrefixCache:
+    """Keys and values of earlier sequences, looked up by longest common token prefix."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._next_key = 0
+        self.bytes = 0
+        self.reused_tokens = 0   # prompt tokens taken from the cache (statistics for benchmarks)
+        self.prefilled_tokens = 0  # prompt tokens the model had to encode
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, ids: list[int]) -> tuple[int, KV | None]:
+        """(n, kv): the longest cached prefix of `ids`, at most len(ids) - 1 tokens (the last prompt token
+        is always fed: its logits give the first action token); kv holds at least n tokens."""
+        query = np.asarray(ids, dtype=np.int64)
+        best_key, best = None, 0
+        for key, entry in self._entries.items():
+            n = min(len(entry.ids), len(query) - 1)
+            if n <= best:
+                continue
+            differ = np.flatnonzero(entry.ids[:n] != query[:n])
+            common = int(differ[0]) if len(differ) else n
+            if common > best:
+                best_key, best = key, common
+        self.reused_tokens += best
+        self.prefilled_tokens += len(ids) - best
+        if best_key is None:
+            return 0, None
+        self._entries.move_to_end(best_key)
+        return best, self._entries[best_key].kv
+
+    def store(self, ids: list[int], kv: KV) -> None:
+        """Keep the keys and values of `ids` (one per token); entries that `ids` extends are dropped."""
+        if self.max_bytes <= 0:
+            return
+        key_ids = np.asarray(ids, dtype=np.int64)
+        for key in [k for k, e in self._entries.items()
+                    if len(e.ids) <= len(key_ids) and np.array_equal(e.ids, key_ids[:len(e.ids)])]:
+            self._drop(key)
+        nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        if nbytes > self.max_bytes:
+            return
+        while self.bytes + nbytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+        self._entries[self._next_key] = _Entry(key_ids, kv, nbytes)
+        self._next_key += 1
+        self.bytes += nbytes
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
+
+    def _drop(self, key: int) -> None:
+        self.bytes -= self._entries.pop(key).nbytes
+
+
+def batch_past(config: PretrainedConfig, rows: list[tuple[int, KV | None]], width: int) -> DynamicCache | None:
+    """A batch cache `width` tokens wide holding each row's first n reused tokens right-aligned (the rest
+    is padding, masked out by the caller's attention mask); None when no row reuses anything."""
+    if width == 0:
+        return None
+    template = next(kv for n, kv in rows if n)
+    layers = []
+    for layer, (k0, v0) in enumerate(template):
+        keys = k0.new_zeros((len(rows), k0.shape[0], width, k0.shape[2]))
+        values = v0.new_zeros((len(rows), v0.shape[0], width, v0.shape[2]))
+        for i, (n, kv) in enumerate(rows):
+            if n:
+                keys[i, :, width - n:] = kv[layer][0][:, :n]
+                values[i, :, width - n:] = kv[layer][1][:, :n]
+        layers.append((keys, values))
+    return DynamicCache(layers, config=config)
+
+
+def row_kv(past: DynamicCache, row: int, keep: torch.Tensor) -> KV:
+    """Row `row`'s keys and values at the positions `keep` (its unmasked tokens), as one sequence."""
+    return [(layer.keys[row][:, keep].clone(), layer.values[row][:, keep].clone()) for layer in past.layers]
