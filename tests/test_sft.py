@@ -245,7 +245,8 @@ def test_cli_defaults_are_the_default_recipe():
     recipe = SFTRecipe()
     assert _SFT_DEFAULTS == {"tasks": recipe.tasks, "n_tasks": recipe.n_tasks,
                              "episodes": recipe.data.episodes_per_task, "error_rate": recipe.data.expert.error_rate,
-                             "epochs": recipe.train.epochs, "lr": recipe.train.learning_rate}
+                             "epochs": recipe.train.epochs, "lr": recipe.train.learning_rate,
+                             "bf16": recipe.train.bf16}
 
 
 def test_sft_command_bad_input(tmp_path):

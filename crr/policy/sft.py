@@ -70,6 +70,7 @@ class SFTSettings:
     seed: int = 0                        # SFTRecipe.seed overrides it
     logging_steps: int = 1
     threads: int | None = None           # torch intra-op threads (None: torch's default)
+    bf16: bool = False                   # bf16 autocast: ~1.3-2x faster on CPUs with AVX512-BF16, not bit-equal to fp32
 
     def __post_init__(self) -> None:
         if self.epochs <= 0:
@@ -283,9 +284,9 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
         lr_scheduler_type=settings.lr_scheduler, weight_decay=settings.weight_decay,
         max_grad_norm=settings.max_grad_norm, max_length=settings.max_length,
         seed=settings.seed, data_seed=settings.seed, logging_steps=settings.logging_steps,
-        # CPU: fp32 (bf16 autocast is slower here and not bit-reproducible), no activation recomputation (the
-        # model is small; it would only cost time), no dataloader workers (2 cores).
-        bf16=False, use_cpu=True, activation_checkpointing=False, dataloader_num_workers=0,
+        # CPU: no activation recomputation (the model is small; it would only cost time), no dataloader
+        # workers (2 cores).
+        bf16=settings.bf16, use_cpu=True, activation_checkpointing=False, dataloader_num_workers=0,
         save_strategy="epoch", save_total_limit=1, report_to="none", disable_tqdm=True,
         # The mask comes with the rows (assistant_masks); assistant_only_loss would re-render `messages`.
         assistant_only_loss=False, completion_only_loss=False)
