@@ -321,6 +321,20 @@ def test_prefix_reuse_across_turns_matches_a_fresh_prefill(policy):
                          reuse.generate(prompts, temperature=0.0, seed=0, max_new_tokens=BUDGET))
 
 
+def test_no_prefix_reuse_for_sliding_window_layers(policy):
+    # a sliding-window cache keeps only the window: nothing to reuse, generation unaffected
+    tokenizer = policy[1]
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, use_sliding_window=True,
+                         sliding_window=8, max_window_layers=0, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    backend = TransformersBackend(Qwen3ForCausalLM(config).eval(), tokenizer, tools=COMPACT_TOOLS,
+                                  max_value_chars=MAX_VALUE_CHARS)
+    [sample] = backend.generate([conversation()], temperature=0.7, seed=0, max_new_tokens=BUDGET)
+    assert not sample.truncated and len(backend.prefix_cache) == 0
+
+
 def test_prefix_cache_is_bounded_in_bytes():
     def kv(n):  # one layer, 2 heads, 4 dims: 64 bytes a token
         return [(torch.zeros(2, n, 4), torch.zeros(2, n, 4))]

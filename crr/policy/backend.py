@@ -38,7 +38,7 @@ from crr.agent.prompt import TOOL_SCHEMAS
 from crr.agent.tools import ToolCallError, parse_tool_call
 from crr.errors import CRRError
 from crr.policy.grammar import ToolCallGrammar, ToolCallMatcher, apply_bitmask
-from crr.policy.prefix_cache import PrefixCache, batch_past, row_kv
+from crr.policy.prefix_cache import PrefixCache, batch_past, reusable, row_kv
 
 DEFAULT_MAX_EXCLUSION_TRIES = 8
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30  # reused keys/values (the tiny model: ~3 KB a token, so ~350k tokens)
@@ -285,7 +285,7 @@ class TransformersBackend:
                              use_cache=True, logits_to_keep=1)
             next_positions = next_positions + 1
         elapsed = time.perf_counter() - start
-        if self.prefix_cache.max_bytes > 0:
+        if self.prefix_cache.max_bytes > 0 and reusable(out.past_key_values, attention.shape[1]):
             for i, (p, r) in enumerate(zip(prompts, record)):
                 keep = attention[i].nonzero()[:, 0].to(self.device)  # the tokens row i was fed
                 self.prefix_cache.store((p + r["action_ids"])[:len(keep)], row_kv(out.past_key_values, i, keep))

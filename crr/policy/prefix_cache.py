@@ -109,6 +109,14 @@ def batch_past(config: PretrainedConfig, rows: list[tuple[int, KV | None]], widt
     return DynamicCache(layers, config=config)
 
 
+def reusable(past: object, width: int) -> bool:
+    """Whether `past` holds every fed token's keys and values in plain per-layer tensors (a dynamic cache
+    of full-attention layers); sliding-window or recurrent layers keep less, and are not reused."""
+    layers = getattr(past, "layers", None)
+    return bool(layers) and all(getattr(layer, "keys", None) is not None and layer.keys.dim() == 4
+                                and layer.keys.shape[-2] == width for layer in layers)
+
+
 def row_kv(past: DynamicCache, row: int, keep: torch.Tensor) -> KV:
     """Row `row`'s keys and values at the positions `keep` (its unmasked tokens), as one sequence."""
     return [(layer.keys[row][:, keep].clone(), layer.values[row][:, keep].clone()) for layer in past.layers]
