@@ -586,6 +586,49 @@ def model_bench(
                   f"mean H_t {result['mean_step_entropy']:.2f}", highlight=False)
 
 
+@model_app.command("probe")
+@friendly
+def model_probe(
+    model: str | None = typer.Option(None, "--model", help="Model or LoRA adapter directory, or hub id (default: "
+                                     "the warm-started default if built, else the tiny default)."),
+    tasks: str = typer.Option("micro-test", "--tasks", help="Task file (JSONL), directory, micro set or dataset."),
+    n_tasks: int = typer.Option(16, "--n-tasks", help="Expert episodes on the first N tasks."),
+    seed: int = typer.Option(0, "--seed", help="The expert's seed."),
+    engine: str = typer.Option("local", "--engine", help="Fork engine for the expert's episodes: local or docker."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Where a policy departs from the exploring expert: teacher-forced loss and argmax accuracy of its
+    action tokens on the expert's solved episodes, per part of the call (the tool, then each argument:
+    path, line numbers, replacement, command, test filter); grammar-forced structure left out. A call is
+    right only when every token of it is, so a part far below 100% caps the pass rate."""
+    from rich.table import Table
+
+    from crr.eval.evaluate import load_eval_policy, resolve_policy
+    from crr.policy.sft import action_field_stats, build_sft_dataset
+    from crr.replay import get_engine
+    from crr.tasks.loaders import load_tasks
+
+    if n_tasks < 1:
+        raise CRRError(f"--n-tasks must be at least 1, got {n_tasks}")
+    policy = resolve_policy(model)
+    policy_model, tokenizer = load_eval_policy(policy)
+    task_list = load_tasks(tasks)[:n_tasks]
+    with err_console.status(f"expert episodes on {len(task_list)} tasks"), get_engine(engine) as fork_engine:
+        rows = build_sft_dataset(task_list, fork_engine, seed, tokenizer)
+    with err_console.status(f"scoring {len(rows)} expert episodes"):
+        stats = action_field_stats(policy_model, tokenizer, rows)
+    result = {"model": policy.model, "tasks": tasks, "episodes": len(rows), "parts": stats}
+    if as_json:
+        emit_json(result)
+        return
+    table = Table(title=f"{policy.model} on the expert's {len(rows)} solved episodes of {tasks} (semantic action tokens)")
+    for col in ("part", "tokens", "loss (nats)", "argmax accuracy"):
+        table.add_column(col, justify="left" if col == "part" else "right")
+    for part, r in stats.items():
+        table.add_row(part, str(r["tokens"]), f"{r['nll']:.2f}", f"{r['accuracy']:.1%}")
+    console.print(table)
+
+
 # --- report (the paper's tables and figures from run directories) and experiment (comparison driver)
 report_app = typer.Typer(help="The paper's tables and figures from run directories only.", no_args_is_help=True)
 app.add_typer(report_app, name="report")

@@ -21,6 +21,7 @@ from crr.policy.model import default_model_dir, load_policy
 from crr.policy.sft import (
     ExpertDataSettings,
     SFTSettings,
+    action_field_stats,
     action_ids,
     build_sft_dataset,
     install_default,
@@ -186,6 +187,11 @@ def test_sft_trains_on_actions_saves_and_is_deterministic(data, tiny, tmp_path):
     assert len(changed) > len(base.state_dict()) // 2
     losses = [r["loss"] for r in logs if "loss" in r]
     assert len(losses) == 3 * len(dataset) // settings.grad_accum  # every optimizer step logged
+    # The probe sees the same: the trained model is closer to the expert on every part of its calls.
+    before, after = action_field_stats(base, tokenizer, dataset), action_field_stats(trained, tokenizer, dataset)
+    assert {"tool", "path"} <= set(after) and set(after) == set(before)
+    assert all(after[part]["nll"] < before[part]["nll"] for part in after)
+    assert sum(r["tokens"] for r in after.values()) < sum(dataset[0]["assistant_masks"])  # structure left out
     # Same data, same seed: the same weights.
     again, _ = load_policy(sft(tiny, dataset, tmp_path / "b", settings))
     assert all(torch.equal(p, again.state_dict()[name]) for name, p in trained.state_dict().items())
@@ -247,6 +253,17 @@ def test_cli_defaults_are_the_default_recipe():
                              "episodes": recipe.data.episodes_per_task, "error_rate": recipe.data.expert.error_rate,
                              "epochs": recipe.train.epochs, "lr": recipe.train.learning_rate,
                              "bf16": recipe.train.bf16}
+
+
+def test_model_probe_command(tiny, micro_dir):
+    result = CliRunner().invoke(app, ["model", "probe", "--model", str(tiny), "--tasks", str(micro_dir),
+                                      "--n-tasks", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["episodes"] == 1 and {"tool", "path", "replacement"} <= set(out["parts"])
+    assert all(0.0 <= r["accuracy"] <= 1.0 and r["tokens"] > 0 for r in out["parts"].values())
+    result = CliRunner().invoke(app, ["model", "probe", "--n-tasks", "0"])
+    assert result.exit_code == 2 and "at least 1" in result.output
 
 
 def test_sft_command_bad_input(tmp_path):
