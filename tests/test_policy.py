@@ -315,6 +315,11 @@ def test_prefix_reuse_across_turns_matches_a_fresh_prefill(policy):
     shared = next(i for i, (a, b) in enumerate(zip(branch[0], branch[1])) if a != b)
     assert cache.reused_tokens - before == len(branch[0]) - 1 + shared
 
+    # a prompt that shares no token with the cache (raw ids) beside one that reuses almost all of itself
+    lone = [tokenizer.encode("zebra crossing"), prompts[1]]
+    _assert_same_samples(fresh.generate(lone, temperature=0.7, seed=4, max_new_tokens=BUDGET),
+                         reuse.generate(lone, temperature=0.7, seed=4, max_new_tokens=BUDGET))
+
     with torch.no_grad():  # an optimizer step, in effect: the cached keys and values are stale now
         model.model.layers[0].self_attn.k_proj.weight.mul_(1.5)
     _assert_same_samples(fresh.generate(prompts, temperature=0.0, seed=0, max_new_tokens=BUDGET),
