@@ -793,8 +793,8 @@ app.add_typer(rollout_app, name="rollout")
 @friendly
 def rollout_command(
     ctx: typer.Context,
-    model: str | None = typer.Option(None, "--model", help="Model directory or hub id (default: the tiny "
-                                     "default, built on first use)."),
+    model: str | None = typer.Option(None, "--model", help="Model directory or hub id (default: the shipped "
+                                     "warm-started default)."),
     tasks: str = typer.Option("micro-test", "--tasks", help="Task file (JSONL), directory, micro set or dataset."),
     n: int = typer.Option(1, "--n", help="Tasks to roll out (the first N)."),
     group: int = typer.Option(8, "--group", help="G: trajectories per task."),
@@ -802,8 +802,11 @@ def rollout_command(
     mode: str | None = typer.Option(None, "--mode", help="Docker engine mode: commit or overlay."),
     temperature: float = typer.Option(0.6, "--temperature", help="0.6 the paper's rollouts; 0 greedy."),
     seed: int = typer.Option(0, "--seed", help="Drives every sampling seed."),
-    max_turns: int = typer.Option(50, "--max-turns", help="H: the turn cap."),
+    max_turns: int | None = typer.Option(None, "--max-turns", help="H: the turn cap (default: the model's "
+                                         "recorded H, else 50)."),
     max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="Token budget of one tool call."),
+    agent_format: str | None = typer.Option(None, "--agent-format", help="paper or compact (default: the "
+                                            "format the model was trained with, else paper)."),
     max_value_chars: int | None = typer.Option(None, "--max-value-chars", help="Bound every string argument "
                                                "(complete calls from untrained models; slower masks)."),
     time_limit: float = typer.Option(3600.0, "--time-limit", help="Seconds per trajectory (wall clock)."),
@@ -823,7 +826,7 @@ def rollout_command(
 
     from crr.agent.episode import EpisodeConfig
     from crr.policy.backend import TransformersBackend
-    from crr.policy.model import default_model_dir, load_policy
+    from crr.policy.model import agent_record, default_policy_dir, load_policy
     from crr.replay import get_engine
     from crr.rollout import TRAJECTORIES_FILE, RolloutConfig, rollout
     from crr.rundir import RunDir
@@ -833,12 +836,14 @@ def rollout_command(
         raise CRRError(f"--n must be at least 1, got {n}")
     task_list = load_tasks(tasks)[:n]
     if model is None:
-        with err_console.status("loading the default tiny model (built on first use)"):
-            model = str(default_model_dir())
+        with err_console.status("loading the default model (the random tiny one is built on first use)"):
+            model = str(default_policy_dir())
     policy, tokenizer = load_policy(model)
+    record = agent_record(model)
     # Nothing forks here, so no snapshots; the trainer keeps them.
     config = RolloutConfig(group=group, seed=seed, workers=workers, episode=EpisodeConfig(
-        max_turns=max_turns, temperature=temperature, max_new_tokens=max_new_tokens, time_limit_s=time_limit,
+        agent_format=agent_format or record.get("agent_format", "paper"),
+        max_turns=max_turns or record.get("max_turns", 50), temperature=temperature, max_new_tokens=max_new_tokens, time_limit_s=time_limit,
         max_context_tokens=getattr(policy.config, "max_position_embeddings", None), snapshots=False))
     backend = TransformersBackend(policy, tokenizer, max_value_chars=max_value_chars)
     run = RunDir.create("rollout", f"n{n}-g{group}-seed{seed}", root=out, seeds={"rollout": seed},
@@ -990,6 +995,9 @@ def sft_command(
     out: Path = typer.Option(Path("results/runs"), "--out", help="Where the run directory goes."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue an interrupted `crr sft` run directory "
                                        "(its config, expert data and latest checkpoint)."),
+    recipe_file: Path | None = typer.Option(None, "--recipe", help="A recipe YAML (crr.policy.sft.SFTRecipe's "
+                                            "fields, e.g. experiments/sft-nano.yaml, the shipped default's); "
+                                            "replaces the recipe options above."),
 ) -> None:
     """Warm-start a policy with supervised fine-tuning on scripted expert trajectories: the expert explores
     (views decoys, reproduces the issue, sometimes errs and corrects itself), every episode is played in a
@@ -1009,13 +1017,17 @@ def sft_command(
         run = RunDir.open(resume)
         recipe, model = SFTRecipe.from_dict(run.config["recipe"]), run.config["model"]
     else:
-        recipe = SFTRecipe(tasks=tasks, n_tasks=n_tasks, seed=seed, engine=engine,
-                           data=ExpertDataSettings(episodes_per_task=episodes, expert=ExpertConfig(error_rate=error_rate)),
-                           train=SFTSettings(epochs=epochs, learning_rate=lr, bf16=bf16))
+        if recipe_file is not None:
+            recipe = SFTRecipe.from_yaml(recipe_file)
+        else:
+            recipe = SFTRecipe(tasks=tasks, n_tasks=n_tasks, seed=seed, engine=engine,
+                               data=ExpertDataSettings(episodes_per_task=episodes,
+                                                       expert=ExpertConfig(error_rate=error_rate)),
+                               train=SFTSettings(epochs=epochs, learning_rate=lr, bf16=bf16))
         if model is None:
             with err_console.status("loading the default tiny model (built on first use)"):
                 model = str(default_model_dir())
-        run = RunDir.create("sft", f"{Path(tasks).name}-seed{seed}", root=out, seeds={"sft": seed},
+        run = RunDir.create("sft", f"{Path(recipe.tasks).name}-seed{recipe.seed}", root=out, seeds={"sft": recipe.seed},
                             config={"model": model, "recipe": asdict(recipe)})
     err_console.print(f"run directory: {run.path}", highlight=False)
     kept = {"n": 0}

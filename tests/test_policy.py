@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from crr.agent.prompt import SYSTEM_PROMPT, TOOL_SCHEMAS
 from crr.agent.tools import parse_tool_call
 from crr.errors import CRRError
-from crr.policy import TransformersBackend, VLLMBackend, default_model_dir, init_tiny_model, load_policy
+from crr.policy.backend import TransformersBackend, VLLMBackend
+from crr.policy.model import default_model_dir, init_tiny_model, load_policy
 from crr.policy.backend import DEFAULT_MAX_EXCLUSION_TRIES
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import MODEL_VERSION, SIZES, param_count

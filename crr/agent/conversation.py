@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from transformers import PreTrainedTokenizerBase
 
-from crr.agent.prompt import DEFAULT_MAX_TURNS, TOOL_SCHEMAS, system_prompt, user_prompt
+from crr.agent.prompt import DEFAULT_MAX_TURNS, TOOL_SCHEMAS, agent_format
 from crr.errors import CRRError
 
 if TYPE_CHECKING:
@@ -54,10 +54,13 @@ INVALID_TOOL_NAME = "invalid_tool_call"  # the `name` of the tool message answer
 _CALL_SHAPE = re.compile(r'\{"name": "([A-Za-z_][A-Za-z0-9_]*)", "arguments": (\{.*\})\}', re.DOTALL)
 
 
-def initial_messages(task: Task, workdir: str, max_turns: int = DEFAULT_MAX_TURNS) -> list[dict]:
-    """s_0's conversation: the paper's system prompt with the turn cap, and the issue."""
-    return [{"role": "system", "content": system_prompt(max_turns)},
-            {"role": "user", "content": user_prompt(task, workdir)}]
+def initial_messages(task: Task, workdir: str, max_turns: int = DEFAULT_MAX_TURNS,
+                     format_name: str | None = None) -> list[dict]:
+    """s_0's conversation: the format's system prompt with the turn cap (the paper's by default), and the
+    issue. Render it with the same format's tools (`agent_format(format_name).tools`)."""
+    fmt = agent_format(format_name)
+    return [{"role": "system", "content": fmt.system_prompt(max_turns)},
+            {"role": "user", "content": fmt.user_prompt(task, workdir)}]
 
 
 def action_text(call: ToolCall, tools: list[dict] | None = None) -> str:

@@ -51,8 +51,16 @@ from dataclasses import asdict, dataclass, field, fields
 from transformers import PreTrainedTokenizerBase
 
 from crr.agent.conversation import Conversation, initial_messages
-from crr.agent.prompt import DEFAULT_MAX_TURNS
-from crr.agent.tools import Observation, ToolCall, ToolCallError, execute, parse_tool_call, tool_type_score
+from crr.agent.prompt import DEFAULT_MAX_TURNS, agent_format
+from crr.agent.tools import (
+    Observation,
+    ToolCall,
+    ToolCallError,
+    execute,
+    parse_tool_call,
+    tool_type_score,
+    truncate,
+)
 from crr.agent.verifier import VERIFY_TIMEOUT_S, verify
 from crr.errors import CRRError, SandboxError
 from crr.policy.backend import GenerationBackend, StepSample
@@ -75,8 +83,10 @@ class EpisodeConfig:
     snapshots: bool = True               # snapshot s_t before every non-terminal action (fork by restore)
     digests: bool = False                # record tree_digest(s_t) per step (verified replay fallback)
     verify_timeout_s: float = VERIFY_TIMEOUT_S
+    agent_format: str = "paper"          # crr.agent.prompt.FORMATS: prompt, tool catalogue, observation budget
 
     def __post_init__(self) -> None:
+        agent_format(self.agent_format)  # a clear error for an unknown name
         if self.max_turns < 1:
             raise CRRError(f"max_turns must be at least 1, got {self.max_turns}")
         if self.max_new_tokens < 1:
@@ -131,6 +141,7 @@ class Trajectory:
     model_patch: str = ""
     test_report: dict = field(default_factory=dict)  # swebench's get_eval_tests_report (error taxonomy)
     wall_s: float = 0.0
+    agent_format: str = "paper"       # how the conversation was rendered (crr.agent.prompt.FORMATS)
     # Runtime only (not serialised): where the snapshots of s_t live.
     task: Task | None = field(default=None, repr=False, compare=False)
     engine: ForkEngine | None = field(default=None, repr=False, compare=False)
@@ -160,7 +171,7 @@ class Trajectory:
 
     def conversation(self, tokenizer: PreTrainedTokenizerBase, t: int | None = None) -> Conversation:
         """The conversation before a_t (all of it when t is None), rebuilt from the recorded ids."""
-        conv = Conversation(tokenizer, self.messages)
+        conv = Conversation(tokenizer, self.messages, agent_format(self.agent_format).tools)
         for s in self.steps[:len(self.steps) if t is None else t]:
             conv.add_action(s.action, s.action_ids)
             if s.observation_ids:
@@ -194,7 +205,9 @@ class Episode:
     def __init__(self, task: Task, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase, config: EpisodeConfig,
                  *, task_index: int = 0, group: int = 0, seed: int = 0):
         self.task, self.engine, self.tokenizer, self.config = task, engine, tokenizer, config
-        self.traj = Trajectory(task.instance_id, task_index, group, seed, [], [], task=task, engine=engine)
+        self.traj = Trajectory(task.instance_id, task_index, group, seed, [], [], task=task, engine=engine,
+                               agent_format=config.agent_format)
+        self.format = agent_format(config.agent_format)
         self.sandbox: Sandbox | None = None
         self.conversation: Conversation | None = None
         self.max_context = config.max_context_tokens or tokenizer.model_max_length
@@ -213,8 +226,8 @@ class Episode:
             self.sandbox = self.engine.start(self.task)
         except CRRError as e:
             return self._infra(f"could not start a sandbox: {e}")
-        messages = initial_messages(self.task, self.sandbox.repo_dir, self.config.max_turns)
-        self.conversation = Conversation(self.tokenizer, messages)
+        messages = initial_messages(self.task, self.sandbox.repo_dir, self.config.max_turns, self.format.name)
+        self.conversation = Conversation(self.tokenizer, messages, self.format.tools)
         self.traj.messages, self.traj.prompt_ids = messages, self.conversation.prompt_ids
 
     def check_limits(self) -> None:
@@ -253,6 +266,8 @@ class Episode:
             observation, is_error, terminal = f"Error: {parse_error}", True, False
         else:
             observation, is_error, terminal = obs.text, obs.is_error, obs.terminal
+        if self.format.obs_keep_chars is not None:
+            observation = truncate(observation, self.format.obs_keep_chars)
         self.conversation.add_action(text, action_ids)
         span = self.conversation.spans[-1]
         if terminal:

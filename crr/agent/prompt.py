@@ -5,11 +5,23 @@ the issue title, its body and the working directory; TOOL_SCHEMAS describes the 
 OpenAI / Hugging Face function-calling format, so it can go straight into
 `tokenizer.apply_chat_template(messages, tools=TOOL_SCHEMAS)` and into the JSON grammar of the
 constrained decoder. crr.agent.tools validates every call against these same schemas.
+
+Agent formats. The paper's prompt and tool catalogue render to about a thousand tokens before the
+issue, which is most of a CPU-scale episode. `FORMATS` holds the ways an episode can be presented to
+the model, chosen by name (`agent_format` in every config): "paper" (the default, verbatim) and
+"compact" (CPU scale: a short system prompt that lists the same five tools as one-line signatures
+instead of the chat template's JSON catalogue, the issue without the repository header, and
+observations cut to a smaller budget), so a nano episode fits in about a thousand tokens. The
+conversation code, token layout and grammar are the same for both: the grammar is always compiled from
+TOOL_SCHEMAS, and the tools accept the same calls whatever the format.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from crr.errors import CRRError
 
 if TYPE_CHECKING:
     from crr.tasks.schema import Task
@@ -101,3 +113,43 @@ TOOL_SCHEMAS: list[dict] = [
 ]
 
 TOOL_NAMES: tuple[str, ...] = tuple(t["function"]["name"] for t in TOOL_SCHEMAS)
+
+
+# ----------------------------------------------------------------------------- agent formats
+
+@dataclass(frozen=True)
+class AgentFormat:
+    """How an episode is shown to the model: system prompt, tool catalogue, user prompt, observation budget."""
+    name: str
+    system_template: str                 # str.format'ed with max_turns
+    tools: list[dict]                    # the catalogue the chat template renders ([]: none, the prompt lists them)
+    repo_header: bool                    # the user prompt names the repository and working directory
+    obs_keep_chars: int | None           # observations keep their first and last this many characters
+
+    def system_prompt(self, max_turns: int) -> str:
+        return self.system_template.format(max_turns=max_turns)
+
+    def user_prompt(self, task: Task, workdir: str) -> str:
+        if self.repo_header:
+            return user_prompt(task, workdir)
+        return task.problem_statement.strip() + "\n"
+
+
+FORMATS: dict[str, AgentFormat] = {
+    "paper": AgentFormat("paper", _SYSTEM_PROMPT_TEMPLATE, TOOL_SCHEMAS, repo_header=True, obs_keep_chars=None),
+    "compact": AgentFormat(
+        "compact",
+        "Fix the issue in the repository. Tools: view_file(path, start, end), edit_file(path, start, end, "
+        "replacement) replaces lines start..end, run_shell(command), run_tests(test_filter), submit_patch(). "
+        "One tool call per turn, at most {max_turns} turns.",
+        [], repo_header=False, obs_keep_chars=600),
+}
+DEFAULT_FORMAT = "paper"
+
+
+def agent_format(name: str | None) -> AgentFormat:
+    """The format called `name` (None: the paper's)."""
+    name = DEFAULT_FORMAT if name is None else name
+    if name not in FORMATS:
+        raise CRRError(f"unknown agent format {name!r}; choose one of {', '.join(FORMATS)}")
+    return FORMATS[name]

@@ -194,6 +194,7 @@ class EvalConfig:
     engine: str = "local"
     workers: int = 4
     batch: int = 32                 # episodes run together
+    agent_format: str = "paper"     # crr.agent.prompt.FORMATS (EvalConfig.make: the model's recorded one)
 
     def __post_init__(self) -> None:
         if self.samples < 1:
@@ -211,6 +212,17 @@ class EvalConfig:
 
     @classmethod
     def make(cls, dataset: str, tasks: str, adapter: str | None, policy: Policy, **settings) -> EvalConfig:
+        """Settings left out take the policy's agent record (the format, and H, it was trained with), then
+        the defaults above."""
+        from crr.policy.model import agent_record
+
+        record = agent_record(policy.model, policy.base_model)
+        if policy.train_run:  # what the run trained with
+            trained = RunDir.open(policy.train_run).config
+            record.update({k: trained[k] for k in ("agent_format", "max_turns") if trained.get(k) is not None})
+        for key in ("agent_format", "max_turns"):
+            if settings.get(key) is None and key in record:
+                settings[key] = record[key]
         return cls(dataset=dataset, tasks=tasks, adapter=adapter, **asdict(policy), **settings)
 
 
@@ -298,7 +310,7 @@ def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]
                                         device)
     backend = TransformersBackend(model, tokenizer, device=device)
     episode = EpisodeConfig(max_turns=config.max_turns, temperature=config.temperature,
-                            max_new_tokens=config.max_new_tokens, snapshots=False,
+                            max_new_tokens=config.max_new_tokens, snapshots=False, agent_format=config.agent_format,
                             max_context_tokens=getattr(model.config, "max_position_embeddings", None))
     finished = 0
     with get_engine(config.engine) as engine:

@@ -1,8 +1,5 @@
-"""The policy: the embedded tiny default model, grammar-constrained tool-call generation, per-step entropy."""
+"""The policy: the embedded tiny default model (crr.policy.model), grammar-constrained tool-call generation
+(crr.policy.backend, crr.policy.grammar), the SFT warm start (crr.policy.sft, crr.policy.sft_trainer).
 
-from crr.policy.backend import GenerationBackend, StepSample, TransformersBackend, VLLMBackend
-from crr.policy.grammar import ToolCallGrammar, ToolCallMatcher
-from crr.policy.model import default_model_dir, init_tiny_model, load_policy
-
-__all__ = ["GenerationBackend", "StepSample", "ToolCallGrammar", "ToolCallMatcher", "TransformersBackend",
-           "VLLMBackend", "default_model_dir", "init_tiny_model", "load_policy"]
+Nothing is imported here, so that `crr.policy.model` and `crr.policy.sft_trainer` load with torch,
+transformers and TRL alone (the SFT step can then run by itself on a GPU node)."""

@@ -11,6 +11,7 @@ recognised too but drops <think> blocks from history, so it is not prefix-preser
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -157,6 +158,35 @@ def default_model_dir() -> Path:
             if not (path / "config.json").is_file():  # not a concurrent build that won the rename
                 raise
     return path
+
+
+# A model directory records how it was trained to see episodes; commands use it unless told otherwise.
+AGENT_FILE = "crr_agent.json"   # {"agent_format": name in crr.agent.prompt.FORMATS, "max_turns": H}
+# The warm-started default shipped with crr (weights, tokenizer, recipe and measured pass@1 beside them;
+# rebuilt by `crr sft --recipe experiments/sft-nano.yaml`).
+SHIPPED_DEFAULT = Path(__file__).parent / "default"
+
+
+def write_agent_record(model_dir: Path | str, agent_format: str, max_turns: int) -> None:
+    (Path(model_dir) / AGENT_FILE).write_text(json.dumps({"agent_format": agent_format, "max_turns": max_turns},
+                                                          indent=2) + "\n")
+
+
+def agent_record(*models: Path | str | None) -> dict:
+    """The agent record of the first of `models` (model or adapter directories) that has one; {} if none."""
+    for model in models:
+        if model and (Path(str(model)).expanduser() / AGENT_FILE).is_file():
+            return json.loads((Path(str(model)).expanduser() / AGENT_FILE).read_text())
+    return {}
+
+
+def default_policy_dir() -> Path:
+    """The model every command uses when none is given: the shipped warm-started default, else the
+    cached warm start of `crr sft`'s default recipe if built, else the random tiny default."""
+    if (SHIPPED_DEFAULT / "config.json").is_file():
+        return SHIPPED_DEFAULT
+    sft = default_sft_model_dir(build=False)
+    return sft if (sft / "config.json").is_file() else default_model_dir()
 
 
 def default_sft_model_dir(build: bool = True, progress=None) -> Path:

@@ -24,29 +24,28 @@ the rows' text).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import datasets
 import torch
+import yaml
 from datasets import Dataset
-from transformers import PreTrainedTokenizerBase, PrinterCallback, TrainerCallback
-from transformers.utils import logging as hf_logging
+from transformers import PreTrainedTokenizerBase
 
 from crr.agent.conversation import INVALID_TOOL_NAME, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Conversation
 from crr.agent.episode import EpisodeConfig, play_calls
 from crr.agent.expert import ExpertConfig, call_json, explore_script
-from crr.agent.prompt import DEFAULT_MAX_TURNS, TOOL_SCHEMAS
+from crr.agent.prompt import DEFAULT_MAX_TURNS, agent_format
 from crr.errors import CRRError, SandboxError
 from crr.policy.grammar import ToolCallGrammar
+from crr.policy.sft_trainer import SFTSettings, quiet_hf, sft
 from crr.replay.base import ForkEngine
 from crr.rundir import RunDir
 from crr.tasks.schema import Task
@@ -57,35 +56,10 @@ EXPERT_FILE = "expert.jsonl"
 
 
 @dataclass
-class SFTSettings:
-    """Every hyperparameter of the warm start (defaults: CPU, the tiny model, a few minutes per epoch)."""
-    epochs: float = 2.0
-    learning_rate: float = 1e-3          # a few-million-parameter model trained from random weights
-    batch_size: int = 1                  # rows differ a lot in length: no padding waste at 1
-    grad_accum: int = 1
-    warmup_ratio: float = 0.05
-    lr_scheduler: str = "cosine"
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    max_length: int = 8192               # sft() refuses longer rows rather than let TRL cut their end off
-    seed: int = 0                        # SFTRecipe.seed overrides it
-    logging_steps: int = 1
-    threads: int | None = None           # torch intra-op threads (None: torch's default)
-    bf16: bool = False                   # bf16 autocast: ~1.3-2x faster on CPUs with AVX512-BF16, not bit-equal to fp32
-
-    def __post_init__(self) -> None:
-        if self.epochs <= 0:
-            raise CRRError(f"epochs must be positive, got {self.epochs}")
-        if self.batch_size < 1 or self.grad_accum < 1:
-            raise CRRError("batch_size and grad_accum must be at least 1")
-        if self.learning_rate <= 0:
-            raise CRRError(f"learning_rate must be positive, got {self.learning_rate}")
-
-
-@dataclass
 class ExpertDataSettings:
     episodes_per_task: int = 1           # expert episodes per task, each with its own seed
     max_turns: int = DEFAULT_MAX_TURNS   # H in the system prompt: the same cap the policy is evaluated with
+    agent_format: str = "paper"          # crr.agent.prompt.FORMATS: how episodes are shown to the model
     max_tokens: int = 8192               # drop longer episodes (a row must fit the model's context)
     workers: int = 2                     # episodes played concurrently (their commands are processes)
     expert: ExpertConfig = field(default_factory=ExpertConfig)
@@ -129,11 +103,12 @@ def action_ids(grammar: ToolCallGrammar, call: str) -> list[int]:
     return ids + [grammar.eos_token_id]
 
 
-def sft_row(grammar: ToolCallGrammar, messages: list[dict]) -> dict:
+def sft_row(grammar: ToolCallGrammar, messages: list[dict], tools: list[dict] | None = None) -> dict:
     """`input_ids` and `assistant_masks` of a conversation (system, user, then actions and observations,
-    ending with an action), laid out by crr.agent.conversation with the sampler's action ids."""
+    ending with an action), laid out by crr.agent.conversation with the sampler's action ids; `tools` is
+    the catalogue it was rendered with (the paper's by default)."""
     first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
-    conv = Conversation(grammar.tokenizer, messages[:first])
+    conv = Conversation(grammar.tokenizer, messages[:first], tools)
     for message in messages[first:]:
         if message["role"] == "assistant":
             if not message.get("tool_calls"):
@@ -158,10 +133,11 @@ def expert_episode(task: Task, engine: ForkEngine, grammar: ToolCallGrammar, see
         return None, {"instance_id": task.instance_id, "seed": seed, "reward": None,
                       "end_reason": "infra_error", "infra_error": str(e), "steps": 0, "wrong_edit": None,
                       "tokens": 0, "action_tokens": 0, "calls": []}
-    config = EpisodeConfig(max_turns=settings.max_turns, snapshots=False)
+    config = EpisodeConfig(max_turns=settings.max_turns, snapshots=False, agent_format=settings.agent_format)
     traj = play_calls(task, engine, grammar.tokenizer, [call_json(c) for c in plan.calls], config)
     messages = traj.conversation(grammar.tokenizer).messages
-    tokens = sft_row(grammar, messages)
+    tools = agent_format(settings.agent_format).tools
+    tokens = sft_row(grammar, messages, tools)
     ids, mask = tokens["input_ids"], tokens["assistant_masks"]
     record = {"instance_id": task.instance_id, "seed": seed, "reward": traj.reward,
               "end_reason": traj.end_reason, "infra_error": traj.infra_error, "steps": len(traj.steps),
@@ -169,7 +145,7 @@ def expert_episode(task: Task, engine: ForkEngine, grammar: ToolCallGrammar, see
               "tokens": len(ids), "action_tokens": sum(mask),
               "calls": [s.call["name"] if s.call else None for s in traj.steps]}
     row = {"instance_id": task.instance_id, "seed": seed, "messages": messages,
-           "tools": json.dumps(TOOL_SCHEMAS), **tokens}
+           "tools": json.dumps(tools), **tokens}
     return row, record
 
 
@@ -269,120 +245,6 @@ def action_field_stats(model, tokenizer: PreTrainedTokenizerBase, dataset: Datas
             for part, (nll, n, right) in sorted(totals.items(), key=lambda item: -item[1][1])}
 
 
-# ----------------------------------------------------------------------------- training
-
-class _Report(TrainerCallback):
-    """Forwards the trainer's log records (loss, learning rate, token accuracy) and step progress."""
-
-    def __init__(self, log_fn: Callable[[dict], None] | None, progress_fn: Callable[[int, int], None] | None):
-        self.log_fn, self.progress_fn = log_fn, progress_fn
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.log_fn is not None and logs:
-            self.log_fn({"step": state.global_step, "epoch": state.epoch, **logs})
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.progress_fn is not None:
-            self.progress_fn(state.global_step, state.max_steps)
-
-
-def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: SFTSettings | None = None, *,
-        checkpoints: Path | str | None = None, resume: bool = False,
-        on_log: Callable[[dict], None] | None = None,
-        progress: Callable[[int, int], None] | None = None) -> Path:
-    """Fine-tune the model in `model_dir` on `dataset` (from build_sft_dataset) with TRL's SFTTrainer and
-    save the model and tokenizer to `out_dir` (new or empty; written atomically).
-
-    `checkpoints` keeps a checkpoint per epoch there; with `resume`, training continues from the latest
-    one. Without it, checkpoints go to a temporary directory that is removed at the end."""
-    from trl import SFTConfig, SFTTrainer
-
-    from crr.policy.model import load_policy
-
-    settings = settings or SFTSettings()
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise CRRError(f"{out} already exists and is not an empty directory; pass a new output directory")
-    missing = {"input_ids", "assistant_masks"} - set(dataset.column_names)
-    if missing:
-        raise CRRError(f"the SFT dataset lacks {sorted(missing)}; build it with build_sft_dataset")
-    if resume and checkpoints is None:
-        raise CRRError("resume needs the checkpoints directory of the interrupted run")
-    too_long = sum(len(ids) > settings.max_length for ids in dataset["input_ids"])
-    if too_long:
-        raise CRRError(f"{too_long} rows are longer than max_length={settings.max_length} tokens; TRL would "
-                       "cut their last actions off; raise max_length or rebuild the data with a smaller "
-                       "max_tokens")
-    if settings.threads is not None:
-        torch.set_num_threads(settings.threads)
-
-    with _quiet_hf():
-        model, tokenizer = load_policy(model_dir)
-    tokenizer.padding_side = "right"  # for training; load_policy's left padding is for generation
-    own_ckpt = checkpoints is None
-    ckpt_dir = Path(tempfile.mkdtemp(prefix="crr-sft-")) if own_ckpt else Path(checkpoints)
-    config = SFTConfig(
-        output_dir=str(ckpt_dir), num_train_epochs=settings.epochs, learning_rate=settings.learning_rate,
-        per_device_train_batch_size=settings.batch_size, gradient_accumulation_steps=settings.grad_accum,
-        warmup_steps=settings.warmup_ratio,  # transformers reads a float < 1 as a fraction of the steps
-        lr_scheduler_type=settings.lr_scheduler, weight_decay=settings.weight_decay,
-        max_grad_norm=settings.max_grad_norm, max_length=settings.max_length,
-        seed=settings.seed, data_seed=settings.seed, logging_steps=settings.logging_steps,
-        # CPU: no activation recomputation (the model is small; it would only cost time), no dataloader
-        # workers (2 cores).
-        bf16=settings.bf16, use_cpu=True, activation_checkpointing=False, dataloader_num_workers=0,
-        save_strategy="epoch", save_total_limit=1, report_to="none", disable_tqdm=True,
-        # The mask comes with the rows (assistant_masks); assistant_only_loss would re-render `messages`.
-        assistant_only_loss=False, completion_only_loss=False)
-    try:
-        with _quiet_hf():
-            trainer = SFTTrainer(model=model, args=config,
-                                 train_dataset=dataset.select_columns(["input_ids", "assistant_masks"]),
-                                 processing_class=tokenizer, callbacks=[_Report(on_log, progress)])
-            trainer.remove_callback(PrinterCallback)  # it prints every log record; `on_log` gets them instead
-            trainer.train(resume_from_checkpoint=resume and _has_checkpoint(ckpt_dir))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-        try:
-            with _quiet_hf():
-                trainer.save_model(str(tmp))
-            tokenizer.padding_side = "left"
-            tokenizer.save_pretrained(tmp)
-            record = {"settings": asdict(settings), "base_model": str(model_dir), "rows": len(dataset)}
-            (tmp / "crr_sft.json").write_text(json.dumps(record, indent=2) + "\n")
-            if out.exists():
-                out.rmdir()  # empty, checked above
-            tmp.rename(out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    finally:
-        if own_ckpt:
-            shutil.rmtree(ckpt_dir, ignore_errors=True)
-    log.info("saved the warm-started model to %s", out)
-    return out
-
-
-@contextlib.contextmanager
-def _quiet_hf() -> Iterator[None]:
-    """No tqdm bars from datasets and transformers while training (library code; the CLI draws its own)."""
-    was_datasets = datasets.is_progress_bar_enabled()
-    was_hf = hf_logging.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_datasets:
-            datasets.enable_progress_bars()
-        if was_hf:
-            hf_logging.enable_progress_bar()
-
-
-def _has_checkpoint(path: Path) -> bool:
-    return any(p.name.startswith("checkpoint-") for p in path.glob("checkpoint-*"))
-
-
 # ----------------------------------------------------------------------------- the whole warm start
 
 SFT_RECIPE_VERSION = "1"  # bump when SFTRecipe's defaults change: it keys the cached warm-started default
@@ -408,8 +270,21 @@ class SFTRecipe:
     @classmethod
     def from_dict(cls, d: dict) -> SFTRecipe:
         data = dict(d.get("data", {}))
-        data["expert"] = ExpertConfig(**data.get("expert", {}))
-        return cls(**{**d, "data": ExpertDataSettings(**data), "train": SFTSettings(**d.get("train", {}))})
+        try:
+            data["expert"] = ExpertConfig(**data.get("expert", {}))
+            return cls(**{**d, "data": ExpertDataSettings(**data), "train": SFTSettings(**d.get("train", {}))})
+        except TypeError as e:  # an unknown key
+            raise CRRError(f"bad SFT recipe: {e}") from None
+
+    @classmethod
+    def from_yaml(cls, path: Path | str) -> SFTRecipe:
+        path = Path(path)
+        if not path.is_file():
+            raise CRRError(f"no recipe file at {path}")
+        d = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(d, dict):
+            raise CRRError(f"{path} is not a recipe (a mapping of SFTRecipe's fields)")
+        return cls.from_dict(d)
 
 
 Progress = Callable[[str, int, int, dict], None]  # (stage "expert" | "train", done, total, last record)
@@ -433,7 +308,7 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
             tasks = load_micro(MICRO_SETS[recipe.tasks], n=recipe.n_tasks)  # extends the default set
         else:
             tasks = load_tasks(recipe.tasks)[:recipe.n_tasks]
-        with _quiet_hf():
+        with quiet_hf():
             _, tokenizer = load_policy(model_dir)
         engine = get_engine(recipe.engine)
         total = len(tasks) * recipe.data.episodes_per_task
@@ -444,7 +319,7 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
                                         progress=on_episode)
         finally:
             engine.close()
-        with _quiet_hf():
+        with quiet_hf():
             dataset.save_to_disk(str(data_dir))
 
     def on_log(record: dict) -> None:
@@ -455,7 +330,7 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
     on_step = None if progress is None else lambda done, total: progress("train", done, total, {})
     checkpoints = run.path / CHECKPOINT_DIR
     return sft(model_dir, dataset, run.path / MODEL_DIR, replace(recipe.train, seed=recipe.seed),
-               checkpoints=checkpoints, resume=checkpoints.is_dir(), on_log=on_log, progress=on_step)
+               agent=(recipe.data.agent_format, recipe.data.max_turns), checkpoints=checkpoints, resume=checkpoints.is_dir(), on_log=on_log, progress=on_step)
 
 
 def install_default(model: Path, target: Path) -> Path:

@@ -42,6 +42,7 @@ class CRRConfig(GRPOConfig):
     max_new_tokens: int = 512
     rollout_temperature: float = 0.6           # sampling; TRL's `temperature` stays 1 (the loss is on pi_theta)
     episode_time_limit_s: float = 3600.0
+    agent_format: str | None = None            # crr.agent.prompt.FORMATS; None: the model's recorded one, else "paper"
     # --- CRR (Method; Hyperparameters table)
     selector: str = "entropy_type"
     proposal: str = "tempered"

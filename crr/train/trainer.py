@@ -42,7 +42,7 @@ from trl import GRPOTrainer
 from crr.agent.episode import EpisodeConfig, Trajectory
 from crr.errors import CRRError
 from crr.policy.backend import TransformersBackend
-from crr.policy.model import default_model_dir, default_sft_model_dir, load_policy
+from crr.policy.model import agent_record, default_policy_dir, load_policy, write_agent_record
 from crr.replay import get_engine
 from crr.rollout import RolloutConfig, ThreadWorkerPool, rollout
 from crr.rundir import RunDir
@@ -67,10 +67,7 @@ def verifier_reward(completions, reward, **kwargs) -> list[float | None]:
 
 
 def resolve_model(cfg: CRRConfig) -> str:
-    if cfg.model is not None:
-        return cfg.model
-    sft = default_sft_model_dir(build=False)
-    return str(sft if (sft / "config.json").is_file() else default_model_dir())
+    return cfg.model if cfg.model is not None else str(default_policy_dir())
 
 
 class CRRTrainer(GRPOTrainer):
@@ -84,7 +81,7 @@ class CRRTrainer(GRPOTrainer):
         self.pool = ThreadWorkerPool(cfg.workers)
         self.episode = EpisodeConfig(max_turns=cfg.max_turns, temperature=cfg.rollout_temperature,
                                      max_new_tokens=cfg.max_new_tokens, time_limit_s=cfg.episode_time_limit_s,
-                                     snapshots=cfg.forks)
+                                     snapshots=cfg.forks, agent_format=cfg.agent_format or "paper")
         self.backend: TransformersBackend | None = None
         self.iteration: dict = {}
         peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
@@ -271,6 +268,8 @@ class _IterationCallback(TrainerCallback):
 
 
 def start_run(cfg: CRRConfig, out: Path | str) -> RunDir:
+    if cfg.agent_format is None:  # the format the model was trained with, recorded in the run's config
+        cfg.agent_format = agent_record(resolve_model(cfg)).get("agent_format", "paper")
     run = RunDir.create("train", f"{cfg.method}-seed{cfg.seed}", root=out, seeds={"train": cfg.seed})
     cfg.output_dir = str(run.path / CHECKPOINTS)
     run.write_text("config.yaml", yaml.safe_dump(cfg.resolved(), sort_keys=False))
@@ -311,6 +310,7 @@ def train(cfg: CRRConfig, run: RunDir, checkpoint: str | None = None, *,
             trainer.pool.close()
         final = run.path / "model"
         trainer.save_model(str(final))
+        write_agent_record(final, trainer.episode.agent_format, cfg.max_turns)
     summary = {"cumulative": trainer.ledger.cumulative, "updates": trainer.state.global_step, "model": str(final)}
     run.write_json("summary.json", summary)
     return summary

@@ -1,0 +1,199 @@
+"""The training half of the warm start: TRL's SFTTrainer on token rows (`input_ids`, `assistant_masks`).
+
+Kept apart from crr.policy.sft (expert data: sandboxes, tools, the grammar) so the training step imports
+only torch, transformers, TRL and datasets and runs on its own, for instance on a GPU node with the expert
+data built elsewhere:
+
+    python -m crr.policy.sft_trainer EXPERT_DATA_DIR MODEL_DIR OUT_DIR [--settings JSON] [--agent compact:8]
+
+(`crr sft` runs it in-process; both give the same model for the same rows and settings on one device.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import datasets
+import torch
+from datasets import Dataset
+from transformers import PrinterCallback, TrainerCallback
+from transformers.utils import logging as hf_logging
+
+from crr.errors import CRRError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SFTSettings:
+    """Every hyperparameter of the warm start (defaults: CPU, the tiny model, a few minutes per epoch)."""
+    epochs: float = 2.0
+    learning_rate: float = 1e-3          # a few-million-parameter model trained from random weights
+    batch_size: int = 1                  # rows differ a lot in length: no padding waste at 1
+    grad_accum: int = 1
+    warmup_ratio: float = 0.05
+    lr_scheduler: str = "cosine"
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    max_length: int = 8192               # sft() refuses longer rows rather than let TRL cut their end off
+    seed: int = 0                        # SFTRecipe.seed overrides it
+    logging_steps: int = 1
+    threads: int | None = None           # torch intra-op threads (None: torch's default)
+    bf16: bool = False                   # bf16 autocast: ~1.3-2x faster on CPUs with AVX512-BF16, not bit-equal to fp32
+
+    def __post_init__(self) -> None:
+        if self.epochs <= 0:
+            raise CRRError(f"epochs must be positive, got {self.epochs}")
+        if self.batch_size < 1 or self.grad_accum < 1:
+            raise CRRError("batch_size and grad_accum must be at least 1")
+        if self.learning_rate <= 0:
+            raise CRRError(f"learning_rate must be positive, got {self.learning_rate}")
+
+
+
+# ----------------------------------------------------------------------------- training
+
+class _Report(TrainerCallback):
+    """Forwards the trainer's log records (loss, learning rate, token accuracy) and step progress."""
+
+    def __init__(self, log_fn: Callable[[dict], None] | None, progress_fn: Callable[[int, int], None] | None):
+        self.log_fn, self.progress_fn = log_fn, progress_fn
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.log_fn is not None and logs:
+            self.log_fn({"step": state.global_step, "epoch": state.epoch, **logs})
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.progress_fn is not None:
+            self.progress_fn(state.global_step, state.max_steps)
+
+
+def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: SFTSettings | None = None, *,
+        agent: tuple[str, int] | None = None, checkpoints: Path | str | None = None, resume: bool = False,
+        on_log: Callable[[dict], None] | None = None,
+        progress: Callable[[int, int], None] | None = None) -> Path:
+    """Fine-tune the model in `model_dir` on `dataset` (from build_sft_dataset) with TRL's SFTTrainer and
+    save the model and tokenizer to `out_dir` (new or empty; written atomically).
+
+    `agent` (format name, H) is recorded in the model directory (crr.policy.model.AGENT_FILE): the format
+    of the rows, which commands then use for this model. `checkpoints` keeps a checkpoint per epoch there; with `resume`, training continues from the latest
+    one. Without it, checkpoints go to a temporary directory that is removed at the end."""
+    from trl import SFTConfig, SFTTrainer
+
+    from crr.policy.model import load_policy, write_agent_record
+
+    settings = settings or SFTSettings()
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CRRError(f"{out} already exists and is not an empty directory; pass a new output directory")
+    missing = {"input_ids", "assistant_masks"} - set(dataset.column_names)
+    if missing:
+        raise CRRError(f"the SFT dataset lacks {sorted(missing)}; build it with build_sft_dataset")
+    if resume and checkpoints is None:
+        raise CRRError("resume needs the checkpoints directory of the interrupted run")
+    too_long = sum(len(ids) > settings.max_length for ids in dataset["input_ids"])
+    if too_long:
+        raise CRRError(f"{too_long} rows are longer than max_length={settings.max_length} tokens; TRL would "
+                       "cut their last actions off; raise max_length or rebuild the data with a smaller "
+                       "max_tokens")
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+
+    with quiet_hf():
+        model, tokenizer = load_policy(model_dir)
+    tokenizer.padding_side = "right"  # for training; load_policy's left padding is for generation
+    own_ckpt = checkpoints is None
+    ckpt_dir = Path(tempfile.mkdtemp(prefix="crr-sft-")) if own_ckpt else Path(checkpoints)
+    config = SFTConfig(
+        output_dir=str(ckpt_dir), num_train_epochs=settings.epochs, learning_rate=settings.learning_rate,
+        per_device_train_batch_size=settings.batch_size, gradient_accumulation_steps=settings.grad_accum,
+        warmup_steps=settings.warmup_ratio,  # transformers reads a float < 1 as a fraction of the steps
+        lr_scheduler_type=settings.lr_scheduler, weight_decay=settings.weight_decay,
+        max_grad_norm=settings.max_grad_norm, max_length=settings.max_length,
+        seed=settings.seed, data_seed=settings.seed, logging_steps=settings.logging_steps,
+        # CPU: no activation recomputation (the model is small; it would only cost time), no dataloader
+        # workers (2 cores).
+        bf16=settings.bf16, use_cpu=not torch.cuda.is_available(), activation_checkpointing=False, dataloader_num_workers=0,
+        save_strategy="epoch", save_total_limit=1, report_to="none", disable_tqdm=True,
+        # The mask comes with the rows (assistant_masks); assistant_only_loss would re-render `messages`.
+        assistant_only_loss=False, completion_only_loss=False)
+    try:
+        with quiet_hf():
+            trainer = SFTTrainer(model=model, args=config,
+                                 train_dataset=dataset.select_columns(["input_ids", "assistant_masks"]),
+                                 processing_class=tokenizer, callbacks=[_Report(on_log, progress)])
+            trainer.remove_callback(PrinterCallback)  # it prints every log record; `on_log` gets them instead
+            trainer.train(resume_from_checkpoint=resume and _has_checkpoint(ckpt_dir))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+        try:
+            with quiet_hf():
+                trainer.save_model(str(tmp))
+            tokenizer.padding_side = "left"
+            tokenizer.save_pretrained(tmp)
+            record = {"settings": asdict(settings), "base_model": str(model_dir), "rows": len(dataset)}
+            (tmp / "crr_sft.json").write_text(json.dumps(record, indent=2) + "\n")
+            if agent is not None:
+                write_agent_record(tmp, *agent)
+            if out.exists():
+                out.rmdir()  # empty, checked above
+            tmp.rename(out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    finally:
+        if own_ckpt:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+    log.info("saved the warm-started model to %s", out)
+    return out
+
+
+@contextlib.contextmanager
+def quiet_hf() -> Iterator[None]:
+    """No tqdm bars from datasets and transformers while training (library code; the CLI draws its own)."""
+    was_datasets = datasets.is_progress_bar_enabled()
+    was_hf = hf_logging.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_datasets:
+            datasets.enable_progress_bars()
+        if was_hf:
+            hf_logging.enable_progress_bar()
+
+
+def _has_checkpoint(path: Path) -> bool:
+    return any(p.name.startswith("checkpoint-") for p in path.glob("checkpoint-*"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m crr.policy.sft_trainer", description=__doc__.split("\n")[0])
+    parser.add_argument("data", help="expert data saved by crr sft (run dir's expert_data/)")
+    parser.add_argument("model", help="the model directory to warm-start")
+    parser.add_argument("out", help="new directory for the warm-started model")
+    parser.add_argument("--settings", default="{}", help="SFTSettings fields as JSON")
+    parser.add_argument("--agent", default=None, help="FORMAT:H recorded in the model (e.g. compact:8)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    agent = None
+    if args.agent:
+        name, turns = args.agent.split(":")
+        agent = (name, int(turns))
+    start = __import__("time").perf_counter()
+    sft(args.model, Dataset.load_from_disk(args.data), args.out, SFTSettings(**json.loads(args.settings)),
+        agent=agent, on_log=lambda r: print(json.dumps(r), flush=True))
+    print(json.dumps({"event": "done", "wall_s": __import__("time").perf_counter() - start}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
