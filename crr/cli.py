@@ -998,13 +998,15 @@ def sft_command(
     recipe_file: Path | None = typer.Option(None, "--recipe", help="A recipe YAML (crr.policy.sft.SFTRecipe's "
                                             "fields, e.g. experiments/sft-nano.yaml, the shipped default's); "
                                             "replaces the recipe options above."),
+    data_only: bool = typer.Option(False, "--data-only", help="Stop after the expert data; prints how to train "
+                                   "on it elsewhere (python -m crr.policy.sft_trainer, e.g. on a GPU node)."),
 ) -> None:
     """Warm-start a policy with supervised fine-tuning on scripted expert trajectories: the expert explores
     (views decoys, reproduces the issue, sometimes errs and corrects itself), every episode is played in a
     real sandbox and kept only if the verifier gives it reward 1; TRL's SFTTrainer then trains on the tool
     calls (observations masked). Writes a run directory with the config, expert.jsonl, the loss curve in
     metrics.jsonl and the model in model/."""
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -1048,7 +1050,7 @@ def sft_command(
             progress.update(bars["train"], note=f"loss {record['loss']:.3f}")
 
     with progress:
-        model_out = warm_start(model, recipe, run, report)
+        model_out = warm_start(model, recipe, run, report, data_only=data_only)
     summary = json.loads((run.path / "expert_summary.json").read_text()) if (run.path / "expert_summary.json").is_file() else None
     losses = [r["loss"] for r in run.records("metrics.jsonl") if r.get("event") == "sft" and "loss" in r]
     if summary:
@@ -1056,6 +1058,12 @@ def sft_command(
                       f"({summary['kept_fraction']:.0%} with reward 1), {summary['with_wrong_edit']} with a corrected "
                       f"wrong edit, {summary['mean_steps']:.1f} steps and {summary['mean_tokens']:.0f} tokens on average",
                       highlight=False)
+    if data_only:
+        settings = json.dumps(asdict(replace(recipe.train, seed=recipe.seed)))
+        console.print(f"expert data: {model_out}\ntrain on it with: python -m crr.policy.sft_trainer {model_out} "
+                      f"{model} OUT_DIR --agent {recipe.data.agent_format}:{recipe.data.max_turns} "
+                      f"--settings '{settings}'", highlight=False, soft_wrap=True)
+        return
     if losses:
         console.print(f"SFT: {len(losses)} steps, loss {losses[0]:.3f} -> [bold]{losses[-1]:.3f}[/]", highlight=False)
     console.print(f"model: {model_out}", highlight=False)

@@ -291,8 +291,10 @@ Progress = Callable[[str, int, int, dict], None]  # (stage "expert" | "train", d
 
 
 def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
-               progress: Progress | None = None) -> Path:
+               progress: Progress | None = None, data_only: bool = False) -> Path:
     """Expert data (or the run's saved copy when resuming), then SFT; the model goes to run/model.
+    With `data_only`, stop after the data and return its directory (train elsewhere with
+    crr.policy.sft_trainer, e.g. on a GPU node).
 
     Metrics go to run/metrics.jsonl (one record per logging step: the loss curve)."""
     from crr.policy.model import load_policy
@@ -321,6 +323,8 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
             engine.close()
         with quiet_hf():
             dataset.save_to_disk(str(data_dir))
+    if data_only:
+        return data_dir
 
     def on_log(record: dict) -> None:
         run.log_metrics({"event": "sft", **record})
@@ -330,7 +334,8 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
     on_step = None if progress is None else lambda done, total: progress("train", done, total, {})
     checkpoints = run.path / CHECKPOINT_DIR
     return sft(model_dir, dataset, run.path / MODEL_DIR, replace(recipe.train, seed=recipe.seed),
-               agent=(recipe.data.agent_format, recipe.data.max_turns), checkpoints=checkpoints, resume=checkpoints.is_dir(), on_log=on_log, progress=on_step)
+               agent=(recipe.data.agent_format, recipe.data.max_turns), checkpoints=checkpoints,
+               resume=checkpoints.is_dir(), on_log=on_log, progress=on_step)
 
 
 def install_default(model: Path, target: Path) -> Path:
