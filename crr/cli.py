@@ -1085,11 +1085,15 @@ def train_command(
     max_updates: int | None = typer.Option(None, "--max-updates", help="Stop after N optimizer updates."),
     budget_hours: float | None = typer.Option(None, "--budget-hours", help="Stop after H hours of ledger wall clock."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue a run directory from its last checkpoint."),
+    eval_tasks: str | None = typer.Option(None, "--eval", help="Held-out tasks (e.g. nano-test) on which the "
+                                          "starting and the trained policy are evaluated greedily (pass@1 before "
+                                          "and after, in the run's eval-before/ and eval-after/)."),
+    eval_n: int | None = typer.Option(None, "--eval-n", help="With --eval: the first N tasks (default all)."),
 ) -> None:
     """Train with GRPO, CRR (hybrid advantages from forked counterfactuals) or Search-Select; writes a run
     directory with config.yaml, manifest.json, metrics.jsonl, ledger.json, tuples/ and checkpoints/."""
     from crr.train.config import load_config, parse_overrides
-    from crr.train.trainer import resume_run, start_run, train
+    from crr.train.trainer import resolve_model, resume_run, start_run, train
 
     checkpoint = None
     if resume is not None:
@@ -1100,6 +1104,9 @@ def train_command(
         cfg = load_config(config, {**parse_overrides(overrides or []), **opts, "output_dir": str(out)})
         run = start_run(cfg, out)
     err_console.print(f"run directory: {run.path}", highlight=False)
+    before = after = None
+    if eval_tasks is not None:
+        before = _held_out_pass(eval_tasks, eval_n, cfg, run, "before", model=resolve_model(cfg))
 
     def line(r: dict) -> None:
         led, cum = r["ledger"], r["cumulative"]
@@ -1118,6 +1125,34 @@ def train_command(
     c = summary["cumulative"]
     console.print(f"done: {summary['updates']} updates, {c['trajectories']} trajectories, {c['forks']} forks, "
                   f"{c['wall_s']:.0f} s; model: {summary['model']}", highlight=False, soft_wrap=True)
+    rewards = [r["reward_mean"] for r in run.records("metrics.jsonl") if r.get("event") == "iteration"
+               and r.get("reward_mean") is not None]
+    if rewards:
+        quarter = max(1, len(rewards) // 4)
+        console.print("training reward per update: " + " ".join(f"{v:.2f}" for v in rewards)
+                      + f"\n  mean of the first {quarter}: {sum(rewards[:quarter]) / quarter:.2f}, "
+                      f"of the last {quarter}: {sum(rewards[-quarter:]) / quarter:.2f}", highlight=False, soft_wrap=True)
+    if eval_tasks is not None:
+        after = _held_out_pass(eval_tasks, eval_n, cfg, run, "after", run_dir=run.path)
+        console.print(f"held-out pass@1 ({eval_tasks}, greedy): before [bold]{before:.1%}[/] -> after "
+                      f"[bold]{after:.1%}[/]", highlight=False)
+
+
+def _held_out_pass(tasks: str, n: int | None, cfg, run, when: str, model: str | None = None,
+                   run_dir: Path | None = None) -> float:
+    """Greedy pass@1 of the policy before or after training (a crr eval run directory inside the train run)."""
+    from crr.eval.evaluate import ALIASES, BENCHMARKS, EvalConfig, benchmark, evaluate, resolve_policy, start_eval
+
+    label, source, adapter = benchmark(tasks) if tasks in {**BENCHMARKS, **ALIASES} else benchmark("tasks", tasks)
+    config = EvalConfig.make(label, source, adapter, resolve_policy(model, run_dir), n_tasks=n,
+                             max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, engine=cfg.engine,
+                             agent_format=cfg.agent_format, workers=cfg.workers)
+    eval_run = start_eval(config, run.path / f"eval-{when}")
+    with err_console.status(f"evaluating the policy {when} training on {tasks}"):
+        summary = evaluate(config, eval_run)
+    console.print(f"pass@1 {when} training ({label}, greedy, {summary['n_instances']} tasks): "
+                  f"{summary['pass_at_1']:.1%}", highlight=False)
+    return summary["pass_at_1"]
 
 
 replay_app = typer.Typer(help="Replay recorded counterfactual tuples.", no_args_is_help=True)
