@@ -1060,8 +1060,8 @@ def sft_command(
                       highlight=False)
     if data_only:
         settings = json.dumps(asdict(replace(recipe.train, seed=recipe.seed)))
-        console.print(f"expert data: {model_out}\ntrain on it with: python -m crr.policy.sft_trainer {model_out} "
-                      f"{model} OUT_DIR --agent {recipe.data.agent_format}:{recipe.data.max_turns} "
+        console.print(f"expert data: {model_out}\ntrain on it with: python -m crr.policy.sft_trainer {model} OUT_DIR "
+                      f"{model_out} --agent {recipe.data.agent_format}:{recipe.data.max_turns} "
                       f"--settings '{settings}'", highlight=False, soft_wrap=True)
         return
     if losses:

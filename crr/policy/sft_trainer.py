@@ -4,7 +4,7 @@ Kept apart from crr.policy.sft (expert data: sandboxes, tools, the grammar) so t
 only torch, transformers, TRL and datasets and runs on its own, for instance on a GPU node with the expert
 data built elsewhere:
 
-    python -m crr.policy.sft_trainer EXPERT_DATA_DIR MODEL_DIR OUT_DIR [--settings JSON] [--agent compact:8]
+    python -m crr.policy.sft_trainer MODEL_DIR OUT_DIR EXPERT_DATA_DIR... [--settings JSON] [--agent compact:8]
 
 (`crr sft` runs it in-process; both give the same model for the same rows and settings on one device.)
 """
@@ -178,9 +178,9 @@ def _has_checkpoint(path: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m crr.policy.sft_trainer", description=__doc__.split("\n")[0])
-    parser.add_argument("data", help="expert data saved by crr sft (run dir's expert_data/)")
     parser.add_argument("model", help="the model directory to warm-start")
     parser.add_argument("out", help="new directory for the warm-started model")
+    parser.add_argument("data", nargs="+", help="expert data saved by crr sft --data-only (run dirs' expert_data/)")
     parser.add_argument("--settings", default="{}", help="SFTSettings fields as JSON")
     parser.add_argument("--agent", default=None, help="FORMAT:H recorded in the model (e.g. compact:8)")
     args = parser.parse_args(argv)
@@ -190,7 +190,9 @@ def main(argv: list[str] | None = None) -> None:
         name, turns = args.agent.split(":")
         agent = (name, int(turns))
     start = __import__("time").perf_counter()
-    sft(args.model, Dataset.load_from_disk(args.data), args.out, SFTSettings(**json.loads(args.settings)),
+    rows = datasets.concatenate_datasets([Dataset.load_from_disk(d).select_columns(["input_ids", "assistant_masks"])
+                                          for d in args.data])
+    sft(args.model, rows, args.out, SFTSettings(**json.loads(args.settings)),
         agent=agent, on_log=lambda r: print(json.dumps(r), flush=True))
     print(json.dumps({"event": "done", "wall_s": __import__("time").perf_counter() - start}), flush=True)
 

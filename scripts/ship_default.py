@@ -1,0 +1,81 @@
+"""Install a warm-started model as crr's shipped default (crr/policy/default), with its provenance beside it.
+
+    .venv/bin/python scripts/ship_default.py MODEL_DIR --sft-run RUN_DIR [--eval EVAL_RUN_DIR ...]
+
+Writes the weights in bf16 (a few MB; crr loads them in the dtype they were saved in, "auto"), the tokenizer,
+the agent record (crr_agent.json) and `provenance.json`: the recipe (the SFT run's config), its data
+manifest (the expert summary: episodes played, kept, steps and tokens) and each given evaluation's
+measured pass@1 with the command that reproduces it. Paths are stored relative to the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from crr.policy.model import AGENT_FILE, SHIPPED_DEFAULT, load_policy
+from crr.rundir import RunDir
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _rel(path: Path | str) -> str:
+    p = Path(path).resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else p.name
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--sft-run", required=True, help="the crr sft run directory that made the expert data")
+    ap.add_argument("--eval", nargs="*", default=[], help="crr eval run directories of this model")
+    ap.add_argument("--note", default="", help="how the weights were trained (device, command)")
+    args = ap.parse_args()
+
+    model, tokenizer = load_policy(args.model)
+    sft_run = RunDir.open(args.sft_run)
+    evals = []
+    for path in args.eval:
+        run = RunDir.open(path)
+        summary = json.loads((run.path / "summary.json").read_text())
+        cfg = run.config
+        evals.append({"dataset": cfg["dataset"], "n_tasks": cfg.get("n_tasks"), "samples": cfg["samples"],
+                      "temperature": cfg["temperature"], "max_turns": cfg["max_turns"],
+                      "max_new_tokens": cfg["max_new_tokens"], "pass_at_1": summary["pass_at_1"],
+                      "pass_at_k": summary.get("pass_at_k"), "all_n": summary.get("all_n"),
+                      "error_modes": {m: v["count"] for m, v in summary.get("error_modes", {}).items()}})
+    provenance = {
+        "recipe": sft_run.config.get("recipe"),
+        "data": json.loads((sft_run.path / "expert_summary.json").read_text())
+        if (sft_run.path / "expert_summary.json").is_file() else None,
+        "sft_record": json.loads((Path(args.model) / "crr_sft.json").read_text())
+        if (Path(args.model) / "crr_sft.json").is_file() else None,
+        "training_note": args.note,
+        "evaluations": evals,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    if provenance["sft_record"]:
+        provenance["sft_record"]["base_model"] = Path(provenance["sft_record"]["base_model"]).name
+    tmp = Path(tempfile.mkdtemp(dir=SHIPPED_DEFAULT.parent, prefix=".default."))
+    try:
+        model.to(torch.bfloat16).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        shutil.copy(Path(args.model) / AGENT_FILE, tmp / AGENT_FILE)
+        (tmp / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
+        if SHIPPED_DEFAULT.exists():
+            shutil.rmtree(SHIPPED_DEFAULT)
+        tmp.rename(SHIPPED_DEFAULT)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"installed {_rel(SHIPPED_DEFAULT)} ({sum(f.stat().st_size for f in SHIPPED_DEFAULT.iterdir()) / 1e6:.1f} MB)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
