@@ -13,14 +13,25 @@ from typing import Callable
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from crr.errors import CRRError
 
 app = typer.Typer(help="Counterfactual Rollout Replay: step-level credit for SWE agents from forkable "
                        "sandboxes.", no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode="markdown")
-console = Console()
-err_console = Console(stderr=True)
+
+
+class _Console(Console):
+    """A Rich console that word-wraps only on a terminal: off one (a pipe, a log, a scheduler's output
+    file) every message stays on one line whatever the width, so that grep finds it whole."""
+
+    def print(self, *objects, soft_wrap: bool | None = None, **kwargs) -> None:
+        super().print(*objects, soft_wrap=(not self.is_terminal) if soft_wrap is None else soft_wrap, **kwargs)
+
+
+console = _Console()
+err_console = _Console(stderr=True)
 _state = {"debug": False}
 
 
@@ -39,7 +50,7 @@ def friendly(fn: Callable) -> Callable:
         except CRRError as e:
             if _state["debug"]:
                 raise
-            err_console.print(f"[bold red]error:[/] {e}")
+            err_console.print(Text.assemble(("error:", "bold red"), f" {e}"))
             raise typer.Exit(2) from None
 
     return wrapper
@@ -136,7 +147,6 @@ def tool_command(
     from rich.markup import escape
     from rich.panel import Panel
     from rich.table import Table
-    from rich.text import Text
 
     from crr.agent.tools import ToolCallError, execute, parse_tool_call, script_calls
     from crr.agent.verifier import verify
@@ -234,7 +244,6 @@ def model_generate(
     import time
 
     from rich.table import Table
-    from rich.text import Text
 
     from crr.agent.prompt import SYSTEM_PROMPT
     from crr.policy.backend import TransformersBackend
@@ -374,7 +383,6 @@ def tasks_show(
 ) -> None:
     """Validate a task set and list its tasks (bad rows exit 2 with FILE:LINE and the field)."""
     from rich.table import Table
-    from rich.text import Text
 
     from crr.tasks.loaders import load_tasks
 
@@ -406,7 +414,6 @@ def _filter_progress():
     """A Rich progress bar and the (on_start, on_result) callbacks that drive it."""
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
                                TimeElapsedColumn)
-    from rich.text import Text
 
     class TasksPerMinute(ProgressColumn):
         def render(self, task):
@@ -819,7 +826,6 @@ def rollout_command(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
-    from rich.text import Text
 
     from crr.agent.episode import EpisodeConfig
     from crr.policy.backend import TransformersBackend
