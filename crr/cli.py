@@ -5,11 +5,15 @@ Errors of the CRRError family print as one red line and exit 2; `crr --debug ...
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import shlex
+import signal
 import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable
 
 import typer
 from rich.console import Console
@@ -40,20 +44,82 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for
     _state["debug"] = debug
 
 
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[list[int]]:
+    """SIGTERM (what Slurm, Kubernetes and `timeout` send) takes SIGINT's path: a KeyboardInterrupt in
+    the main thread, so that the same `finally` blocks close every sandbox. Yields the signals received;
+    one more SIGTERM while the command cleans up is ignored (a scheduler's SIGKILL still ends it)."""
+    received: list[int] = []
+
+    def interrupt(signum, frame) -> None:
+        if not received:
+            received.append(signum)
+            raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield received
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _resume_with(command: str) -> None:
+    """The command that continues this one's work, printed if it is interrupted."""
+    _state["resume"] = command
+
+
+def _same_command() -> str:
+    return shlex.join(["crr", *sys.argv[1:]])
+
+
 def friendly(fn: Callable) -> Callable:
-    """Turn a CRRError into a one-line message and exit code 2 (a traceback with --debug)."""
+    """One command's errors, interrupts and run directories: a CRRError prints as one line and exits 2 (a
+    traceback with --debug); SIGINT or SIGTERM closes its sandboxes, prints how to resume and exits 130 or
+    143; the run directories it wrote are released (their locks) when it ends."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except CRRError as e:
-            if _state["debug"]:
-                raise
-            err_console.print(Text.assemble(("error:", "bold red"), f" {e}"))
-            raise typer.Exit(2) from None
+        from crr.rundir import release_locks
+
+        with _sigterm_interrupts() as received:
+            try:
+                return fn(*args, **kwargs)
+            except CRRError as e:
+                if _state["debug"]:
+                    raise
+                err_console.print(Text.assemble(("error:", "bold red"), f" {e}"))
+                raise typer.Exit(2) from None
+            except KeyboardInterrupt:
+                signum = received[0] if received else signal.SIGINT
+                resume = _state.get("resume")
+                err_console.print(f"interrupted ({signal.Signals(signum).name}); "
+                                  + (f"finished work is kept. Resume with: {resume}" if resume else "stopped"),
+                                  highlight=False, markup=False)
+                raise typer.Exit(128 + signum) from None
+            finally:
+                _state.pop("resume", None)
+                release_locks()
 
     return wrapper
+
+
+def long_command(fn: Callable) -> Callable:
+    """`friendly`, after freeing what crr processes that no longer exist left behind (containers, snapshot
+    images, mounts, sandbox directories): a preempted or killed job never accumulates them."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from crr.replay import reclaim_leftovers
+
+        if reclaimed := reclaim_leftovers():
+            err_console.print(f"reclaimed {len(reclaimed)} leftovers of crr processes that no longer exist "
+                              "(`crr sandbox gc --dry-run` lists them)", highlight=False)
+        return fn(*args, **kwargs)
+
+    return friendly(wrapper)
 
 
 def emit_json(obj) -> None:
@@ -324,7 +390,7 @@ def tasks_micro(
 
 
 @tasks_app.command("synth")
-@friendly
+@long_command
 def tasks_synth(
     package: list[str] = typer.Option([], "--package", help="NAME==VERSION of a PyPI package whose sdist "
                                       "carries its tests (repeatable)."),
@@ -348,6 +414,7 @@ def tasks_synth(
     from crr.tasks.synth import parse_package, synthesise
 
     specs = [parse_package(p, tuple(requires)) for p in package] + (curated_packages() if curated else [])
+    _resume_with(_same_command())  # its --out resumes
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
                   TimeElapsedColumn(), console=err_console) as bar:
         jobs: dict[str, int] = {}
@@ -437,7 +504,7 @@ def _filter_progress():
 
 
 @filter_app.callback(invoke_without_command=True)
-@friendly
+@long_command
 def filter_tasks_command(
     ctx: typer.Context,
     tasks: str | None = typer.Option(None, "--tasks", help="Task file (JSONL), directory or dataset."),
@@ -466,15 +533,11 @@ def filter_tasks_command(
                                           "limit": limit, "seed": seed, "timeout": timeout,
                                           "record_http": record_http or None}, out, resume)
     err_console.print(f"run directory: {run.path}", highlight=False, soft_wrap=True)
+    _resume_with(f"crr filter-tasks --resume {shlex.quote(str(run.path))}")
     progress, on_start, on_result = _filter_progress()
-    try:
-        with progress:
-            summary = filter_tasks(candidates, run, filter_config(settings), workers=workers,
-                                   on_start=on_start, on_result=on_result)
-    except KeyboardInterrupt:
-        err_console.print("interrupted; finished tasks are kept. Resume with: "
-                          f"crr filter-tasks --resume {run.path}", highlight=False, soft_wrap=True)
-        raise typer.Exit(130) from None
+    with progress:
+        summary = filter_tasks(candidates, run, filter_config(settings), workers=workers,
+                               on_start=on_start, on_result=on_result)
     console.print((run.path / "discard_table.md").read_text(), highlight=False, markup=False, soft_wrap=True)
     console.print(summary.line(), highlight=False, soft_wrap=True)
     console.print(f"admitted tasks: {run.path / 'admitted.jsonl'}", highlight=False, soft_wrap=True)
@@ -700,7 +763,7 @@ app.add_typer(experiment_app, name="experiment")
 
 
 @experiment_app.command("run")
-@friendly
+@long_command
 def experiment_run(
     spec: Path = typer.Argument(..., help="A comparison spec, e.g. experiments/cpu-main.comparison.yaml."),
     out: Path | None = typer.Option(None, "--out", help="Where runs/, evals/ and report/ go (default: "
@@ -727,6 +790,7 @@ def experiment_run(
                           f"{at} of its wall clock: --checkpoint N)" if at else ""), highlight=False, soft_wrap=True,
                           markup=False)
         return
+    _resume_with(_same_command())  # finished runs are skipped, interrupted ones resumed
     statuses = run_comparison(comparison, out, report=report,
                               say=lambda m: console.print(m, highlight=False, soft_wrap=True))
     if statuses:
@@ -797,7 +861,7 @@ app.add_typer(rollout_app, name="rollout")
 
 
 @rollout_app.callback(invoke_without_command=True)
-@friendly
+@long_command
 def rollout_command(
     ctx: typer.Context,
     model: str | None = typer.Option(None, "--model", help="Model directory or hub id (default: the tiny "
@@ -975,7 +1039,7 @@ _SFT_DEFAULTS = {"tasks": "micro-train", "n_tasks": 160, "episodes": 1, "error_r
 
 
 @app.command("sft")
-@friendly
+@long_command
 def sft_command(
     model: str | None = typer.Option(None, "--model", help="Model directory or hub id to warm-start (default: "
                                      "the tiny default, built on first use; the result then becomes the cached "
@@ -1012,7 +1076,7 @@ def sft_command(
     from crr.rundir import RunDir
 
     if resume is not None:
-        run = RunDir.open(resume)
+        run = RunDir.open(resume, write=True)
         recipe, model = SFTRecipe.from_dict(run.config["recipe"]), run.config["model"]
     else:
         recipe = SFTRecipe(tasks=tasks, n_tasks=n_tasks, seed=seed, engine=engine,
@@ -1024,6 +1088,7 @@ def sft_command(
         run = RunDir.create("sft", f"{Path(tasks).name}-seed{seed}", root=out, seeds={"sft": seed},
                             config={"model": model, "recipe": asdict(recipe)})
     err_console.print(f"run directory: {run.path}", highlight=False)
+    _resume_with(f"crr sft --resume {shlex.quote(str(run.path))}")
     kept = {"n": 0}
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.fields[note]}"), console=err_console)
@@ -1060,7 +1125,7 @@ def sft_command(
 
 # --- train (the CRR trainer on TRL: grpo, crr, search-select) and replay verify -----------------
 @app.command("train")
-@friendly
+@long_command
 def train_command(
     overrides: list[str] = typer.Argument(None, help="Config overrides key=value (e.g. k=2 crr.cf_temperature=0.5)."),
     method: str | None = typer.Option(None, "--method", help="grpo | crr | search-select (default: the config's)."),
@@ -1086,6 +1151,7 @@ def train_command(
         cfg = load_config(config, {**parse_overrides(overrides or []), **opts, "output_dir": str(out)})
         run = start_run(cfg, out)
     err_console.print(f"run directory: {run.path}", highlight=False)
+    _resume_with(f"crr train --resume {shlex.quote(str(run.path))}")
 
     def line(r: dict) -> None:
         led, cum = r["ledger"], r["cumulative"]
@@ -1132,7 +1198,7 @@ def replay_verify_command(
 
 # --- eval (greedy and sampled pass@k, SWE-bench predictions, the error taxonomy) ---------------
 @app.command("eval")
-@friendly
+@long_command
 def eval_command(
     dataset: str | None = typer.Argument(None, help="micro (the embedded micro-test set; the default), verified, "
                                          "live, rebench, gym, or tasks."),
@@ -1194,6 +1260,7 @@ def eval_command(
             load_eval_tasks(config)  # bad tasks fail here, before a run directory exists
         run = start_eval(config, out)
     err_console.print(f"run directory: {run.path}", highlight=False)
+    _resume_with(f"crr eval --resume {shlex.quote(str(run.path))}")
     progress = Progress(TextColumn("eval {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.fields[note]}"), console=err_console)
     bar = progress.add_task(config.dataset, total=None, note="")

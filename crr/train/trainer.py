@@ -282,7 +282,7 @@ def resume_run(path: Path | str) -> tuple[CRRConfig, RunDir, str | None]:
     cut back to what the checkpoint holds (the iteration in flight when it stopped is redone)."""
     from crr.train.config import load_config
 
-    run = RunDir.open(path)
+    run = RunDir.open(path, write=True)
     cfg = load_config(run.path / "config.yaml")
     cfg.output_dir = str(run.path / CHECKPOINTS)   # the run may have moved, or config.yaml holds a relative path
     ckpt = get_last_checkpoint(str(run.path / CHECKPOINTS)) if (run.path / CHECKPOINTS).is_dir() else None
