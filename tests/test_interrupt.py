@@ -17,7 +17,7 @@ from conftest import crr_process
 
 from crr.policy.model import default_model_dir
 from crr.replay.checkout import cache_root
-from crr.replay.docker import PID, docker_client
+from crr.replay.docker import PID, ROLE, docker_client
 from crr.replay.overlay import process_start
 from crr.rundir import RunDir
 from crr.tasks.micro import generate_micro
@@ -65,7 +65,8 @@ def leftovers(pid: int) -> list[str]:
     things = [f"dir {d}" for d in dirs] + [f"mount {m}" for m in mounts]
     api = docker_client().api
     things += [f"container {c['Names'][0]}" for c in api.containers(all=True, filters={"label": f"{PID}={pid}"})]
-    things += [f"image {i['Id']}" for i in api.images(all=True, filters={"label": f"{PID}={pid}"})]
+    things += [f"image {i['Id']}" for i in api.images(all=True, filters={"label": f"{PID}={pid}"})
+               if i["Labels"].get(ROLE) != "task"]  # per-task images are a cache keyed by commit, kept
     return things
 
 
@@ -133,8 +134,8 @@ def test_sigterm_mid_eval_leaves_nothing_and_the_resume_runs_every_sample_once(e
     decided_once(run, micro_tasks)
 
 
-def test_a_second_writer_is_refused_and_a_killed_writers_run_resumes(micro_tasks, tmp_path):
-    first = crr_process("filter-tasks", "--tasks", str(micro_tasks), "--out", str(tmp_path),
+def test_a_second_writer_is_refused_and_a_killed_writers_run_resumes(engine, micro_tasks, tmp_path):
+    first = crr_process("filter-tasks", "--tasks", str(micro_tasks), "--out", str(tmp_path), *ENGINES[engine],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run = wait_for_records("*/results.jsonl", tmp_path, first)
     second = run_crr("filter-tasks", "--resume", str(run))
@@ -145,6 +146,7 @@ def test_a_second_writer_is_refused_and_a_killed_writers_run_resumes(micro_tasks
     assert RunDir.open(run).records("results.jsonl")  # reading it is fine
     kids, _ = interrupt(first, signal.SIGKILL)
     assert first.returncode == -signal.SIGKILL
+    assert leftovers(first.pid), "SIGKILL leaves what only the process could free (until the next command)"
     resumed = run_crr("filter-tasks", "--resume", str(run))  # the kernel dropped the lock with its owner
     assert resumed.returncode == 0, resumed.stderr
     assert survivors(kids) == [] and leftovers(first.pid) == []  # reclaimed by the resume, at its start
