@@ -36,12 +36,75 @@ class _Console(Console):
 
 console = _Console()
 err_console = _Console(stderr=True)
-_state = {"debug": False}
+_state = {"debug": False, "verbose": False}
 
 
 @app.callback()
-def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for crr errors.")) -> None:
-    _state["debug"] = debug
+def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for crr errors."),
+          verbose: bool = typer.Option(False, "--verbose", help="Show what libraries say (warnings, log records, "
+                                       "progress bars) here instead of in the run directory's crr.log.")) -> None:
+    _state["debug"], _state["verbose"] = debug, verbose
+
+
+@contextlib.contextmanager
+def _library_output() -> Iterator[None]:
+    """Unless --verbose, what libraries say goes to the log of the run directory the command writes
+    (rundir.RUN_LOG), not between crr's own lines: Python warnings (transformers' FutureWarnings...) and log
+    records from INFO up; Hugging Face progress bars are off. Records from before the command has a run
+    directory wait for it (a command that never opens one prints their warnings at its end); crr's own
+    warnings are printed as well."""
+    if _state["verbose"]:
+        yield
+        return
+    import logging
+    import logging.handlers
+    import os
+
+    from crr import rundir
+
+    bars = {var: os.environ.get(var) for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS")}
+    os.environ.update({var: "1" for var, value in bars.items() if value is None})
+    # Without a target it keeps every record; once given one (the run log), it passes each on at once.
+    pending = logging.handlers.MemoryHandler(capacity=1, flushLevel=logging.CRITICAL + 1)
+    pending.setLevel(logging.INFO)
+    ours = logging.StreamHandler(sys.stderr)
+    ours.setLevel(logging.WARNING)
+    ours.addFilter(logging.Filter("crr"))
+    ours.setFormatter(logging.Formatter("warning: %(message)s"))
+
+    def to_run_log(path: Path) -> None:
+        target = logging.FileHandler(path / rundir.RUN_LOG, encoding="utf-8")
+        target.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        previous = pending.target
+        pending.setTarget(target)
+        pending.flush()
+        if previous is not None:
+            previous.close()
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.INFO)
+    root.addHandler(pending)
+    root.addHandler(ours)
+    logging.captureWarnings(True)
+    rundir.writer_hooks.append(to_run_log)
+    try:
+        yield
+    finally:
+        rundir.writer_hooks.remove(to_run_log)
+        logging.captureWarnings(False)
+        root.removeHandler(pending)
+        root.removeHandler(ours)
+        root.setLevel(level)
+        for var, value in bars.items():
+            if value is None:
+                os.environ.pop(var, None)
+        if pending.target is not None:
+            pending.target.close()
+        else:
+            for record in pending.buffer:
+                if record.levelno >= logging.WARNING and not record.name.startswith("crr"):
+                    err_console.print(f"warning: {record.getMessage()}", highlight=False, markup=False)
 
 
 @contextlib.contextmanager
@@ -84,7 +147,7 @@ def friendly(fn: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         from crr.rundir import release_locks
 
-        with _sigterm_interrupts() as received:
+        with _sigterm_interrupts() as received, _library_output():
             try:
                 return fn(*args, **kwargs)
             except CRRError as e:
@@ -1139,6 +1202,8 @@ def train_command(
 ) -> None:
     """Train with GRPO, CRR (hybrid advantages from forked counterfactuals) or Search-Select; writes a run
     directory with config.yaml, manifest.json, metrics.jsonl, ledger.json, tuples/ and checkpoints/."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from crr.train.config import load_config, parse_overrides
     from crr.train.trainer import resume_run, start_run, train
 
@@ -1166,7 +1231,16 @@ def train_command(
             f"upd {led['update_s']:.1f}) | "
             f"traj {cum['trajectories']} tok {cum['generated_tokens_all']}", highlight=False, soft_wrap=True)
 
-    summary = train(cfg, run, checkpoint, on_iteration=line)
+    progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("updates"),
+                        TimeElapsedColumn(), console=err_console)
+    bar = progress.add_task("train", total=None)
+
+    def update(r: dict) -> None:
+        line(r)
+        progress.update(bar, completed=r["step"], total=r["max_steps"])
+
+    with progress:
+        summary = train(cfg, run, checkpoint, on_iteration=update)
     c = summary["cumulative"]
     console.print(f"done: {summary['updates']} updates, {c['trajectories']} trajectories, {c['forks']} forks, "
                   f"{c['wall_s']:.0f} s; model: {summary['model']}", highlight=False, soft_wrap=True)

@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import yaml
 
@@ -38,7 +39,10 @@ log = logging.getLogger(__name__)
 DEFAULT_ROOT = Path("results/runs")
 _TRACKED_PACKAGES = ("torch", "transformers", "trl", "peft", "swebench", "docker", "datasets")
 LOCK_FILE = ".lock"  # flock'ed by the run's writer; holds its pid and command while it lives
+RUN_LOG = "crr.log"  # what libraries said while a command wrote the run (the CLI routes them there)
 _locks: dict[Path, int] = {}  # run directory (resolved) -> fd of the lock this process holds
+# Called with a run directory when this process becomes its writer: the CLI points its run log there.
+writer_hooks: list[Callable[[Path], None]] = []
 
 
 def lock_run(path: Path, command: str) -> None:
@@ -64,6 +68,8 @@ def lock_run(path: Path, command: str) -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps({"pid": os.getpid(), "command": command, "host": socket.gethostname()}).encode(), 0)
     _locks[key] = fd
+    for hook in writer_hooks:
+        hook(key)
 
 
 def release_locks() -> None:

@@ -128,6 +128,7 @@ def test_sigterm_mid_eval_leaves_nothing_and_the_resume_runs_every_sample_once(e
     kids, err = interrupt(proc, signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert f"Resume with: crr eval --resume {run}" in err
+    assert "Warning" not in err and "it/s" not in err  # transformers' warnings and bars are in the run's log
     assert survivors(kids) == [] and leftovers(proc.pid) == []
     resumed = run_crr("eval", "--resume", str(run))
     assert resumed.returncode == 0, resumed.stderr

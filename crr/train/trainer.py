@@ -35,7 +35,7 @@ import torch
 import yaml
 from datasets import Dataset
 from peft import LoraConfig
-from transformers import TrainerCallback
+from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
@@ -93,6 +93,10 @@ class CRRTrainer(GRPOTrainer):
                          train_dataset=Dataset.from_dict({"prompt": [t.instance_id for t in tasks]}),
                          peft_config=peft_config, rollout_func=self._rollout,
                          callbacks=[_IterationCallback(self, on_iteration)])
+        # library code does not print: TRL's log records go to metrics.jsonl (_IterationCallback.on_log), not
+        # to the terminal as raw dicts, and the CLI draws the progress (one line per update, a bar)
+        self.remove_callback(PrinterCallback)
+        self.remove_callback(ProgressCallback)
 
     # ------------------------------------------------------------------ 1. rollouts and forks
     def _rollout(self, prompts: list[str], trainer: GRPOTrainer) -> dict:
