@@ -5,44 +5,184 @@ Errors of the CRRError family print as one red line and exit 2; `crr --debug ...
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import shlex
+import signal
 import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from crr.errors import CRRError
 
 app = typer.Typer(help="Counterfactual Rollout Replay: step-level credit for SWE agents from forkable "
                        "sandboxes.", no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode="markdown")
-console = Console()
-err_console = Console(stderr=True)
-_state = {"debug": False}
+
+
+class _Console(Console):
+    """A Rich console that word-wraps only on a terminal: off one (a pipe, a log, a scheduler's output
+    file) every message stays on one line whatever the width, so that grep finds it whole."""
+
+    def print(self, *objects, soft_wrap: bool | None = None, **kwargs) -> None:
+        super().print(*objects, soft_wrap=(not self.is_terminal) if soft_wrap is None else soft_wrap, **kwargs)
+
+
+console = _Console()
+err_console = _Console(stderr=True)
+_state = {"debug": False, "verbose": False}
 
 
 @app.callback()
-def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for crr errors.")) -> None:
-    _state["debug"] = debug
+def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for crr errors."),
+          verbose: bool = typer.Option(False, "--verbose", help="Show what libraries say (warnings, log records, "
+                                       "progress bars) here instead of in the run directory's crr.log.")) -> None:
+    _state["debug"], _state["verbose"] = debug, verbose
+
+
+@contextlib.contextmanager
+def _library_output() -> Iterator[None]:
+    """Unless --verbose, what libraries say goes to the log of the run directory the command writes
+    (rundir.RUN_LOG), not between crr's own lines: Python warnings (transformers' FutureWarnings...) and log
+    records from INFO up; Hugging Face progress bars are off. Records from before the command has a run
+    directory wait for it (a command that never opens one prints their warnings at its end); crr's own
+    warnings are printed as well."""
+    if _state["verbose"]:
+        yield
+        return
+    import logging
+    import logging.handlers
+    import os
+
+    from crr import rundir
+
+    bars = {var: os.environ.get(var) for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS")}
+    os.environ.update({var: "1" for var, value in bars.items() if value is None})
+    # Without a target it keeps every record; once given one (the run log), it passes each on at once.
+    pending = logging.handlers.MemoryHandler(capacity=1, flushLevel=logging.CRITICAL + 1)
+    pending.setLevel(logging.INFO)
+    ours = logging.StreamHandler(sys.stderr)
+    ours.setLevel(logging.WARNING)
+    ours.addFilter(logging.Filter("crr"))
+    ours.setFormatter(logging.Formatter("warning: %(message)s"))
+
+    def to_run_log(path: Path) -> None:
+        target = logging.FileHandler(path / rundir.RUN_LOG, encoding="utf-8")
+        target.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        previous = pending.target
+        pending.setTarget(target)
+        pending.flush()
+        if previous is not None:
+            previous.close()
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.INFO)
+    root.addHandler(pending)
+    root.addHandler(ours)
+    logging.captureWarnings(True)
+    rundir.writer_hooks.append(to_run_log)
+    try:
+        yield
+    finally:
+        rundir.writer_hooks.remove(to_run_log)
+        logging.captureWarnings(False)
+        root.removeHandler(pending)
+        root.removeHandler(ours)
+        root.setLevel(level)
+        for var, value in bars.items():
+            if value is None:
+                os.environ.pop(var, None)
+        if pending.target is not None:
+            pending.target.close()
+        else:
+            for record in pending.buffer:
+                if record.levelno >= logging.WARNING and not record.name.startswith("crr"):
+                    err_console.print(f"warning: {record.getMessage()}", highlight=False, markup=False)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[list[int]]:
+    """SIGTERM (what Slurm, Kubernetes and `timeout` send) takes SIGINT's path: a KeyboardInterrupt in
+    the main thread, so that the same `finally` blocks close every sandbox. Yields the signals received;
+    one more SIGTERM while the command cleans up is ignored (a scheduler's SIGKILL still ends it)."""
+    received: list[int] = []
+
+    def interrupt(signum, frame) -> None:
+        if not received:
+            received.append(signum)
+            raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield received
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _resume_with(command: str) -> None:
+    """The command that continues this one's work, printed if it is interrupted."""
+    _state["resume"] = command
+
+
+def _same_command() -> str:
+    return shlex.join(["crr", *sys.argv[1:]])
 
 
 def friendly(fn: Callable) -> Callable:
-    """Turn a CRRError into a one-line message and exit code 2 (a traceback with --debug)."""
+    """One command's errors, interrupts and run directories: a CRRError prints as one line and exits 2 (a
+    traceback with --debug); SIGINT or SIGTERM closes its sandboxes, prints how to resume and exits 130 or
+    143; the run directories it wrote are released (their locks) when it ends."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except CRRError as e:
-            if _state["debug"]:
-                raise
-            err_console.print(f"[bold red]error:[/] {e}")
-            raise typer.Exit(2) from None
+        from crr.rundir import release_locks
+
+        with _sigterm_interrupts() as received, _library_output():
+            try:
+                return fn(*args, **kwargs)
+            except CRRError as e:
+                if _state["debug"]:
+                    raise
+                err_console.print(Text.assemble(("error:", "bold red"), f" {e}"))
+                raise typer.Exit(2) from None
+            except KeyboardInterrupt:
+                signum = received[0] if received else signal.SIGINT
+                resume = _state.get("resume")
+                err_console.print(f"interrupted ({signal.Signals(signum).name}); "
+                                  + (f"finished work is kept. Resume with: {resume}" if resume else "stopped"),
+                                  highlight=False, markup=False)
+                raise typer.Exit(128 + signum) from None
+            finally:
+                _state.pop("resume", None)
+                release_locks()
 
     return wrapper
+
+
+def long_command(fn: Callable) -> Callable:
+    """`friendly`, after freeing what crr processes that no longer exist left behind (containers, snapshot
+    images, mounts, sandbox directories): a preempted or killed job never accumulates them."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from crr.replay import reclaim_leftovers
+
+        if reclaimed := reclaim_leftovers():
+            err_console.print(f"reclaimed {len(reclaimed)} leftovers of crr processes that no longer exist "
+                              "(`crr sandbox gc --dry-run` lists them)", highlight=False)
+        return fn(*args, **kwargs)
+
+    return friendly(wrapper)
 
 
 def emit_json(obj) -> None:
@@ -136,7 +276,6 @@ def tool_command(
     from rich.markup import escape
     from rich.panel import Panel
     from rich.table import Table
-    from rich.text import Text
 
     from crr.agent.tools import ToolCallError, execute, parse_tool_call, script_calls
     from crr.agent.verifier import verify
@@ -234,7 +373,6 @@ def model_generate(
     import time
 
     from rich.table import Table
-    from rich.text import Text
 
     from crr.agent.prompt import SYSTEM_PROMPT
     from crr.policy.backend import TransformersBackend
@@ -315,7 +453,7 @@ def tasks_micro(
 
 
 @tasks_app.command("synth")
-@friendly
+@long_command
 def tasks_synth(
     package: list[str] = typer.Option([], "--package", help="NAME==VERSION of a PyPI package whose sdist "
                                       "carries its tests (repeatable)."),
@@ -339,6 +477,7 @@ def tasks_synth(
     from crr.tasks.synth import parse_package, synthesise
 
     specs = [parse_package(p, tuple(requires)) for p in package] + (curated_packages() if curated else [])
+    _resume_with(_same_command())  # its --out resumes
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
                   TimeElapsedColumn(), console=err_console) as bar:
         jobs: dict[str, int] = {}
@@ -374,7 +513,6 @@ def tasks_show(
 ) -> None:
     """Validate a task set and list its tasks (bad rows exit 2 with FILE:LINE and the field)."""
     from rich.table import Table
-    from rich.text import Text
 
     from crr.tasks.loaders import load_tasks
 
@@ -406,7 +544,6 @@ def _filter_progress():
     """A Rich progress bar and the (on_start, on_result) callbacks that drive it."""
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
                                TimeElapsedColumn)
-    from rich.text import Text
 
     class TasksPerMinute(ProgressColumn):
         def render(self, task):
@@ -430,7 +567,7 @@ def _filter_progress():
 
 
 @filter_app.callback(invoke_without_command=True)
-@friendly
+@long_command
 def filter_tasks_command(
     ctx: typer.Context,
     tasks: str | None = typer.Option(None, "--tasks", help="Task file (JSONL), directory or dataset."),
@@ -459,15 +596,11 @@ def filter_tasks_command(
                                           "limit": limit, "seed": seed, "timeout": timeout,
                                           "record_http": record_http or None}, out, resume)
     err_console.print(f"run directory: {run.path}", highlight=False, soft_wrap=True)
+    _resume_with(f"crr filter-tasks --resume {shlex.quote(str(run.path))}")
     progress, on_start, on_result = _filter_progress()
-    try:
-        with progress:
-            summary = filter_tasks(candidates, run, filter_config(settings), workers=workers,
-                                   on_start=on_start, on_result=on_result)
-    except KeyboardInterrupt:
-        err_console.print("interrupted; finished tasks are kept. Resume with: "
-                          f"crr filter-tasks --resume {run.path}", highlight=False, soft_wrap=True)
-        raise typer.Exit(130) from None
+    with progress:
+        summary = filter_tasks(candidates, run, filter_config(settings), workers=workers,
+                               on_start=on_start, on_result=on_result)
     console.print((run.path / "discard_table.md").read_text(), highlight=False, markup=False, soft_wrap=True)
     console.print(summary.line(), highlight=False, soft_wrap=True)
     console.print(f"admitted tasks: {run.path / 'admitted.jsonl'}", highlight=False, soft_wrap=True)
@@ -693,7 +826,7 @@ app.add_typer(experiment_app, name="experiment")
 
 
 @experiment_app.command("run")
-@friendly
+@long_command
 def experiment_run(
     spec: Path = typer.Argument(..., help="A comparison spec, e.g. experiments/cpu-main.comparison.yaml."),
     out: Path | None = typer.Option(None, "--out", help="Where runs/, evals/ and report/ go (default: "
@@ -720,6 +853,7 @@ def experiment_run(
                           f"{at} of its wall clock: --checkpoint N)" if at else ""), highlight=False, soft_wrap=True,
                           markup=False)
         return
+    _resume_with(_same_command())  # finished runs are skipped, interrupted ones resumed
     statuses = run_comparison(comparison, out, report=report,
                               say=lambda m: console.print(m, highlight=False, soft_wrap=True))
     if statuses:
@@ -790,7 +924,7 @@ app.add_typer(rollout_app, name="rollout")
 
 
 @rollout_app.callback(invoke_without_command=True)
-@friendly
+@long_command
 def rollout_command(
     ctx: typer.Context,
     model: str | None = typer.Option(None, "--model", help="Model directory or hub id (default: the shipped "
@@ -822,7 +956,6 @@ def rollout_command(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
-    from rich.text import Text
 
     from crr.agent.episode import EpisodeConfig
     from crr.policy.backend import TransformersBackend
@@ -974,7 +1107,7 @@ _SFT_DEFAULTS = {"tasks": "micro-train", "n_tasks": 160, "episodes": 1, "error_r
 
 
 @app.command("sft")
-@friendly
+@long_command
 def sft_command(
     model: str | None = typer.Option(None, "--model", help="Model directory or hub id to warm-start (default: "
                                      "the tiny default, built on first use; the result then becomes the cached "
@@ -1016,7 +1149,7 @@ def sft_command(
     from crr.rundir import RunDir
 
     if resume is not None:
-        run = RunDir.open(resume)
+        run = RunDir.open(resume, write=True)
         recipe, model = SFTRecipe.from_dict(run.config["recipe"]), run.config["model"]
     else:
         if recipe_file is not None:
@@ -1032,6 +1165,7 @@ def sft_command(
         run = RunDir.create("sft", f"{Path(recipe.tasks).name}-seed{recipe.seed}", root=out, seeds={"sft": recipe.seed},
                             config={"model": model, "recipe": asdict(recipe)})
     err_console.print(f"run directory: {run.path}", highlight=False)
+    _resume_with(f"crr sft --resume {shlex.quote(str(run.path))}")
     kept = {"n": 0}
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.fields[note]}"), console=err_console)
@@ -1074,7 +1208,7 @@ def sft_command(
 
 # --- train (the CRR trainer on TRL: grpo, crr, search-select) and replay verify -----------------
 @app.command("train")
-@friendly
+@long_command
 def train_command(
     overrides: list[str] = typer.Argument(None, help="Config overrides key=value (e.g. k=2 crr.cf_temperature=0.5)."),
     method: str | None = typer.Option(None, "--method", help="grpo | crr | search-select (default: the config's)."),
@@ -1092,6 +1226,8 @@ def train_command(
 ) -> None:
     """Train with GRPO, CRR (hybrid advantages from forked counterfactuals) or Search-Select; writes a run
     directory with config.yaml, manifest.json, metrics.jsonl, ledger.json, tuples/ and checkpoints/."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from crr.train.config import load_config, parse_overrides
     from crr.train.trainer import resolve_model, resume_run, start_run, train
 
@@ -1104,6 +1240,7 @@ def train_command(
         cfg = load_config(config, {**parse_overrides(overrides or []), **opts, "output_dir": str(out)})
         run = start_run(cfg, out)
     err_console.print(f"run directory: {run.path}", highlight=False)
+    _resume_with(f"crr train --resume {shlex.quote(str(run.path))}")
     before = after = None
     if eval_tasks is not None:
         before = _held_out_pass(eval_tasks, eval_n, cfg, run, "before", model=resolve_model(cfg))
@@ -1121,7 +1258,16 @@ def train_command(
             f"upd {led['update_s']:.1f}) | "
             f"traj {cum['trajectories']} tok {cum['generated_tokens_all']}", highlight=False, soft_wrap=True)
 
-    summary = train(cfg, run, checkpoint, on_iteration=line)
+    progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("updates"),
+                        TimeElapsedColumn(), console=err_console)
+    bar = progress.add_task("train", total=None)
+
+    def update(r: dict) -> None:
+        line(r)
+        progress.update(bar, completed=r["step"], total=r["max_steps"])
+
+    with progress:
+        summary = train(cfg, run, checkpoint, on_iteration=update)
     c = summary["cumulative"]
     console.print(f"done: {summary['updates']} updates, {c['trajectories']} trajectories, {c['forks']} forks, "
                   f"{c['wall_s']:.0f} s; model: {summary['model']}", highlight=False, soft_wrap=True)
@@ -1181,7 +1327,7 @@ def replay_verify_command(
 
 # --- eval (greedy and sampled pass@k, SWE-bench predictions, the error taxonomy) ---------------
 @app.command("eval")
-@friendly
+@long_command
 def eval_command(
     dataset: str | None = typer.Argument(None, help="micro (the embedded micro-test set; the default), verified, "
                                          "live, rebench, gym, or tasks."),
@@ -1243,6 +1389,7 @@ def eval_command(
             load_eval_tasks(config)  # bad tasks fail here, before a run directory exists
         run = start_eval(config, out)
     err_console.print(f"run directory: {run.path}", highlight=False)
+    _resume_with(f"crr eval --resume {shlex.quote(str(run.path))}")
     progress = Progress(TextColumn("eval {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.fields[note]}"), console=err_console)
     bar = progress.add_task(config.dataset, total=None, note="")

@@ -4,10 +4,16 @@ Layout: ``<root>/<UTC timestamp>-<command>-<name>/`` with ``config.yaml``, ``man
 append-only ``metrics.jsonl`` and the command's outputs. Whole-file writes are atomic (temp file +
 rename) and JSONL appends are flushed and fsynced per record, so a crash loses at most the record in
 flight and never corrupts what was written before.
+
+A run directory has one writer at a time: `create` and `open(..., write=True)` take an advisory lock
+(flock on LOCK_FILE) that the process holds until `release_locks()` (the CLI calls it when a command
+ends) or its death, when the kernel drops it (SIGKILL included), so no stale lock outlives a crash.
+Readers (`open(path)`: reports, replay verification, evaluating a run's checkpoints) take no lock.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -20,7 +26,8 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import yaml
 
@@ -31,6 +38,46 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ROOT = Path("results/runs")
 _TRACKED_PACKAGES = ("torch", "transformers", "trl", "peft", "swebench", "docker", "datasets")
+LOCK_FILE = ".lock"  # flock'ed by the run's writer; holds its pid and command while it lives
+RUN_LOG = "crr.log"  # what libraries said while a command wrote the run (the CLI routes them there)
+_locks: dict[Path, int] = {}  # run directory (resolved) -> fd of the lock this process holds
+# Called with a run directory when this process becomes its writer: the CLI points its run log there.
+writer_hooks: list[Callable[[Path], None]] = []
+
+
+def lock_run(path: Path, command: str) -> None:
+    """Make this process the one writer of the run directory `path` (a no-op if it already is); a
+    CRRError naming the owner if another live process is."""
+    key = Path(path).resolve()
+    if key in _locks:
+        return
+    fd = os.open(key / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            owner = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except ValueError:  # being written right now
+            owner = {}
+        finally:
+            os.close(fd)
+        who = (f"crr process {owner['pid']} (`crr {owner.get('command', '?')}` on {owner.get('host', '?')})"
+               if "pid" in owner else "another crr process")
+        raise CRRError(f"{path} is in use by {who}: a run directory has one writer at a time; wait for it to "
+                       "end or stop it, then resume") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "command": command, "host": socket.gethostname()}).encode(), 0)
+    _locks[key] = fd
+    for hook in writer_hooks:
+        hook(key)
+
+
+def release_locks() -> None:
+    """Give up every run directory this process writes (their lock files are left, emptied)."""
+    while _locks:
+        _, fd = _locks.popitem()
+        os.ftruncate(fd, 0)
+        os.close(fd)  # drops the flock
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -122,6 +169,7 @@ class RunDir:
             n += 1
             path = base.with_name(f"{base.name}-{n}")
         path.mkdir(parents=True)
+        lock_run(path, command)
         run = cls(path)
         atomic_write_text(path / "config.yaml", yaml.safe_dump(config or {}, sort_keys=False))
         atomic_write_json(path / "manifest.json", {
@@ -133,12 +181,20 @@ class RunDir:
         return run
 
     @classmethod
-    def open(cls, path: Path | str) -> "RunDir":
+    def open(cls, path: Path | str, *, write: bool = False) -> "RunDir":
+        """An existing run directory; with `write` (resuming it), this process becomes its one writer."""
         path = Path(path)
         if not (path / "manifest.json").is_file():
             raise CRRError(f"{path} is not a crr run directory (no manifest.json); "
                            "pass a directory made by a crr command")
-        return cls(path)
+        run = cls(path)
+        if write:
+            run.lock()
+        return run
+
+    def lock(self) -> None:
+        """Become this run directory's one writer (see LOCK_FILE); CRRError naming the owner if it has one."""
+        lock_run(self.path, self.manifest.get("command", "?"))
 
     @property
     def config(self) -> dict:

@@ -108,3 +108,11 @@ def make_task(tmp_path: Path) -> Callable[..., Task]:
         return Task(**{**defaults, **task_fields})
 
     return make
+
+
+def crr_process(*args: str, **popen_kw) -> subprocess.Popen:
+    """`crr ARGS` as a child process running this source tree (not whichever crr is installed)."""
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), **popen_kw.pop("env", {})}
+    return subprocess.Popen([sys.executable, "-m", "crr", *args], env=env, **popen_kw)

@@ -267,7 +267,7 @@ def test_show_lists_a_dataset_copy_and_exits_2_on_a_bad_file(tmp_path):
     bad = write_jsonl(tmp_path / "bad.jsonl", [row("a"), row("b", FAIL_TO_PASS=7)])
     result = runner.invoke(app, ["tasks", "show", str(bad)])
     assert result.exit_code == 2
-    assert f"{bad}:2:" in result.output.replace("\n", "") and "FAIL_TO_PASS" in result.output
+    assert f"{bad}:2:" in result.output and "FAIL_TO_PASS" in result.output
 
 
 def test_micro_names_generate_once_into_the_cache(monkeypatch):

@@ -245,6 +245,7 @@ def resume_eval(path: Path | str, overrides: dict | None = None) -> tuple[EvalCo
     if run.manifest.get("command") != "eval":
         raise CRRError(f"{path} is a `crr {run.manifest.get('command')}` run, not an evaluation; --resume takes "
                        "a directory made by crr eval")
+    run.lock()
     config = EvalConfig(**run.config)
     for key, value in (overrides or {}).items():
         current = getattr(config, key)

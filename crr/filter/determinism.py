@@ -222,6 +222,7 @@ def open_run(settings: dict, out: Path | str, resume: Path | str | None = None
         run = RunDir.open(resume)
         if run.manifest.get("command") != COMMAND:
             raise CRRError(f"{run.path} was made by `crr {run.manifest.get('command')}`, not `crr {COMMAND}`")
+        run.lock()
         stored = {**DEFAULTS, **run.config}
         changed = {k: (stored[k], v) for k, v in settings.items() if v is not None and v != stored.get(k)}
         if changed:

@@ -30,11 +30,16 @@ from transformers import (
     Qwen3Config,
     Qwen3ForCausalLM,
 )
+from transformers.utils import logging as hf_logging
 
 from crr.errors import CRRError
 from crr.policy.corpus import corpus
 
 log = logging.getLogger(__name__)
+# transformers logs through Python logging like every other library, not through a stderr handler of its own:
+# the CLI sends library records to the run directory's log (to the terminal with --verbose)
+hf_logging.disable_default_handler()
+hf_logging.enable_propagation()
 
 MODEL_VERSION = "1"  # bump when the recipe below changes: it keys the cache of the default model
 CHAT_TEMPLATE = "qwen3_instruct_2507"

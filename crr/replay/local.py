@@ -393,9 +393,9 @@ def gc_leftovers(workdir: Path | None = None) -> list[str]:
     for cgroup in sorted(cgroups.glob(f"{_PREFIX}*")) if cgroups else []:
         try:
             owner_pid = cgroup.name.split("-")[2]
-            if owner_pid in (cgroup / "cgroup.procs").read_text().split():
-                continue  # the owner's spawner thread is in it: alive
-        except (OSError, IndexError):
+            if owner_pid in (cgroup / "cgroup.procs").read_text().split() or process_start(int(owner_pid)):
+                continue  # the owner lives (its spawner thread is in it, or is joining it right now)
+        except (OSError, IndexError, ValueError):
             continue
         _kill_cgroup(cgroup)  # commands in flight when the owner died: before unmounting their cwd
         _remove_cgroup(cgroup)

@@ -118,7 +118,7 @@ def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rat
         raise CRRError(f"{out_dir} already exists and is not an empty directory; choose a new --out "
                        "(nothing was written)")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    build = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    build = Path(tempfile.mkdtemp(dir=out_dir.parent.absolute(), prefix=f".{out_dir.name}."))
     scratch = Path(tempfile.mkdtemp(prefix="crr-micro-"))
     try:
         (scratch / f"{_PIN_MODULE}.py").write_text(_PIN_PLUGIN)

@@ -35,7 +35,7 @@ import torch
 import yaml
 from datasets import Dataset
 from peft import LoraConfig
-from transformers import TrainerCallback
+from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
@@ -90,6 +90,10 @@ class CRRTrainer(GRPOTrainer):
                          train_dataset=Dataset.from_dict({"prompt": [t.instance_id for t in tasks]}),
                          peft_config=peft_config, rollout_func=self._rollout,
                          callbacks=[_IterationCallback(self, on_iteration)])
+        # library code does not print: TRL's log records go to metrics.jsonl (_IterationCallback.on_log), not
+        # to the terminal as raw dicts, and the CLI draws the progress (one line per update, a bar)
+        self.remove_callback(PrinterCallback)
+        self.remove_callback(ProgressCallback)
 
     # ------------------------------------------------------------------ 1. rollouts and forks
     def _rollout(self, prompts: list[str], trainer: GRPOTrainer) -> dict:
@@ -281,7 +285,7 @@ def resume_run(path: Path | str) -> tuple[CRRConfig, RunDir, str | None]:
     cut back to what the checkpoint holds (the iteration in flight when it stopped is redone)."""
     from crr.train.config import load_config
 
-    run = RunDir.open(path)
+    run = RunDir.open(path, write=True)
     cfg = load_config(run.path / "config.yaml")
     cfg.output_dir = str(run.path / CHECKPOINTS)   # the run may have moved, or config.yaml holds a relative path
     ckpt = get_last_checkpoint(str(run.path / CHECKPOINTS)) if (run.path / CHECKPOINTS).is_dir() else None

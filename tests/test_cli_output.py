@@ -1,0 +1,57 @@
+"""What the CLI prints off a terminal: messages whole, one line each, whatever the width."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import warnings
+
+from conftest import crr_process
+from typer.testing import CliRunner
+
+from crr import cli
+from crr.cli import app
+from crr.rundir import RUN_LOG, RunDir, release_locks
+
+
+def test_an_error_off_a_terminal_is_one_line_whatever_the_width(tmp_path):
+    deep = tmp_path / ("a-rather-long-directory-name-" * 4) / "not-a-run"
+    deep.mkdir(parents=True)
+    message = f"error: {deep} is not a crr run directory (no manifest.json); pass a directory made by a crr command"
+    for columns in ("20", "80", "200"):
+        proc = crr_process("replay", "verify", str(deep), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={"COLUMNS": columns})
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2 and out == ""
+        assert err.splitlines() == [message], (columns, err)
+
+
+def test_messages_in_captured_output_are_not_broken_at_the_console_width(tmp_path):
+    result = CliRunner().invoke(app, ["replay", "verify", str(tmp_path / ("x" * 60))])
+    assert result.exit_code == 2
+    assert f"{tmp_path / ('x' * 60)} is not a crr run directory" in result.output.splitlines()[0]
+
+
+def test_library_warnings_and_records_go_to_the_run_log_and_crrs_own_to_the_terminal(tmp_path, capsys):
+    with cli._library_output():
+        warnings.warn("early library warning", FutureWarning)  # before the command has a run directory
+        logging.getLogger("transformers.modeling_utils").warning("a library record")
+        logging.getLogger("crr.train").warning("crr's own warning")
+        run = RunDir.create("test", root=tmp_path)
+        warnings.warn("late library warning", FutureWarning)
+        logging.getLogger("crr.rollout").info("crr's own progress record")
+    release_locks()
+    log = (run.path / RUN_LOG).read_text()
+    for said in ("early library warning", "a library record", "crr's own warning", "late library warning",
+                 "crr's own progress record"):
+        assert said in log
+    assert capsys.readouterr().err == "warning: crr's own warning\n"
+    logging.getLogger("transformers").warning("after the command")  # the routing ends with it
+    assert "after the command" not in (run.path / RUN_LOG).read_text()
+
+
+def test_a_command_without_a_run_directory_prints_its_library_warnings_at_the_end(capsys):
+    with cli._library_output():
+        warnings.warn("a library warning", UserWarning)
+        assert capsys.readouterr().err == ""
+    assert "a library warning" in capsys.readouterr().err
