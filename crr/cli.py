@@ -12,6 +12,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -370,7 +371,6 @@ def model_generate(
     """Sample grammar-constrained tool calls and show each with its step entropy H_t and grammar
     rejections."""
     import dataclasses
-    import time
 
     from rich.table import Table
 
@@ -418,8 +418,12 @@ app.add_typer(tasks_app, name="tasks")
 def tasks_micro(
     n: int = typer.Option(32, "--n", help="Number of tasks."),
     seed: int = typer.Option(0, "--seed", help="Same seed, same tasks, byte for byte."),
-    split: str = typer.Option("train", "--split", help="train or test (disjoint templates)."),
+    split: str = typer.Option("train", "--split", help="train or test (disjoint templates; for nano, disjoint "
+                              "vocabularies)."),
+    tier: str = typer.Option("default", "--tier", help="default (templates, fillers, decoys: 3-20 modules) or nano "
+                             "(1-3 short modules with procedural names: the learnable CPU tier)."),
     flaky_rate: float = typer.Option(0.0, "--flaky-rate", help="Fraction of tasks with one labelled flaky test."),
+    workers: int = typer.Option(1, "--workers", help="Processes generating tasks (same rows for any number)."),
     out: Path = typer.Option(..., "--out", help="New (or empty) directory for tasks.jsonl and repos/."),
 ) -> None:
     """Generate micro tasks: small Python packages with one injected bug each, an issue, a gold
@@ -433,9 +437,11 @@ def tasks_micro(
 
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console) as bar:
-        job = bar.add_task(f"micro {split} (seed {seed})", total=n)
-        tasks = generate_micro(out, n=n, seed=seed, split=split, flaky_rate=flaky_rate,
+        job = bar.add_task(f"{tier} {split} (seed {seed})", total=n)
+        start = time.perf_counter()
+        tasks = generate_micro(out, n=n, seed=seed, split=split, flaky_rate=flaky_rate, tier=tier, workers=workers,
                                progress=lambda _: bar.advance(job))
+        elapsed = time.perf_counter() - start
     tiers = ("easy", "medium", "hard")
     counts = Counter((t.metadata["bug_family"], t.metadata["difficulty"]) for t in tasks)
     per_tier = Counter(t.metadata["difficulty"] for t in tasks)
@@ -449,7 +455,8 @@ def tasks_micro(
     table.add_row("[bold]total[/]", *(str(per_tier[t]) for t in tiers), f"[bold]{len(tasks)}[/]")
     console.print(table)
     flaky = sum(1 for t in tasks if t.metadata.get("flaky"))
-    console.print(f"{flaky} with a labelled flaky test; wrote {Path(out) / 'tasks.jsonl'}", highlight=False)
+    console.print(f"{flaky} with a labelled flaky test; {len(tasks) / elapsed:.2f} tasks/s with {workers} "
+                  f"worker(s); wrote {Path(out) / 'tasks.jsonl'}", highlight=False)
 
 
 @tasks_app.command("synth")

@@ -61,6 +61,8 @@ SAMPLED_TEMPERATURE = 0.6  # the paper's multi-sample evaluation
 BENCHMARKS: dict[str, tuple[str, str | None]] = {
     "micro-test": ("micro-test", None),
     "micro-train": ("micro-train", None),
+    "nano-test": ("nano-test", None),
+    "nano-train": ("nano-train", None),
     "verified": ("SWE-bench/SWE-bench_Verified", "swe-bench"),
     "live": ("SWE-bench-Live/SWE-bench-Live", "swe-bench-live"),
     "rebench": ("nebius/SWE-rebench", "swe-rebench"),

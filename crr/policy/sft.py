@@ -306,8 +306,9 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
         dataset = Dataset.load_from_disk(str(data_dir))
         log.info("resuming with the %d expert conversations saved in %s", len(dataset), data_dir)
     else:
-        if recipe.tasks in MICRO_SETS and (recipe.n_tasks or 0) > MICRO_DEFAULT_N:
-            tasks = load_micro(MICRO_SETS[recipe.tasks], n=recipe.n_tasks)  # extends the default set
+        if recipe.tasks in MICRO_SETS and (recipe.n_tasks or 0) > MICRO_DEFAULT_N[MICRO_SETS[recipe.tasks][0]]:
+            tier, split = MICRO_SETS[recipe.tasks]
+            tasks = load_micro(split, n=recipe.n_tasks, tier=tier)  # extends the default set
         else:
             tasks = load_tasks(recipe.tasks)[:recipe.n_tasks]
         with quiet_hf():

@@ -31,8 +31,10 @@ from crr.tasks.schema import DEFAULT_LOG_PARSER, KNOWN_EXTRA, Task
 log = logging.getLogger(__name__)
 
 TASKS_FILE = "tasks.jsonl"
-MICRO_SETS = {"micro-train": "train", "micro-test": "test"}
-MICRO_DEFAULT_N = 32
+# Named generated sets: name -> (tier, split); each is generated on first use, MICRO_DEFAULT_N[tier] tasks.
+MICRO_SETS = {"micro-train": ("default", "train"), "micro-test": ("default", "test"),
+              "nano-train": ("nano", "train"), "nano-test": ("nano", "test")}
+MICRO_DEFAULT_N = {"default": 32, "nano": 64}
 MICRO_DEFAULT_SEED = 0
 
 # Test commands of the SWE-bench repositories whose runner is not plain pytest (swebench 4.x
@@ -56,9 +58,10 @@ ACTIVATE_TESTBED = ("if [ -f /opt/miniconda3/bin/activate ]; then "
 def load_tasks(source: str, split: str | None = None, *, adapter: str | None = None) -> list[Task]:
     """Tasks from a JSONL file, a directory with tasks.jsonl, a micro set name, or a dataset."""
     if source in MICRO_SETS:
-        if split is not None and split != MICRO_SETS[source]:
-            raise CRRError(f"{source} is the {MICRO_SETS[source]} split already; drop --split {split}")
-        return load_micro(MICRO_SETS[source])
+        tier, set_split = MICRO_SETS[source]
+        if split is not None and split != set_split:
+            raise CRRError(f"{source} is the {set_split} split already; drop --split {split}")
+        return load_micro(set_split, tier=tier)
     path = Path(source).expanduser()
     if path.is_file() and path.suffix == ".parquet":
         return _load_dataset_rows(source, split, adapter, local=path)
@@ -114,21 +117,29 @@ def write_tasks(tasks: Iterable[Task], path: Path | str) -> Path:
     return path
 
 
-def load_micro(split: str, n: int | None = None, seed: int | None = None) -> list[Task]:
-    """The embedded micro set, generated once per machine under the crr cache."""
+def load_micro(split: str, n: int | None = None, seed: int | None = None, tier: str = "default",
+               workers: int = 2) -> list[Task]:
+    """The embedded micro set of `tier`, generated once per machine under the crr cache."""
     from crr.replay.checkout import cache_root
     from crr.tasks.micro import generate_micro
 
-    n = MICRO_DEFAULT_N if n is None else n
+    n = MICRO_DEFAULT_N[tier] if n is None else n
     seed = MICRO_DEFAULT_SEED if seed is None else seed
-    target = cache_root() / "micro" / f"{split}-{n}-{seed}"
+    stem = split if tier == "default" else f"{tier}-{split}"
+    # task i depends on (tier, seed, split, i) only: a larger cached set holds this one as its prefix
+    larger = sorted((int(m[1]), d) for d in (cache_root() / "micro").glob(f"{stem}-*-{seed}")
+                    if (m := re.fullmatch(rf"{re.escape(stem)}-(\d+)-{seed}", d.name)) and int(m[1]) >= n
+                    and (d / TASKS_FILE).is_file())
+    if larger:
+        return read_tasks_jsonl(larger[0][1] / TASKS_FILE)[:n]
+    target = cache_root() / "micro" / f"{stem}-{n}-{seed}"
     if not (target / TASKS_FILE).is_file():
-        log.info("generating the micro %s set (n=%d, seed=%d) into %s", split, n, seed, target)
+        log.info("generating the %s %s set (n=%d, seed=%d) into %s", tier, split, n, seed, target)
         # generated beside the target and renamed into place, so concurrent first uses are safe
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
         try:
-            generate_micro(tmp / "set", n=n, seed=seed, split=split)
+            generate_micro(tmp / "set", n=n, seed=seed, split=split, tier=tier, workers=workers)
             try:
                 os.rename(tmp / "set", target)
             except OSError:

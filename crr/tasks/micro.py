@@ -14,6 +14,11 @@ all nondeterminism (PYTHONHASHSEED=0, file order, and a plugin that seeds `rando
 for byte. A candidate whose bug is not revealed, or whose gold patch leaves a test failing, is
 replaced by the next attempt for the same index.
 
+Tiers: "default" (the templates of crr.tasks.templates with filler modules and look-alike decoys, 3 to 20
+modules) and "nano" (crr.tasks.nano: 1-3 short procedurally named modules whose docstrings state what the
+code must do, no fillers or decoys, a one-sentence issue; the learnable tier of the CPU testbed). Both take
+the same path from a template to a row.
+
 Flaky tests (`flaky_rate`): a seed-chosen fraction of tasks get one labelled flaky test among
 PASS_TO_PASS that depends on the hash seed, the test order, unseeded randomness or the clock. The
 pinned measuring runs force its passing branch; unpinned runs (the determinism filter's reruns)
@@ -23,9 +28,11 @@ make it flake. `metadata["flaky"]` records {"kind", "test"} as ground truth for 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import json
 import logging
+import multiprocessing
 import os
 import random
 import shutil
@@ -33,25 +40,29 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from crr.errors import CRRError
 from crr.tasks.bugs import FAMILIES, Mutant, iter_mutants, mutants
 from crr.tasks.loaders import TASKS_FILE, read_tasks_jsonl, write_tasks
+from crr.tasks.nano import nano_template
 from crr.tasks.schema import DEFAULT_LOG_PARSER, DEFAULT_TEST_CMD, Task
 from crr.tasks.templates import FILLERS, TEMPLATES, Module, Template, templates_for
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "test")
+TIERS = ("default", "nano")
 FLAKY_KINDS = ("hash_seed", "test_order", "random", "time")
 MAX_ATTEMPTS = 24         # candidates tried per task before giving up
 MAX_PROBED_MUTANTS = 8    # mutation sites evaluated per candidate
 PYTEST_TIMEOUT_S = 120
 # Package size per tier: (modules, decoy functions) ranges. Tiers cycle like bug families, so a set
 # spans sizes; the difficulty label is still computed from what the task ends up with.
-SIZES = {"small": ((3, 6), (0, 1)), "medium": ((6, 12), (1, 2)), "large": ((12, 20), (2, 3))}
+SIZES = {"small": ((3, 6), (0, 1)), "medium": ((6, 12), (1, 2)), "large": ((12, 20), (2, 3)),
+         "nano": ((0, 0), (0, 0))}  # nano: the template's own modules only
 
 # Fixed identity and dates (and no user or system git config) make base_commit a function of content.
 _GIT_ENV = {"GIT_AUTHOR_NAME": "crr micro", "GIT_AUTHOR_EMAIL": "micro@crr.invalid",
@@ -100,15 +111,20 @@ class _TestFile:
 
 
 def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rate: float = 0.0,
-                   progress: Callable[[Task], None] | None = None) -> list[Task]:
+                   progress: Callable[[Task], None] | None = None, tier: str = "default",
+                   workers: int = 1) -> list[Task]:
     """Generate `n` tasks into `out_dir` (tasks.jsonl + repos/<id>.bundle) and return them.
 
     `out_dir` must not exist or be empty; it is filled atomically (built next to it, then renamed).
-    Task i depends only on (seed, split, i) and its flaky kind, so with flaky_rate 0 a larger n
-    extends a smaller one.
+    Task i depends only on (tier, seed, split, i) and its flaky kind, so with flaky_rate 0 a larger n
+    extends a smaller one, and `workers` processes give the same rows as one.
     """
     if split not in SPLITS:
         raise CRRError(f"unknown micro split {split!r}; use one of {', '.join(SPLITS)}")
+    if tier not in TIERS:
+        raise CRRError(f"unknown micro tier {tier!r}; use one of {', '.join(TIERS)}")
+    if workers < 1:
+        raise CRRError(f"--workers must be at least 1, got {workers}")
     if n < 1:
         raise CRRError(f"--n must be at least 1, got {n}")
     if not 0.0 <= flaky_rate <= 1.0:
@@ -123,12 +139,15 @@ def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rat
     try:
         (scratch / f"{_PIN_MODULE}.py").write_text(_PIN_PLUGIN)
         flaky = _flaky_plan(n, seed, split, flaky_rate)
+        jobs = [(index, seed, split, flaky.get(index), build, scratch, tier) for index in range(n)]
         tasks = []
-        for index in range(n):
-            task = _generate_task(index, seed, split, flaky.get(index), build, scratch)
-            tasks.append(task)
-            if progress is not None:
-                progress(task)
+        # Processes, not threads: a candidate is mostly Python (AST mutants, git and pytest plumbing).
+        with (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1
+              else contextlib.nullcontext()) as pool:
+            for task in (pool.map(_generate_job, jobs) if pool else map(_generate_job, jobs)):
+                tasks.append(task)
+                if progress is not None:
+                    progress(task)
         write_tasks(tasks, build / TASKS_FILE)
         if out_dir.exists():
             out_dir.rmdir()  # empty, checked above
@@ -168,15 +187,28 @@ def _choices(index: int, seed: int, split: str) -> tuple[str, str, list[Template
     return family, sizes[index % len(sizes)], [t for t in rotated if _has_sites(t.name, family)]
 
 
-def _generate_task(index: int, seed: int, split: str, flaky: str | None, out: Path, scratch: Path) -> Task:
-    family, size, templates = _choices(index, seed, split)
-    instance_id = f"micro-{split}-{seed}-{index}"
+def _generate_job(job: tuple) -> Task:
+    return _generate_task(*job)
+
+
+def _generate_task(index: int, seed: int, split: str, flaky: str | None, out: Path, scratch: Path,
+                   tier: str = "default") -> Task:
+    if tier == "nano":
+        family = _nano_family(index, seed, split)
+        instance_id = f"nano-{split}-{seed}-{index}"
+    else:
+        family, size, templates = _choices(index, seed, split)
+        instance_id = f"micro-{split}-{seed}-{index}"
     for attempt in range(MAX_ATTEMPTS):
-        rng = random.Random(f"micro:{seed}:{split}:{index}:{attempt}")
+        prefix = "micro" if tier == "default" else tier
+        rng = random.Random(f"{prefix}:{seed}:{split}:{index}:{attempt}")
         work = scratch / f"{instance_id}-{attempt}"
+        if tier == "nano":
+            template, size = nano_template(rng, split), "nano"
+        else:
+            template = templates[attempt % len(templates)]
         try:
-            task = _candidate(instance_id, templates[attempt % len(templates)], family, size, flaky, split, rng,
-                              work, out)
+            task = _candidate(instance_id, template, family, size, flaky, split, rng, work, out)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         if task is not None:
@@ -187,6 +219,14 @@ def _generate_task(index: int, seed: int, split: str, flaky: str | None, out: Pa
 
 
 # ------------------------------------------------------------------------------------ one candidate
+
+def _nano_family(index: int, seed: int, split: str) -> str:
+    """Bug families in a seed-shuffled cycle, so every family appears; one-line bugs only (a missing branch is
+    two or more lines to restore)."""
+    families = [f for f in FAMILIES if f != "missing_branch"]
+    random.Random(f"nano:{seed}:{split}:order").shuffle(families)
+    return families[index % len(families)]
+
 
 def _candidate(instance_id: str, template: Template, family: str, size: str, flaky: str | None, split: str,
                rng: random.Random, work: Path, out: Path) -> Task | None:
@@ -270,7 +310,8 @@ def _candidate(instance_id: str, template: Template, family: str, size: str, fla
     if not symptoms:
         return None
     shown = rng.choice(symptoms[:3])
-    problem = _issue(rng, package, template, cases[shown], reference[shown], result["observed"][str(shown)])
+    problem = _issue(rng, package, template, cases[shown], reference[shown], result["observed"][str(shown)],
+                     short=size == "nano")
 
     bundle = out / "repos" / f"{instance_id}.bundle"
     bundle.parent.mkdir(parents=True, exist_ok=True)
@@ -285,7 +326,10 @@ def _candidate(instance_id: str, template: Template, family: str, size: str, fla
         "buggy_file": f"{package}/{bug_module.name}.py", "buggy_function": bug.function,
         "flaky": {"kind": flaky, "test": flaky_test} if flaky else None,
     }
-    return Task(instance_id=instance_id, repo=f"micro/{template.name}", base_commit=base_commit,
+    if size == "nano":
+        metadata["tier"] = "nano"
+    return Task(instance_id=instance_id, repo="crr/nano" if size == "nano" else f"micro/{template.name}",
+                base_commit=base_commit,
                 problem_statement=problem, patch=patch, test_patch=test_patch,
                 FAIL_TO_PASS=tuple(f2p), PASS_TO_PASS=tuple(p2p), version="1.0",
                 log_parser=DEFAULT_LOG_PARSER, repo_src=str(bundle.resolve()), test_cmd=DEFAULT_TEST_CMD,
@@ -438,7 +482,9 @@ def _hash_seed_zero_order(literal: str) -> str:
 
 # ------------------------------------------------------------------------------------ issue text
 
-def _issue(rng: random.Random, package: str, template: Template, case: _Case, reference: dict, observed: str) -> str:
+def _issue(rng: random.Random, package: str, template: Template, case: _Case, reference: dict, observed: str,
+           short: bool = False) -> str:
+    """A title and a body in one of three styles (`short`: always the one-sentence one, for nano)."""
     call = f"{case.function}({case.args})"
     expected = f"`{reference['value']}`" if "value" in reference else f"a `{reference['raises']}`"
     raised = observed.startswith("raises ")
@@ -453,7 +499,7 @@ def _issue(rng: random.Random, package: str, template: Template, case: _Case, re
         expected_line = f"I expected it to raise {expected}."
     else:
         expected_line = f"I expected {expected}."
-    style = rng.randrange(3)
+    style = 2 if short else rng.randrange(3)
     if style == 0:
         shown = f"Traceback (most recent call last):\n  ...\n{observed[7:]}" if raised else observed[8:]
         body = (f"I'm using {package} to {template.purpose}. This call gives the wrong answer:\n\n"
@@ -465,7 +511,7 @@ def _issue(rng: random.Random, package: str, template: Template, case: _Case, re
                 f"**Expected behaviour**\n{expected_line}")
     else:
         body = (f"Calling `{package}.{case.module}.{case.function}({case.args})` {observed_md}. "
-                f"{expected_line} Could someone take a look?")
+                f"{expected_line}" + ("" if short else " Could someone take a look?"))
     return f"{title}\n\n{body}\n"
 
 
