@@ -424,6 +424,10 @@ def tasks_micro(
                              "(1-3 short modules with procedural names: the learnable CPU tier)."),
     flaky_rate: float = typer.Option(0.0, "--flaky-rate", help="Fraction of tasks with one labelled flaky test."),
     workers: int = typer.Option(1, "--workers", help="Processes generating tasks (same rows for any number)."),
+    warm: bool = typer.Option(True, "--warm-pytest/--fresh-pytest", help="Measure tests in forks of a warm pytest "
+                              "worker (default) or a fresh interpreter per run: same rows, compare the rates."),
+    first: int = typer.Option(0, "--first", help="Index of the first task: a large set in chunks (chunk rows equal "
+                              "the whole set's)."),
     out: Path = typer.Option(..., "--out", help="New (or empty) directory for tasks.jsonl and repos/."),
 ) -> None:
     """Generate micro tasks: small Python packages with one injected bug each, an issue, a gold
@@ -440,7 +444,7 @@ def tasks_micro(
         job = bar.add_task(f"{tier} {split} (seed {seed})", total=n)
         start = time.perf_counter()
         tasks = generate_micro(out, n=n, seed=seed, split=split, flaky_rate=flaky_rate, tier=tier, workers=workers,
-                               progress=lambda _: bar.advance(job))
+                               first=first, warm=warm, progress=lambda _: bar.advance(job))
         elapsed = time.perf_counter() - start
     tiers = ("easy", "medium", "hard")
     counts = Counter((t.metadata["bug_family"], t.metadata["difficulty"]) for t in tasks)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -269,3 +270,31 @@ def test_model_probe_command(tiny, micro_dir):
 def test_sft_command_bad_input(tmp_path):
     result = CliRunner().invoke(app, ["sft", "--n-tasks", "0", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "n_tasks must be at least 1" in result.output
+
+
+def test_the_shipped_recipe_runs_end_to_end_on_a_small_budget(tiny, tmp_path):
+    """experiments/sft-nano.yaml (the shipped default's recipe) at a small budget: nano tasks, compact format,
+    expert data in real sandboxes, SFT; the loss falls and the model records the format it was trained with."""
+    import yaml
+
+    from crr.policy.model import agent_record
+
+    recipe = yaml.safe_load((Path(__file__).parent.parent / "experiments" / "sft-nano.yaml").read_text())
+    tasks = tmp_path / "nano"
+    generate_micro(tasks, n=4, seed=0, split="train", tier="nano")
+    recipe.update(tasks=str(tasks), n_tasks=4)
+    recipe["train"].update(epochs=4, batch_size=2, logging_steps=1, bf16=False)
+    small = tmp_path / "recipe.yaml"
+    small.write_text(yaml.safe_dump(recipe))
+    result = CliRunner().invoke(app, ["sft", "--recipe", str(small), "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    losses = [r["loss"] for r in RunDir.open(run_dir).records("metrics.jsonl") if "loss" in r]
+    assert len(losses) >= 6 and sum(losses[-2:]) < sum(losses[:2])
+    assert agent_record(run_dir / "model") == {"agent_format": "compact", "max_turns": recipe["data"]["max_turns"]}
+    rows = json.loads((run_dir / "expert_summary.json").read_text())
+    assert rows["kept"] >= 3 and rows["mean_tokens"] < 2048
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tasks: nano-train\nbogus: 1\n")
+    result = CliRunner().invoke(app, ["sft", "--recipe", str(bad)])
+    assert result.exit_code == 2 and "bad SFT recipe" in result.output
