@@ -19,11 +19,11 @@ from crr.cli import app
 from crr.errors import CRRError
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import default_model_dir, load_policy
+from crr.policy.rows import action_ids
 from crr.policy.sft import (
     ExpertDataSettings,
     SFTSettings,
     action_field_stats,
-    action_ids,
     build_sft_dataset,
     install_default,
     sft,

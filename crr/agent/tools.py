@@ -233,7 +233,7 @@ def _read_text(sandbox: Sandbox, path: str) -> str | None:
     return data.decode("utf-8", errors="surrogateescape")
 
 
-def _split_lines(text: str) -> list[str]:
+def split_lines(text: str) -> list[str]:
     """Lines with their "\\n" (the last one may lack it); only "\\n" separates lines."""
     parts = text.split("\n")
     return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
@@ -248,7 +248,7 @@ def view_file(sandbox: Sandbox, path: str, start: int = 1, end: int | None = Non
     text = _read_text(sandbox, path)
     if text is None:
         raise ToolCallError(f"{path} does not exist")
-    lines = _split_lines(_printable(text))
+    lines = split_lines(_printable(text))
     n = len(lines)
     if n == 0:
         return Observation(f"{path} is empty (0 lines).")
@@ -256,11 +256,17 @@ def view_file(sandbox: Sandbox, path: str, start: int = 1, end: int | None = Non
         raise ToolCallError(f"start={start} is past the end of {path} ({n} lines)")
     if end is not None and end < start:
         raise ToolCallError(f"end={end} is before start={start}")
+    return Observation(render_view(path, lines, start, end))
+
+
+def render_view(path: str, lines: list[str], start: int = 1, end: int | None = None) -> str:
+    """What view_file shows of a file's lines (checked: 1 <= start <= len(lines), end >= start or None)."""
+    n = len(lines)
     last = min(n, start + VIEW_WINDOW_LINES - 1, end if end is not None else n)
     shown = "".join(f"{i:>6}\t{lines[i - 1].rstrip(chr(10)).rstrip(chr(13))}\n"
                     for i in range(start, last + 1))
     more = f"[{n - last} more lines; view_file with start={last + 1} to continue]\n" if last < n else ""
-    return Observation(truncate(f"{path}: lines {start}-{last} of {n}\n{shown}{more}"))
+    return truncate(f"{path}: lines {start}-{last} of {n}\n{shown}{more}")
 
 
 def edit_file(sandbox: Sandbox, path: str, start: int, end: int, replacement: str) -> Observation:
@@ -270,7 +276,7 @@ def edit_file(sandbox: Sandbox, path: str, start: int, end: int, replacement: st
     text = _read_text(sandbox, path)
     if text is None and (start, end) != (1, 0):
         raise ToolCallError(f"{path} does not exist; create it with start=1, end=0")
-    old = _split_lines(text or "")
+    old = split_lines(text or "")
     n = len(old)
     if start > n + 1:
         raise ToolCallError(f"start={start} is past the end of {path} ({n} lines; start={n + 1} appends)")
@@ -280,7 +286,7 @@ def edit_file(sandbox: Sandbox, path: str, start: int, end: int, replacement: st
         raise ToolCallError(f"end={end} is past the end of {path} ({n} lines)")
     if replacement and not replacement.endswith("\n"):
         replacement += "\n"
-    new = old[:start - 1] + _split_lines(replacement) + old[end:]
+    new = old[:start - 1] + split_lines(replacement) + old[end:]
     if text is not None and new == old:
         return Observation(f"No change: the replacement equals lines {start}-{end} of {path}.")
     try:
@@ -289,11 +295,16 @@ def edit_file(sandbox: Sandbox, path: str, start: int, end: int, replacement: st
         raise
     except (CRRError, OSError):
         raise ToolCallError(f"{path} cannot be written (a link leading outside the repository?)") from None
+    return Observation(render_diff(path, old, new, created=text is None))
+
+
+def render_diff(path: str, old: list[str], new: list[str], created: bool = False) -> str:
+    """What edit_file shows after an edit: the unified diff of the file's lines."""
     diff = difflib.unified_diff([_printable(s).rstrip("\n") for s in old],
                                 [_printable(s).rstrip("\n") for s in new],
-                                fromfile="/dev/null" if text is None else f"a/{path}", tofile=f"b/{path}",
+                                fromfile="/dev/null" if created else f"a/{path}", tofile=f"b/{path}",
                                 lineterm="")
-    return Observation(truncate("\n".join(diff) + "\n"))
+    return truncate("\n".join(diff) + "\n")
 
 
 def run_shell(sandbox: Sandbox, command: str, timeout: int = DEFAULT_SHELL_TIMEOUT_S) -> Observation:

@@ -39,12 +39,13 @@ import yaml
 from datasets import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from crr.agent.conversation import INVALID_TOOL_NAME, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Conversation
 from crr.agent.episode import EpisodeConfig, play_calls
 from crr.agent.expert import ExpertConfig, call_json, explore_script
 from crr.agent.prompt import DEFAULT_MAX_TURNS, agent_format
 from crr.errors import CRRError, SandboxError
+from crr.policy.curriculum import curriculum_rows
 from crr.policy.grammar import ToolCallGrammar
+from crr.policy.rows import sft_row
 from crr.policy.sft_trainer import SFTSettings, quiet_hf, sft
 from crr.replay.base import ForkEngine
 from crr.rundir import RunDir
@@ -72,55 +73,6 @@ class ExpertDataSettings:
 
 
 # ----------------------------------------------------------------------------- expert data
-
-def action_ids(grammar: ToolCallGrammar, call: str) -> list[int]:
-    """The ids of an action (`<tool_call>\n{call}\n</tool_call>` and the end-of-turn) that the constrained
-    sampler can emit, as close to the tokenizer's own encoding as the grammar allows: at a position where
-    the grammar forces a token, that token, and the rest re-encoded from there."""
-    tokenizer = grammar.tokenizer
-    rest = (TOOL_CALL_OPEN + call + TOOL_CALL_CLOSE).encode()
-    matcher, ids, plan = grammar.matcher(), [], []
-    while rest:
-        token = matcher.forced_token
-        if token is None:
-            plan = plan or tokenizer.encode(rest.decode(), add_special_tokens=False)
-            token = plan.pop(0)
-            if not matcher.allowed()[token]:  # never seen in practice; the grammar's own longest match
-                allowed = matcher.allowed()
-                token = max((i for i, piece in enumerate(grammar.token_bytes)
-                             if piece and rest.startswith(piece) and allowed[i]),
-                            key=lambda i: len(grammar.token_bytes[i]), default=None)
-                plan = []
-        else:
-            plan = []  # the forced token moved the boundary: re-encode what follows it
-        if token is None or not rest.startswith(grammar.token_bytes[token]):
-            raise CRRError(f"the tool-call grammar does not accept {call[:80]!r}")
-        matcher.advance(token)
-        ids.append(token)
-        rest = rest[len(grammar.token_bytes[token]):]
-    if not matcher.allowed()[grammar.eos_token_id]:
-        raise CRRError(f"the tool-call grammar does not accept {call[:80]!r} as a complete call")
-    return ids + [grammar.eos_token_id]
-
-
-def sft_row(grammar: ToolCallGrammar, messages: list[dict], tools: list[dict] | None = None) -> dict:
-    """`input_ids` and `assistant_masks` of a conversation (system, user, then actions and observations,
-    ending with an action), laid out by crr.agent.conversation with the sampler's action ids; `tools` is
-    the catalogue it was rendered with (the paper's by default)."""
-    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
-    conv = Conversation(grammar.tokenizer, messages[:first], tools)
-    for message in messages[first:]:
-        if message["role"] == "assistant":
-            if not message.get("tool_calls"):
-                raise CRRError("an SFT conversation holds parsed tool calls only, not raw assistant text")
-            fn = message["tool_calls"][0]["function"]
-            call = f'{{"name": "{fn["name"]}", "arguments": {fn["arguments"]}}}'
-            conv.add_action(call, action_ids(grammar, call))
-        else:
-            name = message.get("name")
-            conv.add_observation(message["content"], None if name == INVALID_TOOL_NAME else name)
-    return {"input_ids": conv.token_ids(), "assistant_masks": [0] * len(conv.prompt_ids) + conv.env_mask}
-
 
 def expert_episode(task: Task, engine: ForkEngine, grammar: ToolCallGrammar, seed: int,
                    settings: ExpertDataSettings) -> tuple[dict, dict]:
@@ -248,6 +200,8 @@ def action_field_stats(model, tokenizer: PreTrainedTokenizerBase, dataset: Datas
 # ----------------------------------------------------------------------------- the whole warm start
 
 SFT_RECIPE_VERSION = "1"  # bump when SFTRecipe's defaults change: it keys the cached warm-started default
+CURRICULUM_DIR = "curriculum_data"  # the synthetic stage-1 rows
+CURRICULUM_MODEL_DIR = "curriculum_model"
 DATA_DIR = "expert_data"  # in a run directory: the expert dataset (save_to_disk), reused on resume
 CHECKPOINT_DIR = "checkpoints"
 MODEL_DIR = "model"
@@ -262,8 +216,13 @@ class SFTRecipe:
     engine: str = "local"
     data: ExpertDataSettings = field(default_factory=ExpertDataSettings)
     train: SFTSettings = field(default_factory=SFTSettings)
+    # Stage 1 (optional): SFT on synthetic lookup-and-repair rows (crr.policy.curriculum) before the expert's.
+    curriculum_rows: int = 0
+    curriculum_epochs: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.curriculum_rows < 0:
+            raise CRRError(f"curriculum_rows must be >= 0, got {self.curriculum_rows}")
         if self.n_tasks is not None and self.n_tasks < 1:
             raise CRRError(f"n_tasks must be at least 1, got {self.n_tasks}")
 
@@ -324,6 +283,13 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
             engine.close()
         with quiet_hf():
             dataset.save_to_disk(str(data_dir))
+    curriculum_dir = run.path / CURRICULUM_DIR
+    if recipe.curriculum_rows and not (curriculum_dir / "dataset_info.json").is_file():
+        with quiet_hf():
+            _, tokenizer = load_policy(model_dir)
+            rows = curriculum_rows(ToolCallGrammar(tokenizer), recipe.curriculum_rows, recipe.seed,
+                                   max_turns=recipe.data.max_turns)
+            Dataset.from_list(rows).save_to_disk(str(curriculum_dir))
     if data_only:
         return data_dir
 
@@ -333,6 +299,14 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
             progress("train", record["step"], -1, record)
 
     on_step = None if progress is None else lambda done, total: progress("train", done, total, {})
+    if recipe.curriculum_rows:  # stage 1: the synthetic curriculum, in order (levels grow), then the expert's
+        stage1 = run.path / CURRICULUM_MODEL_DIR
+        if not (stage1 / "config.json").is_file():
+            settings = replace(recipe.train, seed=recipe.seed, epochs=recipe.curriculum_epochs, shuffle=False)
+            sft(model_dir, Dataset.load_from_disk(str(curriculum_dir)), stage1, settings,
+                checkpoints=run.path / f"{CHECKPOINT_DIR}-curriculum",
+                resume=(run.path / f"{CHECKPOINT_DIR}-curriculum").is_dir(), on_log=on_log, progress=on_step)
+        model_dir = stage1
     checkpoints = run.path / CHECKPOINT_DIR
     return sft(model_dir, dataset, run.path / MODEL_DIR, replace(recipe.train, seed=recipe.seed),
                agent=(recipe.data.agent_format, recipe.data.max_turns), checkpoints=checkpoints,

@@ -48,6 +48,7 @@ class SFTSettings:
     logging_steps: int = 1
     threads: int | None = None           # torch intra-op threads (None: torch's default)
     bf16: bool = False                   # bf16 autocast: ~1.3-2x faster on CPUs with AVX512-BF16, not bit-equal to fp32
+    shuffle: bool = True                 # False: rows in the order given (a curriculum)
 
     def __post_init__(self) -> None:
         if self.epochs <= 0:
@@ -123,6 +124,7 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
         # workers (2 cores).
         bf16=settings.bf16, use_cpu=not torch.cuda.is_available(), activation_checkpointing=False, dataloader_num_workers=0,
         save_strategy="epoch", save_total_limit=1, report_to="none", disable_tqdm=True,
+        train_sampling_strategy="random" if settings.shuffle else "sequential",
         # The mask comes with the rows (assistant_masks); assistant_only_loss would re-render `messages`.
         assistant_only_loss=False, completion_only_loss=False)
     try:

@@ -317,7 +317,7 @@ def _candidate(instance_id: str, template: Template, family: str, size: str, fla
     if not symptoms:
         return None
     shown = rng.choice(symptoms[:3])
-    problem = _issue(rng, package, template, cases[shown], reference[shown], result["observed"][str(shown)],
+    problem = issue_text(rng, package, template, cases[shown], reference[shown], result["observed"][str(shown)],
                      short=size == "nano")
 
     bundle = out / "repos" / f"{instance_id}.bundle"
@@ -489,7 +489,7 @@ def _hash_seed_zero_order(literal: str) -> str:
 
 # ------------------------------------------------------------------------------------ issue text
 
-def _issue(rng: random.Random, package: str, template: Template, case: _Case, reference: dict, observed: str,
+def issue_text(rng: random.Random, package: str, template: Template, case: _Case, reference: dict, observed: str,
            short: bool = False) -> str:
     """A title and a body in one of three styles (`short`: always the one-sentence one, for nano)."""
     call = f"{case.function}({case.args})"

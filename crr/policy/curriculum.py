@@ -1,0 +1,121 @@
+"""A synthetic lookup-and-repair curriculum for the warm start on the nano tier (CPU scale).
+
+A model of a few million parameters trained from random weights learns to copy quickly, but learns to find
+what to copy among distractors only when grown into it (../shared/notes/copy_curriculum.py: stuck at chance
+on six lines from the start, 91 % with one, then three, then six). Repairing a nano task is that skill:
+find the function the issue names in the file just viewed, find its line that disagrees with its docstring,
+copy the line number and the line with the one token fixed. So before the expert's episodes, the warm start
+can train on many short synthetic rows that hold only that skill, in the exact token layout of an episode
+in the compact format:
+
+    system, issue  ->  view_file(path)  ->  the file as view_file renders it
+                   ->  edit_file(path, L, L, fixed line)  ->  the diff as edit_file renders it  ->  submit_patch
+
+Rows are rendered, not played: the package is a nano template (crr.tasks.nano) with one bug from
+crr.tasks.bugs, the issue is written by the micro generator's own `issue_text` from a call whose correct and
+buggy results differ (computed by running the two module versions in-process: our own generated code), and
+the observations come from the tools' own renderers. They teach the shape of a repair; the expert's episodes,
+played in real sandboxes and kept only at reward 1, remain the warm start's data proper. `levels` grow the
+search: level 1 packages hold one module of two functions, level 2 up to three modules of up to four.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+from crr.agent.conversation import initial_messages
+from crr.agent.expert import call_json
+from crr.agent.prompt import agent_format
+from crr.agent.tools import ToolCall, render_diff, render_view, split_lines, truncate
+from crr.policy.grammar import ToolCallGrammar
+from crr.policy.rows import sft_row
+from crr.tasks.bugs import FAMILIES, mutants
+from crr.tasks.micro import issue_text
+from crr.tasks.nano import nano_template
+from crr.tasks.templates import Module, Template
+
+NANO_FAMILIES = tuple(f for f in FAMILIES if f != "missing_branch")
+
+
+def _run(source: str, function: str, args: str) -> str:
+    """`returns <repr>` or `raises <Exc>: <msg>` of one call of a generated module's function."""
+    namespace: dict = {}
+    try:
+        exec(compile(source, "<nano>", "exec"), namespace)  # our own generated code: a few pure functions
+        return f"returns {eval(f'__f({args})', {'__f': namespace[function]})!r}"
+    except Exception as e:  # noqa: BLE001 - an exception is the observable behaviour
+        return f"raises {type(e).__name__}: {e}"
+
+
+def _shrink(template: Template, rng: random.Random) -> Template:
+    """Level 1: one module of two functions."""
+    module = template.modules[0]
+    keep = rng.sample(sorted(module.cases), 2)
+    chunks = module.source.split("\n\n\n")
+    body = [c for c in chunks[1:] if c.split("(")[0].removeprefix("def ") in keep]
+    source = "\n\n\n".join([chunks[0], *body]).rstrip("\n") + "\n"
+    return Template(template.name, template.split, template.packages, template.purpose,
+                    (Module(module.name, source, {k: module.cases[k] for k in keep}),))
+
+
+def repair_messages(rng: random.Random, level: int, max_turns: int) -> list[dict] | None:
+    """One synthetic repair conversation in the compact format (None: this draw had no revealing bug)."""
+    template = nano_template(rng, "train")
+    if level == 1:
+        template = _shrink(template, rng)
+    package = template.packages[0]
+    module = rng.choice(template.modules)
+    family = rng.choice(NANO_FAMILIES)
+    sites = mutants(module.source, family, rng)
+    if not sites:
+        return None
+    bug = rng.choice(sites)
+    case_args = list(module.cases[bug.function])
+    rng.shuffle(case_args)
+    for args in case_args:
+        expected, observed = _run(module.source, bug.function, args), _run(bug.source, bug.function, args)
+        if expected != observed and expected.startswith("returns"):
+            break
+    else:
+        return None
+    old, new = split_lines(bug.source), split_lines(module.source)
+    changed = [i for i, (a, b) in enumerate(zip(old, new)) if a != b]
+    if len(old) != len(new) or len(changed) != 1:
+        return None
+    line = changed[0] + 1
+    case = SimpleNamespace(module=module.name, function=bug.function, args=args)
+    problem = issue_text(rng, package, template, case, {"value": expected[8:]}, observed, short=True)
+    path = f"{package}/{module.name}.py"
+    messages = initial_messages(SimpleNamespace(problem_statement=problem), "/testbed", max_turns, "compact")
+    calls = [(ToolCall("view_file", {"path": path}), render_view(path, old)),
+             (ToolCall("edit_file", {"path": path, "start": line, "end": line, "replacement": new[line - 1]}),
+              render_diff(path, old, new)),
+             (ToolCall("submit_patch", {}), None)]
+    fmt = agent_format("compact")
+    for call, observation in calls:
+        text = call_json(call)
+        messages.append({"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": call.name, "arguments": text.split('"arguments": ', 1)[1][:-1]}}]})
+        if observation is not None:
+            if fmt.obs_keep_chars is not None:
+                observation = truncate(observation, fmt.obs_keep_chars)
+            messages.append({"role": "tool", "name": call.name, "content": observation})
+    return messages
+
+
+def curriculum_rows(grammar: ToolCallGrammar, n: int, seed: int, levels: tuple[int, ...] = (1, 2),
+                    max_turns: int = 8) -> list[dict]:
+    """`n` rows (input_ids, assistant_masks, level), the first half of them at the first level, and so on."""
+    rng = random.Random(f"curriculum:{seed}")
+    rows = []
+    per_level = -(-n // len(levels))
+    for level in levels:
+        made = 0
+        while made < per_level and len(rows) < n:
+            messages = repair_messages(rng, level, max_turns)
+            if messages is None:
+                continue
+            rows.append({**sft_row(grammar, messages, []), "level": level})
+            made += 1
+    return rows

@@ -1,0 +1,59 @@
+"""SFT rows: a conversation as the token stream RL builds for it, with the ids the constrained sampler emits.
+
+Shared by the expert's episodes (crr.policy.sft) and the synthetic curriculum (crr.policy.curriculum).
+"""
+
+from __future__ import annotations
+
+from crr.agent.conversation import INVALID_TOOL_NAME, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Conversation
+from crr.errors import CRRError
+from crr.policy.grammar import ToolCallGrammar
+
+
+def action_ids(grammar: ToolCallGrammar, call: str) -> list[int]:
+    """The ids of an action (`<tool_call>\n{call}\n</tool_call>` and the end-of-turn) that the constrained
+    sampler can emit, as close to the tokenizer's own encoding as the grammar allows: at a position where
+    the grammar forces a token, that token, and the rest re-encoded from there."""
+    tokenizer = grammar.tokenizer
+    rest = (TOOL_CALL_OPEN + call + TOOL_CALL_CLOSE).encode()
+    matcher, ids, plan = grammar.matcher(), [], []
+    while rest:
+        token = matcher.forced_token
+        if token is None:
+            plan = plan or tokenizer.encode(rest.decode(), add_special_tokens=False)
+            token = plan.pop(0)
+            if not matcher.allowed()[token]:  # never seen in practice; the grammar's own longest match
+                allowed = matcher.allowed()
+                token = max((i for i, piece in enumerate(grammar.token_bytes)
+                             if piece and rest.startswith(piece) and allowed[i]),
+                            key=lambda i: len(grammar.token_bytes[i]), default=None)
+                plan = []
+        else:
+            plan = []  # the forced token moved the boundary: re-encode what follows it
+        if token is None or not rest.startswith(grammar.token_bytes[token]):
+            raise CRRError(f"the tool-call grammar does not accept {call[:80]!r}")
+        matcher.advance(token)
+        ids.append(token)
+        rest = rest[len(grammar.token_bytes[token]):]
+    if not matcher.allowed()[grammar.eos_token_id]:
+        raise CRRError(f"the tool-call grammar does not accept {call[:80]!r} as a complete call")
+    return ids + [grammar.eos_token_id]
+
+
+def sft_row(grammar: ToolCallGrammar, messages: list[dict], tools: list[dict] | None = None) -> dict:
+    """`input_ids` and `assistant_masks` of a conversation (system, user, then actions and observations,
+    ending with an action), laid out by crr.agent.conversation with the sampler's action ids; `tools` is
+    the catalogue it was rendered with (the paper's by default)."""
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    conv = Conversation(grammar.tokenizer, messages[:first], tools)
+    for message in messages[first:]:
+        if message["role"] == "assistant":
+            if not message.get("tool_calls"):
+                raise CRRError("an SFT conversation holds parsed tool calls only, not raw assistant text")
+            fn = message["tool_calls"][0]["function"]
+            call = f'{{"name": "{fn["name"]}", "arguments": {fn["arguments"]}}}'
+            conv.add_action(call, action_ids(grammar, call))
+        else:
+            name = message.get("name")
+            conv.add_observation(message["content"], None if name == INVALID_TOOL_NAME else name)
+    return {"input_ids": conv.token_ids(), "assistant_masks": [0] * len(conv.prompt_ids) + conv.env_mask}
