@@ -1,0 +1,55 @@
+"""The synthetic lookup-and-repair curriculum: its rows are repairs that work, in an episode's token layout."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+
+from crr.agent.conversation import Conversation, render_text
+from crr.agent.tools import split_lines
+from crr.policy.curriculum import _run, curriculum_rows, repair_messages
+from crr.policy.grammar import ToolCallGrammar
+from crr.policy.model import default_model_dir, load_policy
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _draws(level: int, n: int) -> list[list[dict]]:
+    rng, out = random.Random(level), []
+    while len(out) < n:
+        messages = repair_messages(rng, level, 8)
+        if messages is not None:
+            out.append(messages)
+    return out
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_each_row_is_a_repair_that_makes_the_issue_call_right(level):
+    for messages in _draws(level, 20):
+        view, edit = (json.loads(m["tool_calls"][0]["function"]["arguments"]) for m in messages[2:5:2])
+        listing = messages[3]["content"]
+        lines = [re.sub(r"^\s*\d+\t", "", line) + "\n" for line in listing.splitlines()[1:]]
+        assert edit["path"] == view["path"] and edit["start"] == edit["end"]
+        fixed = lines[:edit["start"] - 1] + split_lines(edit["replacement"]) + lines[edit["end"]:]
+        call = re.search(r"`[\w.]+\.(\w+)\((.*)\)` (returns|raises) `(.*)`\. I expected `(.*)`\.", messages[1]["content"])
+        function, args, _, observed, expected = call.groups()
+        assert _run("".join(lines), function, args) != _run("".join(fixed), function, args)
+        assert _run("".join(fixed), function, args) == f"returns {expected}"
+        if level == 1:
+            assert listing.count("def ") == 2
+
+
+def test_rows_have_the_compact_episode_layout():
+    tokenizer = load_policy(default_model_dir())[1]
+    rows = curriculum_rows(ToolCallGrammar(tokenizer), 6, seed=0)
+    assert [r["level"] for r in rows] == [1, 1, 1, 2, 2, 2]
+    messages = _draws(1, 1)[0]
+    conv = Conversation(tokenizer, messages[:2], [])
+    assert tokenizer.decode(rows[0]["input_ids"][:len(conv.prompt_ids)]).startswith("<|im_start|>system\nFix the issue")
+    assert all(len(r["input_ids"]) == len(r["assistant_masks"]) < 1200 for r in rows)
+    assert all(0 < sum(r["assistant_masks"]) < len(r["input_ids"]) for r in rows)
+    text = render_text(tokenizer, messages, [])
+    assert "<tools>" not in text and text.count("<tool_call>") == 3
