@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m crr.policy.sft_trainer", description=__doc__.split("\n")[0])
     parser.add_argument("model", help="the model directory to warm-start")
     parser.add_argument("out", help="new directory for the warm-started model")
-    parser.add_argument("data", nargs="+", help="expert data saved by crr sft --data-only (run dirs' expert_data/)")
+    parser.add_argument("data", nargs="+", help="expert data saved by crr sft --data-only (run dirs' expert_data/), "
+                        "or the same rows as .parquet (e.g. int16 ids, to carry them compactly)")
     parser.add_argument("--settings", default="{}", help="SFTSettings fields as JSON")
     parser.add_argument("--agent", default=None, help="FORMAT:H recorded in the model (e.g. compact:8)")
     args = parser.parse_args(argv)
@@ -192,8 +193,10 @@ def main(argv: list[str] | None = None) -> None:
         name, turns = args.agent.split(":")
         agent = (name, int(turns))
     start = __import__("time").perf_counter()
-    rows = datasets.concatenate_datasets([Dataset.load_from_disk(d).select_columns(["input_ids", "assistant_masks"])
-                                          for d in args.data])
+    parts = [(Dataset.from_parquet(d) if d.endswith(".parquet") else Dataset.load_from_disk(d))
+             .select_columns(["input_ids", "assistant_masks"]) for d in args.data]
+    rows = datasets.concatenate_datasets(parts).cast(datasets.Features(
+        input_ids=datasets.Sequence(datasets.Value("int64")), assistant_masks=datasets.Sequence(datasets.Value("int64"))))
     sft(args.model, rows, args.out, SFTSettings(**json.loads(args.settings)),
         agent=agent, on_log=lambda r: print(json.dumps(r), flush=True))
     print(json.dumps({"event": "done", "wall_s": __import__("time").perf_counter() - start}), flush=True)

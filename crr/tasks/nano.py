@@ -10,8 +10,11 @@ rewrites the line that disagrees with the docstring solves it: repair by reading
 
 Nothing can be memorised: every identifier (package, module, function, parameter and local names) is a
 pseudo-word drawn per instance from a large procedural vocabulary, the constants are drawn per instance,
-and the train and test splits use disjoint vocabularies (a word's first syllable starts with a consonant
-of its split's own inventory), so no identifier of a test instance ever appears in a train instance.
+and the train and test splits use disjoint vocabularies: both build words from the same syllables, and a
+word belongs to the split its CRC-32 parity names, so no identifier of a test instance ever appears in a
+train instance, while both are made of the same pieces (tokens) as real identifiers are. (Disjoint syllable
+inventories were tried first: a policy trained on one could not even copy the other's names, since their
+tokens never occurred where names are copied.)
 
 Templates built here are ordinary crr.tasks.templates.Template objects: crr.tasks.micro turns them into
 tasks by the same code path as the default tier (real git repositories, real pytest runs, swebench's
@@ -23,13 +26,13 @@ from __future__ import annotations
 import builtins
 import keyword
 import random
+import zlib
 
 from crr.tasks.templates import Module, Template
 
-# Disjoint onsets per split; all words share the vowels and codas.
-ONSETS = {"train": ("b", "d", "f", "g", "k", "l", "br", "dr", "gl", "kl"),
-          "test": ("m", "n", "p", "r", "s", "t", "v", "z", "pr", "st")}
-_ANY_ONSET = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "h", "j", "w")
+SPLIT_PARITY = {"train": 0, "test": 1}   # zlib.crc32(word) % 2 of the split's words
+_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "h", "j", "w", "br", "dr",
+           "gl", "kl", "pr", "st")
 _VOWELS = ("a", "e", "i", "o", "u")
 _CODAS = ("", "", "", "n", "r", "l", "s", "m")
 _RESERVED = set(keyword.kwlist) | set(dir(builtins)) | {"self", "cls", "test", "tests", "setup"}
@@ -70,16 +73,15 @@ class Vocabulary:
     """Pseudo-words of one split, unique within an instance."""
 
     def __init__(self, split: str, rng: random.Random):
-        self.onsets, self.rng, self.used = ONSETS[split], rng, set()
+        self.parity, self.rng, self.used = SPLIT_PARITY[split], rng, set()
 
     def word(self, syllables: tuple[int, int] = (2, 3)) -> str:
         while True:
             n = self.rng.randint(*syllables)
-            first = self.rng.choice(self.onsets) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
-            rest = "".join(self.rng.choice(_ANY_ONSET) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
-                           for _ in range(n - 1))
-            w = first + rest
-            if w not in self.used and w not in _RESERVED and len(w) <= 12:
+            w = "".join(self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
+                        for _ in range(n))
+            if (zlib.crc32(w.encode()) % 2 == self.parity and w not in self.used and w not in _RESERVED
+                    and len(w) <= 12):
                 self.used.add(w)
                 return w
 
@@ -125,7 +127,7 @@ def _value(kind: str, k: int, vocab: Vocabulary, rng: random.Random) -> str:
 
 def nano_template(rng: random.Random, split: str) -> Template:
     """One nano package: 1-3 modules of 2-4 functions each, every name drawn from `split`'s vocabulary."""
-    if split not in ONSETS:
+    if split not in SPLIT_PARITY:
         raise ValueError(f"unknown split {split!r}")
     vocab = Vocabulary(split, rng)
     package = vocab.word((2, 3))
