@@ -19,6 +19,7 @@ from pathlib import Path
 from crr.errors import CRRError
 from crr.experiments import Arm, Comparison, EvalSpec
 from crr.report.runs import EvalRun, TrainRun, load_runs
+from crr.rundir import lock_run
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ def plan(spec: Comparison, out: Path) -> list[Step]:
 
 def run_comparison(spec: Comparison, out: Path, *, report: bool = True, say: Callable[[str], None] = log.info) -> dict:
     """Train, evaluate and report everything the spec asks for that `out` lacks; returns the report's entries."""
+    out.mkdir(parents=True, exist_ok=True)
+    lock_run(out, "experiment run")  # one driver per comparison: a second would start the same runs beside it
     for arm in ordered_arms(spec):
         for seed in arm.seeds:
             run = _train(spec, arm, seed, out, say)

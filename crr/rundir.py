@@ -23,10 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import yaml

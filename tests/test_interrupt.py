@@ -9,20 +9,16 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from conftest import crr_process
+from faults import ENGINES, interrupt, leftovers, survivors, wait_for_records
 
 from crr.policy.model import default_model_dir
-from crr.replay.checkout import cache_root
-from crr.replay.docker import PID, ROLE, docker_client
-from crr.replay.overlay import process_start
 from crr.rundir import RunDir
 from crr.tasks.micro import generate_micro
 
-ENGINES = {"local": (), "docker": ("--engine", "docker", "--mode", "overlay")}
 EVAL = ("--max-turns", "2", "--max-new-tokens", "32", "--workers", "2", "--batch", "2")
 
 
@@ -40,68 +36,14 @@ def engine(request) -> str:
     return request.param
 
 
-def descendants(pid: int) -> set[tuple[int, str]]:
-    """(pid, start time) of every process below `pid` now."""
-    parent: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):
-                pass
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, pp in parent.items() if pp in frontier}
-        found |= frontier
-    return {(p, start) for p in found if (start := process_start(p))}
-
-
-def leftovers(pid: int) -> list[str]:
-    """Containers, snapshot images, engine directories and mounts that process `pid` made and left."""
-    cache = cache_root()
-    dirs = [*cache.glob(f"sandboxes/crr-engine-{pid}-*"), *cache.glob(f"docker/crr-docker-{pid}-*")]
-    with open("/proc/self/mountinfo") as f:
-        mounts = [line.split()[4] for line in f if any(str(d) in line for d in dirs)]
-    things = [f"dir {d}" for d in dirs] + [f"mount {m}" for m in mounts]
-    api = docker_client().api
-    things += [f"container {c['Names'][0]}" for c in api.containers(all=True, filters={"label": f"{PID}={pid}"})]
-    things += [f"image {i['Id']}" for i in api.images(all=True, filters={"label": f"{PID}={pid}"})
-               if i["Labels"].get(ROLE) != "task"]  # per-task images are a cache keyed by commit, kept
-    return things
-
-
-def wait_for_records(path_glob: str, root: Path, proc: subprocess.Popen, n: int = 1, limit_s: float = 240) -> Path:
-    """The results.jsonl under `root` once it holds `n` records (the run is then mid-way)."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        for path in root.glob(path_glob):
-            if len(path.read_text().splitlines()) >= n:
-                return path.parent
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
-    raise AssertionError(f"no {n} records under {root} within {limit_s} s")
-
-
 def run_crr(*args: str) -> subprocess.CompletedProcess:
     proc = crr_process(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=600)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def interrupt(proc: subprocess.Popen, sig: int) -> tuple[set, str]:
-    """Send `sig` mid-run; (its processes when signalled, its stderr) once it is gone."""
-    kids = descendants(proc.pid)
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
-    return kids, err
-
-
-def survivors(kids: set[tuple[int, str]]) -> list[int]:
-    return [pid for pid, start in kids if process_start(pid) == start]
-
-
-def decided_once(run: Path, tasks: Path, key: str = "instance_id") -> None:
-    ids = [r[key] for r in RunDir.open(run).records("results.jsonl")]
+def decided_once(run: Path, tasks: Path) -> None:
+    ids = [r["instance_id"] for r in RunDir.open(run).records("results.jsonl")]
     expected = [json.loads(line)["instance_id"] for line in (tasks / "tasks.jsonl").read_text().splitlines()]
     assert sorted(ids) == sorted(expected), "a task decided twice or never"
 

@@ -191,10 +191,11 @@ def test_an_order_dependent_flaky_test_fails_when_run_after_its_neighbour(flaky_
 
 # ------------------------------------------------------------------------------------ CLI
 
-def test_cli_generates_a_set_and_refuses_to_overwrite(train_set, tmp_path):
+def test_cli_generates_a_set_and_refuses_to_overwrite(train_set, tmp_path, monkeypatch):
     runner = CliRunner()
     out = tmp_path / "cli"
-    result = runner.invoke(app, ["tasks", "micro", "--n", "1", "--seed", "0", "--split", "train", "--out", str(out)])
+    monkeypatch.chdir(tmp_path)  # --out relative to the working directory, as a user types it
+    result = runner.invoke(app, ["tasks", "micro", "--n", "1", "--seed", "0", "--split", "train", "--out", "cli"])
     assert result.exit_code == 0, result.output
     assert "1 micro tasks (train, seed 0)" in result.output and "tasks.jsonl" in result.output
     assert (out / "tasks.jsonl").read_text().splitlines() == (train_set[0] / "tasks.jsonl").read_text().splitlines()[:1]

@@ -16,8 +16,9 @@ from crr.filter.determinism import ADMITTED, RESULTS, FilterConfig, filter_tasks
 from crr.replay import get_engine
 from crr.rundir import RunDir
 from crr.tasks.loaders import TASKS_FILE, load_tasks
-from crr.tasks.sdist import find
-from crr.tasks.synth import PYTEST, curated, materialise, parse_package, synthesise
+from crr.tasks.schema import DEFAULT_TEST_CMD
+from crr.tasks.sdist import declared_requirements, find, import_roots
+from crr.tasks.synth import PYTEST, PYTEST_COV, _pytest_setup, curated, materialise, parse_package, synthesise
 
 SYNTH_V1 = Path(__file__).resolve().parents[1] / "data" / "tasks" / "synth-v1.jsonl"
 INFLECTION = parse_package("inflection==0.5.1")  # one module, 455 tests in half a second
@@ -100,3 +101,58 @@ def test_bad_packages_are_clear_errors(tmp_path):
     result = runner.invoke(app, ["tasks", "synth", "--package", "inflection==0.5.1", "--out", str(tmp_path / "s"),
                                  "--n", "0"])
     assert result.exit_code == 2 and "--n must be at least 1" in result.output
+
+
+@pytest.mark.parametrize("package, why", [
+    ("humanize==4.9.0", "a src/ layout whose package reads its own version from its installed metadata"),
+    ("isodate==0.6.1", "an older sdist whose PKG-INFO has no Requires-Dist: its runtime dependency six is in setup.py"),
+])
+def test_packages_shaped_unlike_the_curated_ones_yield_tasks(package, why, tmp_path):
+    (task,) = synthesise([parse_package(package)], tmp_path / "out", n=1, seed=0, max_candidates=4)
+    with get_engine("local") as engine, engine.start(task) as sb:  # materialised from the row alone
+        sb.write_file(".git/crr/gold.patch", task.patch.encode())
+        assert sb.exec("git apply .git/crr/gold.patch", timeout=60).exit_code == 0
+        assert verify(sb, task, timeout=300).reward == 1.0, why
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_import_roots_follow_the_build_declaration(tmp_path):
+    flat = write_tree(tmp_path / "flat", {"pkg/__init__.py": "", "src/notes.txt": "", "tests/test_a.py": ""})
+    assert import_roots(flat) == []
+    src = write_tree(tmp_path / "src", {"src/pkg/__init__.py": "", "tests/test_a.py": ""})
+    assert import_roots(src) == ["src"]
+    for name, files in {
+        "setuptools": {"pyproject.toml": '[tool.setuptools.packages.find]\nwhere = ["lib"]\n'},
+        "package-dir": {"pyproject.toml": '[tool.setuptools]\npackage-dir = {"" = "lib"}\n'},
+        "hatch": {"pyproject.toml": '[tool.hatch.build.targets.wheel]\npackages = ["lib/pkg"]\n'},
+        "poetry": {"pyproject.toml": '[tool.poetry]\npackages = [{include = "pkg", from = "lib"}]\n'},
+        "setup.cfg": {"setup.cfg": "[options]\npackage_dir =\n    =lib\n"},
+        "setup.py": {"setup.py": "from setuptools import setup\nsetup(package_dir={'': 'lib'})\n"},
+    }.items():
+        assert import_roots(write_tree(tmp_path / name, {**files, "lib/pkg/__init__.py": ""})) == ["lib"], name
+
+
+def test_the_test_command_follows_what_the_pytest_configuration_needs(tmp_path):
+    src = write_tree(tmp_path / "src", {"src/pkg/__init__.py": "", "pyproject.toml": '[tool.pytest.ini_options]\n'
+                                        'addopts = "--color=yes --cov=pkg"\n'})
+    assert _pytest_setup(DEFAULT_TEST_CMD, src) == (f"{DEFAULT_TEST_CMD} -o pythonpath=src --color=no --no-cov",
+                                                    [PYTEST_COV])
+    own = write_tree(tmp_path / "own", {"src/pkg/__init__.py": "", "pytest.ini": "[pytest]\npythonpath = src\n"})
+    assert _pytest_setup(DEFAULT_TEST_CMD, own) == (DEFAULT_TEST_CMD, [])  # its configuration already does it
+    assert _pytest_setup("python -m unittest", src) == ("python -m unittest", [])
+
+
+def test_dependencies_come_from_the_built_metadata_when_pkg_info_has_none(tmp_path):
+    tree = write_tree(tmp_path / "old", {
+        "PKG-INFO": "Metadata-Version: 1.1\nName: old\nVersion: 1.0\n",
+        "setup.py": "from setuptools import setup\nsetup(name='old', version='1.0', py_modules=['old'], "
+                    "install_requires=['six>=1.9'], extras_require={'test': ['iniconfig'], 'yaml': ['pyyaml']})\n",
+        "old.py": "import six\n"})
+    assert sorted(declared_requirements(tree)) == ["iniconfig", "six>=1.9"]
+    assert sorted(p.name for p in tree.iterdir()) == ["PKG-INFO", "old.py", "setup.py"]  # built elsewhere

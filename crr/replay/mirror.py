@@ -140,6 +140,19 @@ def local_environment(lines: Sequence[str]) -> Path:
     return root
 
 
+def project_metadata(tree: Path, build_requires: Sequence[str]) -> dict:
+    """The core metadata (as pip's installation report gives it: name, version, requires_dist, ...) of the
+    source tree `tree` (left untouched), built by its PEP 517 backend: pip prepares it in an isolated build
+    environment installed from the hash-pinned wheelhouse of `build_requires`, with no index."""
+    house = wheelhouse(lock([*build_requires, "wheel"]))
+    with tempfile.TemporaryDirectory(prefix="crr-metadata-") as tmp:
+        copy = Path(tmp) / tree.name  # backends write into the tree they build (egg-info, build/): not into `tree`
+        shutil.copytree(tree, copy, ignore=shutil.ignore_patterns(".git"))
+        _pip("install", "--dry-run", "--ignore-installed", "--no-deps", "--no-index", "--find-links", str(house),
+             "--report", f"{tmp}/report.json", str(copy), what=f"build the metadata of {tree.name}")
+        return json.loads(Path(f"{tmp}/report.json").read_text())["install"][0]["metadata"]
+
+
 def stage(lines: Sequence[str], root: Path) -> None:
     """Fill `root` with what `install_script` needs: the lock, its wheelhouse and the HTTP plugin."""
     source = wheelhouse(lines)

@@ -9,14 +9,18 @@ its repository.
 
 from __future__ import annotations
 
+import configparser
+import contextlib
 import email
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tarfile
 import tempfile
+import tomllib
 import urllib.error
 import urllib.request
 import zipfile
@@ -29,6 +33,7 @@ from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonic
 from packaging.version import InvalidVersion, Version
 
 from crr.errors import CRRError
+from crr.replay import mirror
 from crr.replay.checkout import cache_root
 from crr.tasks.micro import pinned_git
 
@@ -141,22 +146,35 @@ def unpack(archive: Path, dest: Path) -> None:
 
 
 def pristine_repo(sdist: Sdist, dest: Path) -> str:
-    """A git repository of the sdist's tree at `dest`, in one commit (the same on every machine)."""
+    """A git repository of the sdist's tree at `dest`, in one commit (the same on every machine). Where the
+    build installs its packages from other directories (a src/ layout), each gets the sdist's metadata as
+    `NAME.egg-info/PKG-INFO`, as an editable install (`setup.py develop`) leaves it: with those directories
+    on the path, the tests import the repository's code and `importlib.metadata` finds its version."""
     unpack(fetch(sdist), dest)
     pinned_git(dest, "init", "-q", "-b", "main")
     pinned_git(dest, "add", "-A")
+    info = dest / "PKG-INFO"
+    if info.is_file() and (name := email.message_from_bytes(info.read_bytes()).get("Name")):
+        for root in import_roots(dest):
+            egg_info = dest / root / f"{canonicalize_name(name).replace('-', '_')}.egg-info"
+            if not egg_info.exists():
+                egg_info.mkdir()
+                shutil.copy2(info, egg_info / "PKG-INFO")
+                pinned_git(dest, "add", "-f", str(egg_info.relative_to(dest)))  # .gitignore lists *.egg-info
     pinned_git(dest, "commit", "-q", "-m", f"{sdist.name} {sdist.version} from {sdist.filename}")
     return pinned_git(dest, "rev-parse", "HEAD").strip()
 
 
 def declared_requirements(tree: Path) -> list[str]:
-    """What the sdist's PKG-INFO says its code and its tests need: Requires-Dist entries that apply
-    here, with or without a test extra (markers evaluated for this Python)."""
+    """What the package's code and its tests need: the Requires-Dist entries that apply here, with or
+    without a test extra (markers evaluated for this Python), from the sdist's PKG-INFO, or, where that
+    has none (sdists older than Requires-Dist in PKG-INFO), from the metadata its build backend makes."""
     info = tree / "PKG-INFO"
-    if not info.is_file():
-        return []
+    lines = email.message_from_bytes(info.read_bytes()).get_all("Requires-Dist") if info.is_file() else None
+    if not lines:
+        lines = mirror.project_metadata(tree, _build_requires(tree)).get("requires_dist") or []
     found: list[str] = []
-    for line in email.message_from_bytes(info.read_bytes()).get_all("Requires-Dist") or []:
+    for line in lines:
         try:
             req = Requirement(line)
         except InvalidRequirement:
@@ -166,3 +184,54 @@ def declared_requirements(tree: Path) -> list[str]:
             extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
             found.append(f"{req.name}{extras}{req.specifier}")
     return found
+
+
+def _build_requires(tree: Path) -> list[str]:
+    """The build system's requirements (pyproject.toml), or PEP 518's default for a setup.py project."""
+    pyproject = _pyproject(tree)
+    return list(pyproject.get("build-system", {}).get("requires", ["setuptools>=40.8.0"]))
+
+
+def _pyproject(tree: Path) -> dict:
+    try:
+        return tomllib.loads((tree / "pyproject.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def import_roots(tree: Path) -> list[str]:
+    """The directories (relative to the tree, other than the tree itself) its build installs import packages
+    from: what an installation would put on sys.path. The package's tests then import the repository's own
+    code (edits included) with these on the path, without installing it. Read from the build's declaration
+    (setuptools package-dir and packages.find, hatch wheel packages, poetry packages, pdm package-dir,
+    setup.cfg or setup.py package_dir), else a src/ layout's src."""
+    tool = _pyproject(tree).get("tool", {})
+    setuptools = tool.get("setuptools", {})
+    find = setuptools["packages"].get("find", {}) if isinstance(setuptools.get("packages"), dict) else {}
+    roots = [setuptools.get("package-dir", {}).get(""), *find.get("where", []),
+             *(str(Path(p).parent) for p in tool.get("hatch", {}).get("build", {}).get("targets", {})
+               .get("wheel", {}).get("packages", [])),
+             *(p.get("from") for p in tool.get("poetry", {}).get("packages", []) if isinstance(p, dict)),
+             tool.get("pdm", {}).get("build", {}).get("package-dir")]
+    setup_cfg = configparser.ConfigParser()
+    with contextlib.suppress(OSError, configparser.Error):
+        setup_cfg.read(tree / "setup.cfg")
+        roots += [m.group(1) for m in re.finditer(r"^\s*=\s*(\S+)\s*$",
+                                                  setup_cfg.get("options", "package_dir", fallback=""), re.M)]
+    with contextlib.suppress(OSError):
+        setup_py = (tree / "setup.py").read_text(errors="replace")
+        roots += re.findall(r"package_dir\s*=\s*\{\s*['\"]{2}\s*:\s*['\"]([^'\"]+)['\"]", setup_py)
+    roots = sorted({str(Path(r)) for r in roots if r} - {"."})
+    if not roots and (tree / "src").is_dir() and _has_python_code(tree / "src") and not _top_level_package(tree):
+        roots = ["src"]
+    return [r for r in roots if (tree / r).is_dir()]
+
+
+def _has_python_code(folder: Path) -> bool:
+    return any((p / "__init__.py").is_file() for p in folder.iterdir() if p.is_dir()) or any(folder.glob("*.py"))
+
+
+def _top_level_package(tree: Path) -> bool:
+    """Whether the tree's root holds an import package of its own (tests and docs do not count)."""
+    return any((p / "__init__.py").is_file() for p in tree.iterdir()
+               if p.is_dir() and p.name not in ("tests", "test", "testing", "docs", "doc"))

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
 import random
 import re
+import shlex
 import shutil
 import tempfile
 import textwrap
@@ -47,11 +49,12 @@ from crr.rundir import atomic_write_text
 from crr.tasks.loaders import TASKS_FILE, read_tasks_jsonl, write_tasks
 from crr.tasks.micro import files_diff, pinned_git
 from crr.tasks.schema import DEFAULT_LOG_PARSER, DEFAULT_TEST_CMD, Task
-from crr.tasks.sdist import Sdist, declared_requirements, find, pristine_repo
+from crr.tasks.sdist import Sdist, declared_requirements, find, import_roots, pristine_repo
 
 log = logging.getLogger(__name__)
 
 PYTEST = "pytest==8.3.5"  # the runner every synthesised environment pins
+PYTEST_COV = "pytest-cov==6.1.1"  # for suites whose pytest options name coverage flags (run with --no-cov)
 PACKAGES_FILE = Path(__file__).with_name("packages.yaml")
 SETTINGS_FILE = "synth.json"
 SUITE_TIMEOUT_S = 900      # the unmodified suite
@@ -159,7 +162,9 @@ def synth_package(spec: PackageSpec, n: int, seed: int, engine: ForkEngine, sdis
         if not tests:
             raise CRRError(f"{sdist.name} {sdist.version}'s sdist carries no tests (no test_*.py, *_test.py or "
                            "tests/ directory); pick a package whose sdist ships its test suite")
-        lines = mirror.lock([PYTEST, *declared_requirements(repo), *spec.requires])
+        test_cmd, implied = _pytest_setup(spec.test_cmd, repo)
+        spec = dataclasses.replace(spec, test_cmd=test_cmd)
+        lines = mirror.lock([PYTEST, *implied, *declared_requirements(repo), *spec.requires])
         probe = Task(instance_id=f"{sdist.name}-{sdist.version}", repo=f"pypi/{sdist.name}", base_commit=pristine,
                      problem_statement="", patch="", test_patch="", FAIL_TO_PASS=(), PASS_TO_PASS=(),
                      version=sdist.version, repo_src=str(repo), test_cmd=spec.test_cmd,
@@ -205,6 +210,26 @@ def synth_package(spec: PackageSpec, n: int, seed: int, engine: ForkEngine, sdis
         return tasks
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _pytest_setup(test_cmd: str, repo: Path) -> tuple[str, list[str]]:
+    """`test_cmd` as the repository needs it under pytest, and the test requirements its pytest configuration
+    implies: its import roots (a src/ layout's src) on the path, unless the configuration sets a path itself,
+    so that the tests import the code under /testbed as an install would; plain output where it forces colour
+    (log parsers read no ANSI); pytest-cov, switched off, where its options name coverage flags."""
+    if "pytest" not in test_cmd:
+        return test_cmd, []
+    config = "\n".join((repo / f).read_text(errors="replace") for f in ("pytest.ini", "pyproject.toml", "setup.cfg",
+                                                                       "tox.ini") if (repo / f).is_file())
+    requires = []
+    if (roots := import_roots(repo)) and "pythonpath" not in config:
+        test_cmd += f" -o {shlex.quote('pythonpath=' + ' '.join(roots))}"
+    if "--color" in config:
+        test_cmd += " --color=no"
+    if "--cov" in config:
+        test_cmd += " --no-cov"
+        requires.append(PYTEST_COV)
+    return test_cmd, requires
 
 
 def _run_suite(sb: Sandbox, test_cmd: str, timeout: float) -> tuple[dict[str, str], str, bool]:
