@@ -70,9 +70,15 @@ def test_crr_end_to_end_and_resume(ran_tasks_file, tmp_path):
 @pytest.mark.parametrize("method", ["grpo", "search-select"])
 def test_other_methods_end_to_end(method, ran_tasks_file, tmp_path):
     # max_turns=3: returns then differ between the G siblings of the first group (seed 11)
+    extra = ["replay_noise=1.0"] if method == "search-select" else ["--eval", str(ran_tasks_file), "--eval-n", "1"]
     out, run = run_train(["--method", method, "--out", str(tmp_path), "--max-updates", "1", f"tasks={ran_tasks_file}",
-                          *SMALL, "max_turns=3", *(["replay_noise=1.0"] if method == "search-select" else [])], tmp_path)
+                          *SMALL, "max_turns=3", *extra], tmp_path)
     assert "1/1 R" in out
+    if method == "grpo":  # held-out pass@1 before and after, each an eval run inside the train run
+        assert "held-out pass@1" in out and "training reward per update" in out
+        for when in ("before", "after"):
+            (eval_run,) = (run / f"eval-{when}").iterdir()
+            assert json.loads((eval_run / "summary.json").read_text())["n_instances"] == 1
     assert lora_b_norm(run / "model") > 0
     ledger = json.loads((run / "ledger.json").read_text())["cumulative"]
     assert ledger["updates"] == 1 and ledger["trajectories"] == 3
