@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import random
+import subprocess
 
 import pytest
 from unidiff import PatchSet
 
 from crr.errors import CRRError
 from crr.tasks.loaders import TASKS_FILE, load_tasks
+from crr.tasks import micro
 from crr.tasks.micro import generate_micro
 from crr.tasks.nano import SHAPES, nano_template
 
@@ -68,20 +71,53 @@ def test_rows_are_swebench_rows_with_measured_tests_and_one_line_fixes(sets):
         module = task.metadata["buggy_file"][:-3].replace("/", ".")
         function = task.metadata["buggy_function"]
         # the issue names the failing call's module and function and states expected versus actual
-        assert f"{module}.{function}(" in task.problem_statement or function in task.problem_statement
+        assert f"Calling `{module}.{function}(" in task.problem_statement
         assert "returns" in task.problem_statement or "raises" in task.problem_statement
         assert "I expected" in task.problem_statement
         assert len(task.problem_statement) < 300
 
 
-def test_splits_share_no_identifier_and_no_instance(sets):
+def test_splits_share_no_identifier_and_no_instance(sets, tmp_path):
     _, train, test = sets
 
     def names(tasks):
-        return {t.metadata["package"] for t in tasks} | {t.metadata["buggy_function"] for t in tasks}
+        """Every identifier and module name of the instances' repositories at base_commit."""
+        found = set()
+        for task in tasks:
+            clone = tmp_path / task.instance_id
+            subprocess.run(["git", "clone", "-q", task.repo_src, str(clone)], check=True, capture_output=True)
+            for path in clone.rglob("*.py"):
+                found |= _identifiers(path.read_text()) | {path.stem}
+        return found - {"pytest", "__init__", "__version__", "approx", "raises"}
 
-    assert not names(train) & names(test)
+    shared = names(train) & names(test)
+    assert not shared
     assert not {t.patch for t in train} & {t.patch for t in test}
+    assert not {t.problem_statement for t in train} & {t.problem_statement for t in test}
+
+
+def test_the_generators_first_templates_of_30_plus_30_instances_share_no_identifier():
+    """The templates generate_micro's first attempts build (its rng seeds), 30 instances per split."""
+
+    def names(split):
+        found = set()
+        for index in range(30):
+            t = nano_template(random.Random(f"nano:0:{split}:{index}:0"), split)
+            found |= {t.packages[0]} | {m.name for m in t.modules}
+            found |= set().union(*(_identifiers(m.source) for m in t.modules))
+        return found
+
+    assert not names("train") & names("test")
+
+
+def test_the_default_tier_plans_the_pre_nano_tasks():
+    """Bug family, size and template order of default-tier tasks, pinned to the generator before the nano tier
+    (commit 6e19661; an extra "nano" size once crept into the default tier's size cycle and changed every row)."""
+    plan = [[f, s, [t.name for t in ts]] for split in ("train", "test")
+            for f, s, ts in (micro._choices(i, 0, split) for i in range(12))]
+    assert {s for _, s, _ in plan} == {"small", "medium", "large"}
+    digest = hashlib.sha256(json.dumps(plan).encode()).hexdigest()
+    assert digest == "ca3e9332ee865cdb7a01c69d574dfee8a425f856d005549d0157138ce61eba56"
 
 
 def test_same_rows_whatever_the_workers_and_with_fresh_or_warm_pytest(sets, tmp_path):

@@ -62,8 +62,10 @@ MAX_PROBED_MUTANTS = 8    # mutation sites evaluated per candidate
 PYTEST_TIMEOUT_S = 120
 # Package size per tier: (modules, decoy functions) ranges. Tiers cycle like bug families, so a set
 # spans sizes; the difficulty label is still computed from what the task ends up with.
-SIZES = {"small": ((3, 6), (0, 1)), "medium": ((6, 12), (1, 2)), "large": ((12, 20), (2, 3)),
-         "nano": ((0, 0), (0, 0))}  # nano: the template's own modules only
+SIZES = {"small": ((3, 6), (0, 1)), "medium": ((6, 12), (1, 2)), "large": ((12, 20), (2, 3))}
+# nano: the template's own modules only. Not in SIZES: the default tier cycles through SIZES (a fourth entry there
+# changed every default row and let default tasks draw the nano size).
+_NANO_SIZE = ((0, 0), (0, 0))
 
 # Fixed identity and dates (and no user or system git config) make base_commit a function of content.
 _GIT_ENV = {"GIT_AUTHOR_NAME": "crr micro", "GIT_AUTHOR_EMAIL": "micro@crr.invalid",
@@ -238,7 +240,7 @@ def _nano_family(index: int, seed: int, split: str) -> str:
 def _candidate(instance_id: str, template: Template, family: str, size: str, flaky: str | None, split: str,
                rng: random.Random, work: Path, out: Path, warm: bool = False) -> Task | None:
     package = rng.choice(template.packages)
-    (low, high), (fewest, most) = SIZES[size]
+    (low, high), (fewest, most) = _NANO_SIZE if size == "nano" else SIZES[size]
     n_decoys = rng.randint(fewest, most)
     target = rng.randint(low, high)
     base_count = len(template.modules) + 1 + (n_decoys > 0)  # template modules, __init__, legacy
@@ -590,3 +592,51 @@ def _pytest(repo: Path, plugin_dir: Path, warm: bool = False) -> dict[str, str]:
         return {}
     return PARSER_REGISTRY[DEFAULT_LOG_PARSER](out.stdout, None)
 
+
+
+# ------------------------------------------------------------------------------------ benchmark
+
+def bench_micro(n: int, seed: int = 0, split: str = "train", tier: str = "nano", workers: int = 1,
+                warm: bool = True, sample: int = 50) -> dict:
+    """Generate `n` tasks into a throw-away directory and time it (a benchmark command, not a test).
+
+    Returns {"n", "seconds", "tasks_per_s", "families": {family: count}, "files": {kind: {"mean_lines",
+    "mean_chars", "mean_tokens"}}, "issue_chars"}: file sizes at base_commit over the first `sample` tasks
+    (kinds: "source" = the package's modules, "test" = test files, "other" = README, pyproject, __init__),
+    tokens counted as words and punctuation marks (a tokenizer-free proxy).
+    """
+    import re
+    import time
+    from collections import Counter
+
+    root = Path(tempfile.mkdtemp(prefix="crr-micro-bench-"))
+    try:
+        start = time.perf_counter()
+        tasks = generate_micro(root / "set", n=n, seed=seed, split=split, tier=tier, workers=workers, warm=warm)
+        seconds = time.perf_counter() - start
+        sizes: dict[str, list[tuple[int, int, int]]] = {"source": [], "test": [], "other": []}
+        for task in tasks[:sample]:
+            clone = root / "clone"
+            subprocess.run(["git", "clone", "-q", task.repo_src, str(clone)], check=True, capture_output=True,
+                           env={**os.environ, **_GIT_ENV})
+            package = task.metadata["package"]
+            for path in sorted(p for p in clone.rglob("*") if p.is_file() and ".git" not in p.parts):
+                rel = path.relative_to(clone).as_posix()
+                kind = ("test" if rel.startswith("tests/") else
+                        "source" if rel.startswith(f"{package}/") and path.name != "__init__.py" else "other")
+                text = path.read_text()
+                sizes[kind].append((text.count("\n"), len(text), len(re.findall(r"\w+|[^\w\s]", text))))
+            shutil.rmtree(clone)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    def mean(values: list[int]) -> float:
+        return round(sum(values) / len(values), 1) if values else 0.0
+
+    return {"n": n, "tier": tier, "split": split, "workers": workers, "warm": warm, "seconds": round(seconds, 2),
+            "tasks_per_s": round(n / seconds, 3),
+            "families": dict(sorted(Counter(t.metadata["bug_family"] for t in tasks).items())),
+            "files": {kind: {"per_task": round(len(rows) / min(sample, n), 2),
+                             "mean_lines": mean([r[0] for r in rows]), "mean_chars": mean([r[1] for r in rows]),
+                             "mean_tokens": mean([r[2] for r in rows])} for kind, rows in sizes.items()},
+            "issue_chars": mean([len(t.problem_statement) for t in tasks])}
