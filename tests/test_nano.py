@@ -121,8 +121,9 @@ def test_the_default_tier_plans_the_pre_nano_tasks():
 
 
 def test_same_rows_whatever_the_workers_and_with_fresh_or_warm_pytest(sets, tmp_path):
-    """The fixture's test set ran 2 workers and the warm pytest worker (forks of one interpreter); one process
-    running a fresh `python -m pytest` per measurement gives the same rows byte for byte."""
+    """The fixture's test set ran 2 workers and the warm pytest worker (forks of one interpreter, lean: built-in
+    plugins nano tests never reach turned off); one process running a fresh `python -m pytest` with every plugin
+    on per measurement gives the same rows byte for byte."""
     root, train, test = sets
     again = generate_micro(tmp_path / "again", n=3, seed=0, split="test", tier="nano", warm=False)
     first = [json.loads(line) for line in (root / "test" / TASKS_FILE).read_text().splitlines()][:3]
