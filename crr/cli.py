@@ -463,6 +463,46 @@ def tasks_micro(
                   f"worker(s); wrote {Path(out) / 'tasks.jsonl'}", highlight=False)
 
 
+@tasks_app.command("bench")
+@friendly
+def tasks_bench(
+    n: int = typer.Option(200, "--n", help="Tasks to generate (into a throw-away directory)."),
+    seed: int = typer.Option(0, "--seed", help="Generator seed."),
+    split: str = typer.Option("train", "--split", help="train or test."),
+    tier: str = typer.Option("nano", "--tier", help="default or nano."),
+    workers: int = typer.Option(1, "--workers", help="Generating processes."),
+    warm: bool = typer.Option(True, "--warm-pytest/--fresh-pytest", help="Warm pytest worker or a fresh "
+                              "interpreter per pytest run."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Time task generation (tasks/s) and describe what it made: bug families, file sizes, issue length."""
+    from rich.table import Table
+
+    from crr.tasks.micro import bench_micro
+
+    with err_console.status(f"generating {n} {tier} {split} tasks ({workers} worker(s), "
+                            f"{'warm' if warm else 'fresh'} pytest)"):
+        result = bench_micro(n, seed=seed, split=split, tier=tier, workers=workers, warm=warm)
+    if json_out:
+        console.print_json(json.dumps(result))
+        return
+    console.print(f"{result['tasks_per_s']:.2f} tasks/s: {n} {tier} {split} tasks in {result['seconds']:.1f}s with "
+                  f"{workers} worker(s), {'warm' if warm else 'fresh'} pytest", highlight=False)
+    families = Table(title="bug families")
+    families.add_column("family")
+    families.add_column("tasks", justify="right")
+    for family, count in result["families"].items():
+        families.add_row(family, str(count))
+    console.print(families)
+    files = Table(title=f"files at base_commit (first {min(n, 50)} tasks); issue {result['issue_chars']:.0f} chars")
+    for col in ("kind", "per task", "lines", "chars", "tokens"):
+        files.add_column(col, justify="left" if col == "kind" else "right")
+    for kind, row in result["files"].items():
+        files.add_row(kind, f"{row['per_task']:.2f}", f"{row['mean_lines']:.1f}", f"{row['mean_chars']:.0f}",
+                      f"{row['mean_tokens']:.0f}")
+    console.print(files)
+
+
 @tasks_app.command("synth")
 @long_command
 def tasks_synth(
