@@ -1,10 +1,11 @@
 """Install a warm-started model as crr's shipped default (crr/policy/default), with its provenance beside it.
 
-    .venv/bin/python scripts/ship_default.py MODEL_DIR --sft-run RUN_DIR [--eval EVAL_RUN_DIR ...]
+    .venv/bin/python scripts/ship_default.py MODEL_DIR --recipe experiments/sft-nano.yaml \
+        --data-run SFT_RUN_DIR... [--eval EVAL_RUN_DIR ...] [--note "how it was trained"]
 
 Writes the weights in bf16 (a few MB; crr loads them in the dtype they were saved in, "auto"), the tokenizer,
-the agent record (crr_agent.json) and `provenance.json`: the recipe (the SFT run's config), its data
-manifest (the expert summary: episodes played, kept, steps and tokens) and each given evaluation's
+the agent record (crr_agent.json) and `provenance.json`: the recipe, its data manifest (the expert summaries
+of the crr sft runs that played its episodes: episodes played, kept, steps and tokens) and each evaluation's
 measured pass@1 with the command that reproduces it. Paths are stored relative to the repository.
 """
 
@@ -18,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+import yaml
 
 from crr.policy.model import AGENT_FILE, SHIPPED_DEFAULT, load_policy
 from crr.rundir import RunDir
@@ -33,13 +35,13 @@ def _rel(path: Path | str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
-    ap.add_argument("--sft-run", required=True, help="the crr sft run directory that made the expert data")
+    ap.add_argument("--recipe", required=True, help="the recipe YAML the model was trained by")
+    ap.add_argument("--data-run", nargs="+", required=True, help="crr sft run directories that made its expert data")
     ap.add_argument("--eval", nargs="*", default=[], help="crr eval run directories of this model")
     ap.add_argument("--note", default="", help="how the weights were trained (device, command)")
     args = ap.parse_args()
 
     model, tokenizer = load_policy(args.model)
-    sft_run = RunDir.open(args.sft_run)
     evals = []
     for path in args.eval:
         run = RunDir.open(path)
@@ -51,9 +53,9 @@ def main() -> None:
                       "pass_at_k": summary.get("pass_at_k"), "all_n": summary.get("all_n"),
                       "error_modes": {m: v["count"] for m, v in summary.get("error_modes", {}).items()}})
     provenance = {
-        "recipe": sft_run.config.get("recipe"),
-        "data": json.loads((sft_run.path / "expert_summary.json").read_text())
-        if (sft_run.path / "expert_summary.json").is_file() else None,
+        "recipe": {"file": _rel(args.recipe), **yaml.safe_load(Path(args.recipe).read_text())},
+        "data": [{"run": Path(r).name, "tasks": _rel(RunDir.open(r).config["recipe"]["tasks"]),
+                  **json.loads((Path(r) / "expert_summary.json").read_text())} for r in args.data_run],
         "sft_record": json.loads((Path(args.model) / "crr_sft.json").read_text())
         if (Path(args.model) / "crr_sft.json").is_file() else None,
         "training_note": args.note,

@@ -282,8 +282,10 @@ def test_the_shipped_recipe_runs_end_to_end_on_a_small_budget(tiny, tmp_path):
     recipe = yaml.safe_load((Path(__file__).parent.parent / "experiments" / "sft-nano.yaml").read_text())
     tasks = tmp_path / "nano"
     generate_micro(tasks, n=4, seed=0, split="train", tier="nano")
-    recipe.update(tasks=str(tasks), n_tasks=4)
-    recipe["train"].update(epochs=4, batch_size=2, logging_steps=1, bf16=False)
+    recipe.update(tasks=str(tasks), n_tasks=4, curriculum_rows=8)
+    recipe["train"].update(batch_size=2, logging_steps=1, bf16=False)
+    for stage in recipe["stages"]:  # the shipped stages (curriculum in order, then shuffled, then both)
+        stage["epochs"] = 2
     small = tmp_path / "recipe.yaml"
     small.write_text(yaml.safe_dump(recipe))
     result = CliRunner().invoke(app, ["sft", "--recipe", str(small), "--out", str(tmp_path / "runs")])
@@ -291,10 +293,11 @@ def test_the_shipped_recipe_runs_end_to_end_on_a_small_budget(tiny, tmp_path):
     (run_dir,) = (tmp_path / "runs").iterdir()
     losses = [r["loss"] for r in RunDir.open(run_dir).records("metrics.jsonl") if "loss" in r]
     assert len(losses) >= 6 and sum(losses[-2:]) < sum(losses[:2])
+    assert [p.name for p in sorted(run_dir.glob("stage-*"))] == [f"stage-{i}" for i in range(1, len(recipe["stages"]))]
     assert agent_record(run_dir / "model") == {"agent_format": "compact", "max_turns": recipe["data"]["max_turns"]}
     rows = json.loads((run_dir / "expert_summary.json").read_text())
     assert rows["kept"] >= 3 and rows["mean_tokens"] < 2048
     bad = tmp_path / "bad.yaml"
-    bad.write_text("tasks: nano-train\nbogus: 1\n")
+    bad.write_text("tasks: nano-train\nstages: [{data: everything}]\n")
     result = CliRunner().invoke(app, ["sft", "--recipe", str(bad)])
     assert result.exit_code == 2 and "bad SFT recipe" in result.output

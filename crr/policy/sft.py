@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import datasets
 import torch
 import yaml
 from datasets import Dataset
@@ -200,8 +201,8 @@ def action_field_stats(model, tokenizer: PreTrainedTokenizerBase, dataset: Datas
 # ----------------------------------------------------------------------------- the whole warm start
 
 SFT_RECIPE_VERSION = "1"  # bump when SFTRecipe's defaults change: it keys the cached warm-started default
-CURRICULUM_DIR = "curriculum_data"  # the synthetic stage-1 rows
-CURRICULUM_MODEL_DIR = "curriculum_model"
+CURRICULUM_DIR = "curriculum_data"  # the synthetic rows
+STAGE_MODEL_DIR = "stage"             # stage-N: the model after SFT stage N (all but the last)
 DATA_DIR = "expert_data"  # in a run directory: the expert dataset (save_to_disk), reused on resume
 CHECKPOINT_DIR = "checkpoints"
 MODEL_DIR = "model"
@@ -216,13 +217,22 @@ class SFTRecipe:
     engine: str = "local"
     data: ExpertDataSettings = field(default_factory=ExpertDataSettings)
     train: SFTSettings = field(default_factory=SFTSettings)
-    # Stage 1 (optional): SFT on synthetic lookup-and-repair rows (crr.policy.curriculum) before the expert's.
+    # Synthetic lookup-and-repair rows (crr.policy.curriculum) for the stages that use them.
     curriculum_rows: int = 0
-    curriculum_epochs: float = 1.0
+    # SFT stages in order, each from the previous one's model: {data: expert | curriculum | both, and any
+    # SFTSettings field overriding `train`}, e.g. the curriculum in level order, then both shuffled. Empty:
+    # one stage on the expert's rows with `train`.
+    stages: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.curriculum_rows < 0:
             raise CRRError(f"curriculum_rows must be >= 0, got {self.curriculum_rows}")
+        for stage in self.stages:
+            if stage.get("data") not in ("expert", "curriculum", "both"):
+                raise CRRError(f"bad SFT recipe: a stage's data is expert, curriculum or both, got {stage.get('data')!r}")
+            if stage["data"] != "expert" and not self.curriculum_rows:
+                raise CRRError("bad SFT recipe: a curriculum stage needs curriculum_rows > 0")
+            replace(self.train, **{k: v for k, v in stage.items() if k != "data"})  # unknown keys: TypeError
         if self.n_tasks is not None and self.n_tasks < 1:
             raise CRRError(f"n_tasks must be at least 1, got {self.n_tasks}")
 
@@ -299,18 +309,21 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
             progress("train", record["step"], -1, record)
 
     on_step = None if progress is None else lambda done, total: progress("train", done, total, {})
-    if recipe.curriculum_rows:  # stage 1: the synthetic curriculum, in order (levels grow), then the expert's
-        stage1 = run.path / CURRICULUM_MODEL_DIR
-        if not (stage1 / "config.json").is_file():
-            settings = replace(recipe.train, seed=recipe.seed, epochs=recipe.curriculum_epochs, shuffle=False)
-            sft(model_dir, Dataset.load_from_disk(str(curriculum_dir)), stage1, settings,
-                checkpoints=run.path / f"{CHECKPOINT_DIR}-curriculum",
-                resume=(run.path / f"{CHECKPOINT_DIR}-curriculum").is_dir(), on_log=on_log, progress=on_step)
-        model_dir = stage1
-    checkpoints = run.path / CHECKPOINT_DIR
-    return sft(model_dir, dataset, run.path / MODEL_DIR, replace(recipe.train, seed=recipe.seed),
-               agent=(recipe.data.agent_format, recipe.data.max_turns), checkpoints=checkpoints,
-               resume=checkpoints.is_dir(), on_log=on_log, progress=on_step)
+    stages = recipe.stages or [{"data": "expert"}]
+    rows = {"expert": lambda: dataset, "curriculum": lambda: Dataset.load_from_disk(str(curriculum_dir)),
+            "both": lambda: datasets.concatenate_datasets([
+                dataset.select_columns(["input_ids", "assistant_masks"]),
+                Dataset.load_from_disk(str(curriculum_dir)).select_columns(["input_ids", "assistant_masks"])])}
+    for i, stage in enumerate(stages):
+        last = i == len(stages) - 1
+        out = run.path / (MODEL_DIR if last else f"{STAGE_MODEL_DIR}-{i + 1}")
+        checkpoints = run.path / (CHECKPOINT_DIR if last else f"{CHECKPOINT_DIR}-{i + 1}")
+        if not (out / "config.json").is_file():  # a finished stage is kept on resume
+            settings = replace(recipe.train, seed=recipe.seed, **{k: v for k, v in stage.items() if k != "data"})
+            sft(model_dir, rows[stage["data"]](), out, settings, agent=(recipe.data.agent_format, recipe.data.max_turns),
+                checkpoints=checkpoints, resume=checkpoints.is_dir(), on_log=on_log, progress=on_step)
+        model_dir = out
+    return model_dir
 
 
 def install_default(model: Path, target: Path) -> Path:
