@@ -788,7 +788,8 @@ def model_probe(
     from rich.table import Table
 
     from crr.eval.evaluate import load_eval_policy, resolve_policy
-    from crr.policy.sft import action_field_stats, build_sft_dataset
+    from crr.policy.model import agent_record
+    from crr.policy.sft import ExpertDataSettings, action_field_stats, build_sft_dataset
     from crr.replay import get_engine
     from crr.tasks.loaders import load_tasks
 
@@ -797,8 +798,10 @@ def model_probe(
     policy = resolve_policy(model)
     policy_model, tokenizer = load_eval_policy(policy)
     task_list = load_tasks(tasks)[:n_tasks]
+    record = agent_record(policy.model, policy.base_model)  # the episodes as this model was trained to see them
+    settings = ExpertDataSettings(**{k: record[k] for k in ("agent_format", "max_turns") if k in record})
     with err_console.status(f"expert episodes on {len(task_list)} tasks"), get_engine(engine) as fork_engine:
-        rows = build_sft_dataset(task_list, fork_engine, seed, tokenizer)
+        rows = build_sft_dataset(task_list, fork_engine, seed, tokenizer, settings)
     with err_console.status(f"scoring {len(rows)} expert episodes"):
         stats = action_field_stats(policy_model, tokenizer, rows)
     result = {"model": policy.model, "tasks": tasks, "episodes": len(rows), "parts": stats}
