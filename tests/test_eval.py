@@ -34,7 +34,7 @@ from crr.eval import (
     summarise_samples,
 )
 from crr.eval.evaluate import INFRA_RETRIED, PREDICTIONS, RESULTS, SUMMARY
-from crr.policy.model import default_model_dir, load_policy
+from crr.policy.model import default_model_dir, default_policy_dir, load_policy
 from crr.replay import get_engine
 from crr.rundir import RunDir
 from crr.tasks import loaders
@@ -306,7 +306,7 @@ def small_micro_sets():
     """`crr eval micro` on a 2-task micro-test set: the same generator and loader as the default 32 tasks,
     at a fraction of the generation time."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(loaders, "MICRO_DEFAULT_N", 2)
+        mp.setattr(loaders, "MICRO_DEFAULT_N", {"default": 2, "nano": 2})
         yield
 
 
@@ -348,7 +348,7 @@ def test_eval_micro_writes_a_run_directory_and_resumes_only_what_is_missing(tmp_
     out = str(tmp_path / "evals")
     first = run_json("micro", "--n-tasks", "1", *SMALL, "--out", out)
     run = RunDir.open(first["run_dir"])
-    assert first["dataset"] == "micro-test" and first["model"] == str(default_model_dir())
+    assert first["dataset"] == "micro-test" and first["model"] == str(default_policy_dir())
     assert run.config["temperature"] == 0.0 and run.config["samples"] == 1 and run.config["train_run"] is None
     (only,) = check_consistent(run, samples=1)
     assert set(first["pass_at_k"]) == {"1"}
@@ -381,7 +381,7 @@ def lora_train_run(tmp_path_factory) -> RunDir:
 
     run = RunDir.create("train", "crr-seed11", root=tmp_path_factory.mktemp("runs"),
                         config={"method": "crr", "seed": 11, "model": None, "use_lora": True})
-    model, _ = load_policy(default_model_dir())
+    model, _ = load_policy(default_policy_dir())
     torch.manual_seed(0)
     peft_model = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules="all-linear",
                                                   init_lora_weights=False, task_type="CAUSAL_LM"))
@@ -392,10 +392,10 @@ def lora_train_run(tmp_path_factory) -> RunDir:
 
 def test_a_lora_train_run_is_applied_to_its_base_and_sampled(lora_train_run):
     policy = resolve_policy(run=lora_train_run.path)
-    assert policy.model == str(lora_train_run.path / "model") and policy.base_model == str(default_model_dir())
+    assert policy.model == str(lora_train_run.path / "model") and policy.base_model == str(default_policy_dir())
     assert (policy.method, policy.train_seed) == ("crr", 11)
     merged, _ = load_eval_policy(policy)
-    base, _ = load_policy(default_model_dir())
+    base, _ = load_policy(default_policy_dir())
     name = "model.layers.0.self_attn.q_proj.weight"
     assert not torch.equal(merged.state_dict()[name], base.state_dict()[name])   # the adapter is in
     assert resolve_policy(run=lora_train_run.path, checkpoint="2").checkpoint.endswith("checkpoints/checkpoint-2")
@@ -404,7 +404,7 @@ def test_a_lora_train_run_is_applied_to_its_base_and_sampled(lora_train_run):
                        "--temperature", "1.0", "--max-turns", "2", "--max-new-tokens", "32", "--out",
                        str(lora_train_run.path.parent / "evals"))
     run = RunDir.open(summary["run_dir"])
-    assert run.config["train_run"] == str(lora_train_run.path) and run.config["base_model"] == str(default_model_dir())
+    assert run.config["train_run"] == str(lora_train_run.path) and run.config["base_model"] == str(default_policy_dir())
     assert (summary["method"], summary["train_seed"], summary["samples"], summary["temperature"]) == ("crr", 11, 2, 1.0)
     assert set(summary["pass_at_k"]) == {"1", "2"} and summary["all_n"] in (0.0, 1.0)
     results = run.records(RESULTS)

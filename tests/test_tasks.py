@@ -271,7 +271,7 @@ def test_show_lists_a_dataset_copy_and_exits_2_on_a_bad_file(tmp_path):
 
 
 def test_micro_names_generate_once_into_the_cache(monkeypatch):
-    monkeypatch.setattr(loaders, "MICRO_DEFAULT_N", 1)
+    monkeypatch.setattr(loaders, "MICRO_DEFAULT_N", {"default": 1, "nano": 1})
     (task,) = load_tasks("micro-test")
     assert task.instance_id == "micro-test-0-0" and Path(task.repo_src).is_file()
     assert "micro" in Path(task.repo_src).parts
