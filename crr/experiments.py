@@ -45,7 +45,7 @@ PAPER_SEEDS = (11, 23, 47)
 # preset lists it, so a run made before a key existed still finds its arm).
 ABLATION_KEYS = ("k", "selector", "horizon", "cf_temperature", "zero_contrast", "cf_samples", "proposal",
                  "fork_cost_multiplier", "replay_noise")
-BENCHMARKS = ("micro-test", "verified", "live", "rebench", "gym")   # `crr eval NAME` (crr.eval.evaluate.BENCHMARKS)
+BENCHMARKS = ("micro-test", "nano-test", "verified", "live", "rebench", "gym")   # `crr eval NAME` (crr.eval.evaluate.BENCHMARKS)
 EVAL_SETTINGS = ("samples", "temperature", "seed", "n_tasks", "max_turns", "max_new_tokens", "split", "engine",
                  "workers", "batch")                                 # crr.eval.EvalConfig fields a spec may set
 

@@ -196,7 +196,7 @@ def test_missing_runs_are_named_with_their_commands(comparison, tmp_path):
     assert "grpo, seed 47: train run" in main and "crr train --config experiments/cpu-grpo.yaml --seed 47" in main
     assert "crr train --config experiments/cpu-crr.yaml --seed 23" in main
     assert "crr train --config experiments/cpu-search-select.yaml --seed 47" in main
-    assert "crr eval micro-test --run" in main               # the spec's own benchmark was not run here
+    assert "crr eval nano-test --run" in main                # the spec's own benchmark was not run here
     k = (comparison / "report" / "ablation_k.md").read_text()
     assert "crr train --config experiments/cpu-crr.yaml --seed 11 k=1" in k
 
@@ -215,7 +215,7 @@ def test_missing_run_commands_name_runs_relative_to_the_working_directory(compar
     result = invoke("report", "tables", "--runs", "runs", "--out", str(tmp_path))
     assert result.exit_code == 0, result.output
     main = (tmp_path / "main.md").read_text()
-    assert "crr eval micro-test --run runs/" in main and str(comparison) not in main
+    assert "crr eval nano-test --run runs/" in main and str(comparison) not in main
 
 
 def test_a_corrupt_run_file_is_named(comparison, tmp_path):
@@ -276,6 +276,7 @@ def test_bad_input_is_a_clear_error(tmp_path):
 
 def test_presets_and_comparison_specs():
     from crr.eval.taxonomy import ERROR_MODES
+    from crr.policy.sft import SFTRecipe
     from crr.report.tables import ERROR_MODES as LABELS
     from crr.train.config import load_config
 
@@ -283,7 +284,9 @@ def test_presets_and_comparison_specs():
     grpo = read_preset(EXPERIMENTS / "cpu-grpo.yaml")
     assert grpo["method"] == "grpo" and grpo["learning_rate"] == read_preset(EXPERIMENTS / "cpu-crr.yaml")["learning_rate"]
     for preset in sorted(EXPERIMENTS.glob("*.yaml")):
-        if not preset.name.endswith(".comparison.yaml"):   # paper presets train in bf16 on a GPU
+        if preset.name.startswith("sft-"):                  # SFT recipes (crr sft --recipe)
+            assert SFTRecipe.from_yaml(preset).stages
+        elif not preset.name.endswith(".comparison.yaml"):  # paper presets train in bf16 on a GPU
             cfg = load_config(preset, {"bf16": False} if preset.name.startswith("paper-") else {})
             assert cfg.method == read_preset(preset)["method"]
     assert load_config(EXPERIMENTS / "paper-grpo-wallclock.yaml", {"bf16": False}).max_trajectories is None
