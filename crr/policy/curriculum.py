@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
-from crr.agent.conversation import initial_messages
+from crr.agent.conversation import action_message, initial_messages
 from crr.agent.expert import call_json
 from crr.agent.prompt import agent_format
 from crr.agent.tools import ToolCall, render_diff, render_view, split_lines, truncate
@@ -94,9 +94,7 @@ def repair_messages(rng: random.Random, level: int, max_turns: int) -> list[dict
              (ToolCall("submit_patch", {}), None)]
     fmt = agent_format("compact")
     for call, observation in calls:
-        text = call_json(call)
-        messages.append({"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": call.name, "arguments": text.split('"arguments": ', 1)[1][:-1]}}]})
+        messages.append(action_message(call_json(call)))
         if observation is not None:
             if fmt.obs_keep_chars is not None:
                 observation = truncate(observation, fmt.obs_keep_chars)
