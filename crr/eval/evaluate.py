@@ -216,7 +216,7 @@ class EvalConfig:
     def make(cls, dataset: str, tasks: str, adapter: str | None, policy: Policy, **settings) -> EvalConfig:
         """Settings left out take the policy's agent record (the format, and H, it was trained with), then
         the defaults above."""
-        from crr.policy.model import agent_record
+        from crr.policy.model import agent_record  # here: it imports torch, which `crr eval --help` need not
 
         record = agent_record(policy.model, policy.base_model)
         if policy.train_run:  # what the run trained with

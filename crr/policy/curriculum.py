@@ -30,12 +30,10 @@ from crr.agent.prompt import agent_format
 from crr.agent.tools import ToolCall, render_diff, render_view, split_lines, truncate
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.rows import sft_row
-from crr.tasks.bugs import FAMILIES, mutants
+from crr.tasks.bugs import mutants
 from crr.tasks.micro import issue_text
-from crr.tasks.nano import nano_template
+from crr.tasks.nano import NANO_FAMILIES, nano_template
 from crr.tasks.templates import Module, Template
-
-NANO_FAMILIES = tuple(f for f in FAMILIES if f != "missing_branch")
 
 
 def _run(source: str, function: str, args: str) -> str:

@@ -47,10 +47,10 @@ from pathlib import Path
 from crr.errors import CRRError
 from crr.tasks.bugs import FAMILIES, Mutant, iter_mutants, mutants
 from crr.tasks.loaders import TASKS_FILE, read_tasks_jsonl, write_tasks
-from crr.tasks.nano import nano_template
-from crr.tasks.warm import WarmPytest
+from crr.tasks.nano import NANO_FAMILIES, nano_template
 from crr.tasks.schema import DEFAULT_LOG_PARSER, DEFAULT_TEST_CMD, Task
 from crr.tasks.templates import FILLERS, TEMPLATES, Module, Template, templates_for
+from crr.tasks.warm import WarmPytest
 
 log = logging.getLogger(__name__)
 
@@ -243,9 +243,8 @@ def _generate_task(index: int, seed: int, split: str, flaky: str | None, out: Pa
 # ------------------------------------------------------------------------------------ one candidate
 
 def _nano_family(index: int, seed: int, split: str) -> str:
-    """Bug families in a seed-shuffled cycle, so every family appears; one-line bugs only (a missing branch is
-    two or more lines to restore)."""
-    families = [f for f in FAMILIES if f != "missing_branch"]
+    """The nano bug families in a seed-shuffled cycle, so every family appears."""
+    families = list(NANO_FAMILIES)
     random.Random(f"nano:{seed}:{split}:order").shuffle(families)
     return families[index % len(families)]
 

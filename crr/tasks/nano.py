@@ -28,8 +28,11 @@ import keyword
 import random
 import zlib
 
+from crr.tasks.bugs import FAMILIES
 from crr.tasks.templates import Module, Template
 
+# One-line bugs only: a missing branch is two or more lines to restore.
+NANO_FAMILIES = tuple(f for f in FAMILIES if f != "missing_branch")
 SPLIT_PARITY = {"train": 0, "test": 1}   # zlib.crc32(word) % 2 of the split's words
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "h", "j", "w", "br", "dr",
            "gl", "kl", "pr", "st")
