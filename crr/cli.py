@@ -585,6 +585,25 @@ def tasks_show(
     console.print(table)
 
 
+@tasks_app.command("band")
+@friendly
+def tasks_band(
+    eval_run: Path = typer.Argument(..., help="A sampled `crr eval` run of the starting policy on a candidate pool "
+                                    "(--samples n at the rollout temperature)."),
+    low: float = typer.Option(0.25, "--low", help="Lowest solve rate c/n kept."),
+    high: float = typer.Option(0.75, "--high", help="Highest solve rate c/n kept."),
+    out: Path = typer.Option(..., "--out", help="New directory for tasks.jsonl, repos/ and band.json."),
+) -> None:
+    """The learnable band: the pool's tasks whose sampled solve rate under the starting policy lies in
+    [--low, --high], written with their repositories as a self-contained task set for training."""
+    from crr.eval.band import band_from_eval
+
+    s = band_from_eval(eval_run, out, low, high)
+    console.print(f"{s['selected']} of {s['evaluated']} tasks with a solve rate in [{low:g}, {high:g}] "
+                  f"({s['samples']} samples at T={s['temperature']}): mean solve rate {s['mean_solve_rate']:.1%} "
+                  f"(pool {s['pool_solve_rate']:.1%}); wrote {out / 'tasks.jsonl'}", highlight=False)
+
+
 # --- filter (the three-rerun determinism filter) ----------------------------------------------
 filter_app = typer.Typer(help="The three-rerun determinism filter: admit only tasks whose held-out tests "
                               "give the same outcomes in fresh, differently seeded sandboxes.")

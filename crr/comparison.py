@@ -39,6 +39,14 @@ def ordered_arms(spec: Comparison) -> list[Arm]:
     return sorted(spec.arms.values(), key=lambda a: a.budget_from is not None)
 
 
+def schedule(spec: Comparison) -> list[tuple[Arm, int]]:
+    """(arm, seed) in the order they run: seed by seed, every arm of a seed together, so that a comparison
+    stopped part-way holds complete seeds (paired arms) rather than one arm's every seed."""
+    seeds = sorted({seed for arm in spec.arms.values() for seed in arm.seeds},
+                   key=lambda s: (s not in spec.seeds, spec.seeds.index(s) if s in spec.seeds else s))
+    return [(arm, seed) for seed in seeds for arm in ordered_arms(spec) if seed in arm.seeds]
+
+
 def _train_runs(out: Path, arm: Arm, seed: int) -> list[TrainRun]:
     folder = out / "runs" / arm.name
     if not any(folder.glob("*/manifest.json")):
@@ -56,15 +64,14 @@ def _eval_runs(out: Path, arm: Arm, run: TrainRun) -> list[EvalRun]:
 def plan(spec: Comparison, out: Path) -> list[Step]:
     """The train steps and their state (evaluations follow each finished run)."""
     steps = []
-    for arm in ordered_arms(spec):
-        for seed in arm.seeds:
-            runs = _train_runs(out, arm, seed)
-            if runs and runs[-1].complete:
-                steps.append(Step("train", arm.name, seed, "done", "", runs[-1].path))
-            elif runs:
-                steps.append(Step("train", arm.name, seed, "resume", f"crr train --resume {runs[-1].path}", runs[-1].path))
-            else:
-                steps.append(Step("train", arm.name, seed, "todo", arm.train_command(seed, out=out / "runs" / arm.name)))
+    for arm, seed in schedule(spec):
+        runs = _train_runs(out, arm, seed)
+        if runs and runs[-1].complete:
+            steps.append(Step("train", arm.name, seed, "done", "", runs[-1].path))
+        elif runs:
+            steps.append(Step("train", arm.name, seed, "resume", f"crr train --resume {runs[-1].path}", runs[-1].path))
+        else:
+            steps.append(Step("train", arm.name, seed, "todo", arm.train_command(seed, out=out / "runs" / arm.name)))
     return steps
 
 
@@ -72,12 +79,11 @@ def run_comparison(spec: Comparison, out: Path, *, report: bool = True, say: Cal
     """Train, evaluate and report everything the spec asks for that `out` lacks; returns the report's entries."""
     out.mkdir(parents=True, exist_ok=True)
     lock_run(out, "experiment run")  # one driver per comparison: a second would start the same runs beside it
-    for arm in ordered_arms(spec):
-        for seed in arm.seeds:
-            run = _train(spec, arm, seed, out, say)
-            for ev in (e for e in spec.evals if e.covers(arm.name)):
-                for step in run.eval_steps(ev.checkpoint_fractions):
-                    _evaluate(arm, run, ev, step, out, say)
+    for arm, seed in schedule(spec):
+        run = _train(spec, arm, seed, out, say)
+        for ev in (e for e in spec.evals if e.covers(arm.name)):
+            for step in run.eval_steps(ev.checkpoint_fractions):
+                _evaluate(arm, run, ev, step, out, say)
     if not report:
         return {}
     from crr.report import write_plots, write_tables

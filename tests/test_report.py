@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # one update over two seeds, CRR two updates (whose wall clock, the equal-wall-clock arm's budget, then buys
 # GRPO more than one). Evaluated on two tasks in two repositories: greedy; the equal-wall-clock run also at a
 # checkpoint; CRR with 2 samples of one task.
-TINY = {"base": str(EXPERIMENTS / "cpu-crr.yaml"), "n_tasks": 1, "num_generations": 2, "max_turns": 2,
+TINY = {"base": str(EXPERIMENTS / "cpu-crr.yaml"), "n_tasks": 1, "tasks_per_iteration": 1, "num_generations": 2, "max_turns": 2,
         "max_new_tokens": 32, "eta": 0.0, "workers": 2, "max_steps": 2}
 EVAL = {"tasks": "eval.jsonl", "max_turns": 2, "max_new_tokens": 32}
 SPEC = {"name": "tiny", "seeds": [11, 23],

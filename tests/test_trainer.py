@@ -16,7 +16,7 @@ from crr.cli import app
 from crr.policy.model import default_model_dir
 from crr.train.tuples import read_tuples
 
-SMALL = ["n_tasks=1", "num_generations=3", "max_turns=2", "max_new_tokens=40", "k=2", "eta=0.0", "workers=2", "warmup_steps=0",
+SMALL = ["n_tasks=1", "tasks_per_iteration=1", "num_generations=3", "max_turns=2", "max_new_tokens=40", "k=2", "eta=0.0", "workers=2", "warmup_steps=0",
          # the random tiny model (paper format): its varied returns on the `ran` task give these runs nonzero
          # advantages; the shipped warm start never solves that task, so with it nothing would move
          f"model={default_model_dir()}", "agent_format=paper"]
@@ -99,3 +99,11 @@ def test_bad_input_is_a_clear_error(tmp_path):
     assert result.exit_code == 2 and "unknown config key" in result.output
     result = CliRunner().invoke(app, ["train", "--method", "ppo", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "unknown method" in result.output
+
+
+def test_overrides_parse_numbers_as_yaml_and_python_write_them():
+    from crr.train.config import load_config, parse_overrides
+
+    parsed = parse_overrides(["learning_rate=2e-3", "beta=1E-2", "k=2", "eta=0.5", "tasks=nano-band", "horizon=null"])
+    assert parsed == {"learning_rate": 0.002, "beta": 0.01, "k": 2, "eta": 0.5, "tasks": "nano-band", "horizon": None}
+    assert load_config(None, parse_overrides(["learning_rate=2e-3"])).learning_rate == 0.002

@@ -35,6 +35,9 @@ TASKS_FILE = "tasks.jsonl"
 MICRO_SETS = {"micro-train": ("default", "train"), "micro-test": ("default", "test"),
               "nano-train": ("nano", "train"), "nano-test": ("nano", "test")}
 MICRO_DEFAULT_N = {"default": 32, "nano": 64}
+# Task sets shipped in the package (tasks.jsonl + repos/): nano-band is the learnable band of the shipped
+# default (crr tasks band: the nano-train tasks 2000-2255 it solves in 1-3 of 4 samples; band.json says how).
+SHIPPED_SETS = {"nano-band": Path(__file__).parent / "sets" / "nano-band"}
 MICRO_DEFAULT_SEED = 0
 
 # Test commands of the SWE-bench repositories whose runner is not plain pytest (swebench 4.x
@@ -62,6 +65,9 @@ def load_tasks(source: str, split: str | None = None, *, adapter: str | None = N
         if split is not None and split != set_split:
             raise CRRError(f"{source} is the {set_split} split already; drop --split {split}")
         return load_micro(set_split, tier=tier)
+    if source in SHIPPED_SETS:
+        _no_split(source, split)
+        return read_tasks_jsonl(SHIPPED_SETS[source] / TASKS_FILE)
     path = Path(source).expanduser()
     if path.is_file() and path.suffix == ".parquet":
         return _load_dataset_rows(source, split, adapter, local=path)
@@ -80,7 +86,7 @@ def load_tasks(source: str, split: str | None = None, *, adapter: str | None = N
         raise CRRError(f"{source} does not exist; check the path")
     if re.fullmatch(r"[\w.-]+/[\w.-]+", source):
         return _load_dataset_rows(source, split, adapter)
-    raise CRRError(f"{source!r} is not a file, a directory, a micro set ({', '.join(MICRO_SETS)}) "
+    raise CRRError(f"{source!r} is not a file, a directory, a micro set ({', '.join(MICRO_SETS)}), a shipped set ({', '.join(SHIPPED_SETS)}) "
                    "or a dataset name like SWE-Gym/SWE-Gym")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -119,6 +120,9 @@ def _is_plain(value) -> bool:
     return value is None or isinstance(value, (str, int, float, bool, Enum))
 
 
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def parse_overrides(pairs: list[str]) -> dict:
     names = {f.name for f in dataclasses.fields(CRRConfig) if f.init}
     out = {}
@@ -130,7 +134,10 @@ def parse_overrides(pairs: list[str]) -> dict:
             key = key.removeprefix(prefix)
         if key not in names:
             raise CRRError(f"unknown config key {key!r} in override {pair!r}; see experiments/cpu-crr.yaml")
-        out[key] = yaml.safe_load(value)
+        parsed = yaml.safe_load(value)
+        if isinstance(parsed, str) and _EXPONENT.fullmatch(parsed):  # PyYAML (YAML 1.1) reads 2e-3 as a string
+            parsed = float(parsed)
+        out[key] = parsed
     return out
 
 

@@ -191,6 +191,7 @@ class CRRTrainer(GRPOTrainer):
         scored = [t.reward for t in trajs if t.reward is not None]
         self.iteration = {
             "reward_mean": float(np.mean(scored)) if scored else None, "scored": len(scored),
+            "group_rewards": {t.task_id: [s.reward for s in trajs if s.task_id == t.task_id] for t in trajs},
             "infra_errors": len(trajs) - len(scored), "mean_turns": float(np.mean([len(t.steps) for t in trajs])),
             "selected": sum(len(v) for v in picks.values()),
             "selector_hits": sum(bool(v) for v in picks.values()),
