@@ -339,6 +339,9 @@ def check_consistent(run: RunDir, samples: int) -> list[dict]:
         assert r["reward"] in (0.0, 1.0) and r["end_reason"] in ("submit", "max_turns", "context_limit")
         assert (r["error_mode"] is None) == (r["reward"] == 1.0)
         assert r["f2p_total"] >= 1 and 0 <= r["f2p_passed"] <= r["f2p_total"] and 1 <= r["turns"] <= 3
+        assert r["episode_tokens"] > r["generated_tokens"] > 0   # the prompt and observations besides the actions
+    lengths = sorted(r["episode_tokens"] for r in scored)
+    assert summary["episode_tokens"]["max"] == lengths[-1] and lengths[0] <= summary["episode_tokens"]["mean"] <= lengths[-1]
     failed = len([r for r in scored if r["reward"] == 0.0])
     assert sum(m["count"] for m in summary["error_modes"].values()) == failed
     return results

@@ -351,6 +351,7 @@ def result_record(task: Task, sample: int, seed: int, traj) -> dict:
         "instance_id": task.instance_id, "repo": task.repo, "sample": sample, "seed": seed,
         "reward": reward, "verifier_reward": traj.reward, "resolution": traj.resolution,
         "end_reason": traj.end_reason, "turns": len(traj.steps), "generated_tokens": traj.generated_tokens,
+        "episode_tokens": len(traj.prompt_ids) + len(traj.completion_ids),  # the whole context at the end
         "infra_error": traj.infra_error, "verifier_note": traj.verifier_note, "model_patch": traj.model_patch,
         "harness_files": harness_files, "error_mode": error_mode(reward, traj.model_patch, task, traj.test_report),
         **held_out_counts(traj.test_report, task), "wall_s": traj.wall_s,
@@ -371,6 +372,13 @@ def _set_aside_infra(run: RunDir) -> None:
     log.info("retrying %d samples that met infrastructure failures", len(infra))
 
 
+def _length_stats(lengths: list[int]) -> dict | None:
+    """Mean and 95th percentile of the episodes' lengths in tokens (prompt, actions and observations)."""
+    if not lengths:
+        return None
+    return {"mean": float(np.mean(lengths)), "p95": float(np.percentile(lengths, 95)), "max": max(lengths)}
+
+
 def write_outputs(config: EvalConfig, run: RunDir, tasks: list[Task]) -> dict:
     """predictions.jsonl and summary.json from the records (the last one of each (instance, sample))."""
     instances = {t.instance_id: t.repo for t in tasks}
@@ -387,6 +395,7 @@ def write_outputs(config: EvalConfig, run: RunDir, tasks: list[Task]) -> dict:
         **summarise_samples(records, instances, config.samples),
         "missing": len(instances) * config.samples - len(records),
         "error_modes": summarise_modes(records),
+        "episode_tokens": _length_stats([r["episode_tokens"] for r in records if r.get("episode_tokens")]),
     }
     run.write_json(SUMMARY, summary)
     return summary
