@@ -1,0 +1,5 @@
+"""Shared constants."""
+
+DEFAULT_ENCODING = "utf-8"
+MAX_ITEMS = 1000
+PRECISION = 2
