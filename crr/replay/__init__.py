@@ -48,7 +48,7 @@ def reclaim_leftovers() -> list[str]:
     """Free what crr processes that no longer exist left behind on this host, on both engines: local
     sandbox mounts, directories and pids cgroups; Docker containers, snapshot images and overlay mounts
     (where a Docker daemon answers). Anything a live process owns is left. Returns what was removed."""
-    from crr.replay import docker  # deferred: the Docker SDK
+    from crr.replay import docker  # deferred with the engines above: the Docker SDK
     from crr.replay.local import gc_leftovers
 
     removed = gc_leftovers()
