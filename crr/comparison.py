@@ -86,7 +86,7 @@ def run_comparison(spec: Comparison, out: Path, *, report: bool = True, say: Cal
                 _evaluate(arm, run, ev, step, out, say)
     if not report:
         return {}
-    from crr.report import write_plots, write_tables
+    from crr.report import write_plots, write_tables  # deferred: pandas, pyarrow and matplotlib
 
     _, tables = write_tables([out], out / "report")
     _, figures = write_plots([out], out / "report")
@@ -96,7 +96,7 @@ def run_comparison(spec: Comparison, out: Path, *, report: bool = True, say: Cal
 
 def _train(spec: Comparison, arm: Arm, seed: int, out: Path, say: Callable[[str], None]) -> TrainRun:
     from crr.train.config import load_config, parse_overrides
-    from crr.train.trainer import resume_run, start_run, train
+    from crr.train.trainer import resume_run, start_run, train  # deferred: torch and TRL
 
     runs = _train_runs(out, arm, seed)
     if runs and runs[-1].complete:
@@ -133,6 +133,7 @@ def _train(spec: Comparison, arm: Arm, seed: int, out: Path, say: Callable[[str]
 
 
 def _evaluate(arm: Arm, run: TrainRun, ev: EvalSpec, step: int, out: Path, say: Callable[[str], None]) -> None:
+    # deferred: crr.eval loads swebench (~1.3 s), which planning a comparison need not pay
     from crr.eval import EvalConfig, benchmark, evaluate, resolve_policy, resume_eval, start_eval
     from crr.eval.evaluate import SAMPLED_TEMPERATURE
 

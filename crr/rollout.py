@@ -168,6 +168,13 @@ def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngin
     return RolloutResult(trajectories, summary)
 
 
+def run_episode(task: Task, backend: GenerationBackend, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,
+                config: EpisodeConfig | None = None, seed: int = 0) -> Trajectory:
+    """One trajectory: `rollout` with one task and G = 1."""
+    cfg = RolloutConfig(group=1, seed=seed, episode=config or EpisodeConfig(), workers=1)
+    return rollout([task], backend, engine, tokenizer, cfg).trajectories[0]
+
+
 def _act(pair: tuple[Episode, StepSample], seed: int, gen_s: float) -> None:
     episode, sample = pair
     episode.act(sample.text, sample.action_ids, sample, seed, gen_s)

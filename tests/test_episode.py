@@ -20,7 +20,7 @@ from crr.agent.conversation import (
     render_ids,
     render_text,
 )
-from crr.agent.episode import Episode, EpisodeConfig, Trajectory, fork_at, play_calls, replay_at, run_episode
+from crr.agent.episode import Episode, EpisodeConfig, Trajectory, fork_at, play_calls, replay_at
 from crr.agent.expert import expert_script
 from crr.errors import CRRError, SandboxError
 from crr.policy.backend import TransformersBackend
@@ -28,7 +28,7 @@ from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import default_model_dir, load_policy
 from crr.replay import get_engine
 from crr.replay.base import tree_digest
-from crr.rollout import summarise
+from crr.rollout import run_episode, summarise
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -2,13 +2,14 @@
 it at any step index later (paper: Preliminaries; Algorithm 1, "Snapshot sandbox state sigma(s_t)";
 Appendix "Rollout-Dispatch Cost Breakdown").
 
-    traj = run_episode(task, backend, engine, tokenizer, EpisodeConfig(max_turns=50), seed=0)
+    traj = run_episode(task, backend, engine, tokenizer, EpisodeConfig(max_turns=50), seed=0)  # crr.rollout
     with fork_at(traj, t=5) as sandbox:      # a sandbox in state s_5 (before a_5)
         ...
     traj.release()                           # frees the snapshots
 
 Each turn is one generated tool call (crr.rollout batches the calls of many episodes into one
-generation; `run_episode` is that loop for a single one). A call that does not parse or was cut off by
+generation; `crr.rollout.run_episode` is that loop for a single one: the rollout engine sits above the
+episode, so the single-episode helper lives there too). A call that does not parse or was cut off by
 the token budget becomes an error observation the model reads next turn, never a crash. submit_patch
 or the turn cap H ends the episode, as do the per-trajectory wall-clock limit and the model's context
 length; the verifier then scores the final state: R in {0, 1}, or None with `infra_error` when the
@@ -63,7 +64,7 @@ from crr.agent.tools import (
 )
 from crr.agent.verifier import VERIFY_TIMEOUT_S, verify
 from crr.errors import CRRError, SandboxError
-from crr.policy.backend import GenerationBackend, StepSample
+from crr.policy.backend import StepSample
 from crr.replay.base import ForkEngine, Sandbox, Snapshot, tree_digest
 from crr.tasks.schema import Task
 
@@ -322,15 +323,6 @@ class Episode:
     def _infra(self, reason: str) -> None:
         log.warning("%s[%d]: infrastructure failure: %s", self.task.instance_id, self.traj.group, reason)
         self.traj.end_reason, self.traj.infra_error, self.traj.reward = "infra_error", reason, None
-
-
-def run_episode(task: Task, backend: GenerationBackend, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,
-                config: EpisodeConfig | None = None, seed: int = 0) -> Trajectory:
-    """One trajectory (crr.rollout.rollout with one task and G = 1)."""
-    from crr.rollout import RolloutConfig, rollout
-
-    cfg = RolloutConfig(group=1, seed=seed, episode=config or EpisodeConfig(), workers=1)
-    return rollout([task], backend, engine, tokenizer, cfg).trajectories[0]
 
 
 def play_calls(task: Task, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase, call_texts: list[str],

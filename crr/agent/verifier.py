@@ -30,25 +30,22 @@ from __future__ import annotations
 import fnmatch
 import logging
 import re
-import random
-import shlex
 import tempfile
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from swebench.harness.constants import (APPLY_PATCH_FAIL, END_TEST_OUTPUT, FAIL_TO_PASS, PASS_TO_PASS,
+from swebench.harness.constants import (APPLY_PATCH_FAIL, FAIL_TO_PASS, PASS_TO_PASS,
                                         RESET_FAILED, START_TEST_OUTPUT, TEST_EXIT_CODE, EvalType,
                                         ResolvedStatus)
 from swebench.harness.grading import get_eval_tests_report, get_logs_eval, get_resolution_status
 from swebench.harness.utils import parse_eval_script, record_test_exit_code
 from swebench.types import TestSpec
-from swebench.utils import generate_heredoc_delimiter
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from crr.agent.tools import SCRATCH_DIR, model_patch, truncate
 from crr.errors import CRRError
 from crr.replay.base import Sandbox
+from crr.tasks.evalscript import eval_script_lines, seeded_order, test_directives  # noqa: F401  (verifier API)
 from crr.tasks.schema import Task
 
 log = logging.getLogger(__name__)
@@ -58,8 +55,6 @@ LOG_KEEP_CHARS = 10_000     # VerifierResult.log keeps the first and last this m
 MAX_LOG_BYTES = 16_000_000  # a test run that prints forever is cut here (inside the sandbox)
 MAX_HASH_SEED = 2**32 - 1   # PYTHONHASHSEED's largest value
 
-# swebench 4.x NON_TEST_EXTS: files of a test patch that are data, not tests to run
-_NON_TEST_EXTS = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
 _RUNNER_EXIT = re.compile(re.escape(TEST_EXIT_CODE) + r": (\d+)")
 
 # Test and harness files (paper: Error-Mode Taxonomy, harness subversion): a patch touching these
@@ -116,54 +111,6 @@ def harness_files_touched(model_patch: str, task: Task) -> list[str]:
                                      or any(fnmatch.fnmatchcase(parts[-1], pat) for pat in HARNESS_FILES))
 
     return [p for p in patch_paths(model_patch) if is_harness(p)]
-
-
-def seeded_order(tests: Sequence[str], seed: int) -> list[str]:
-    """`tests` in the order a run with `seed` gives them to the runner: shuffled by seed // 2 and
-    reversed for an odd seed. Seeds 2k and 2k + 1 thus see every two tests in both relative orders,
-    so a pair of such runs exposes any dependence of one test's outcome on another's running first."""
-    order = list(tests)
-    random.Random(seed // 2).shuffle(order)
-    return order[::-1] if seed % 2 else order
-
-
-def test_directives(task: Task) -> list[str]:
-    """What SWE-bench's harness gives the runner: the test files of the test patch (not data files),
-    as dotted modules under tests/ for Django's runtests.py. Hand-written: swebench 5.x dropped its
-    get_test_directives with the per-repo specs."""
-    paths = [f.target_file[2:] for f in PatchSet(task.test_patch) if not f.is_removed_file]
-    paths = [p for p in paths if not p.endswith(_NON_TEST_EXTS)]
-    if task.repo == "django/django":
-        paths = [p.removesuffix(".py").removeprefix("tests/").replace("/", ".") for p in paths]
-    return paths
-
-
-def eval_script_lines(task: Task, seed: int | None = None, targets: Sequence[str] | None = None) -> list[str]:
-    """The swebench-style eval script (without shebang) for a task that carries none: reset the
-    test-patch files, apply the test patch, run test_cmd on `targets` (default: the held-out ids) between
-    the markers (in `seeded_order(targets, seed)` when a seed is given)."""
-    base = shlex.quote(task.base_commit)
-    lines: list[str] = []
-    if task.test_patch.strip():
-        files = list(PatchSet(task.test_patch))
-        existing = [shlex.quote(f.source_file[2:]) for f in files if not f.is_added_file]
-        added = [shlex.quote(f.target_file[2:]) for f in files if f.is_added_file]
-        if existing:
-            lines.append(f"git checkout {base} -- {' '.join(existing)} "
-                         f"|| {{ echo '{RESET_FAILED}'; exit 1; }}")
-        if added:  # an agent that created them would make the apply fail
-            lines.append(f"rm -rf -- {' '.join(added)}")
-        patch = task.test_patch if task.test_patch.endswith("\n") else task.test_patch + "\n"
-        delimiter = generate_heredoc_delimiter(patch)
-        lines += [f"git apply --verbose - <<'{delimiter}'\n{patch}{delimiter}",
-                  f"if [ $? -ne 0 ]; then echo '{APPLY_PATCH_FAIL}'; exit 1; fi"]
-    # The ids go on the command line of the runner from this script file, so no argv-size limit of
-    # the engine's exec applies; only the kernel's 2 MB, far above any task's id list.
-    targets = task.held_out_tests if targets is None else targets
-    tests = targets if seed is None else seeded_order(targets, seed)
-    ids = " ".join(shlex.quote(t) for t in tests)
-    lines += [f": '{START_TEST_OUTPUT}'", f"{task.test_cmd} {ids}".rstrip(), f": '{END_TEST_OUTPUT}'"]
-    return lines
 
 
 def swebench_spec(task: Task, seed: int | None = None) -> TestSpec:

@@ -108,7 +108,7 @@ def resolve_policy(model: str | None = None, run: Path | str | None = None,
     """The policy to evaluate: `model` (a directory or hub id), a `crr train` run's model/ or
     checkpoints/checkpoint-N (`checkpoint` N, or a path), or the embedded default (the warm-started
     default when it has been built, else the tiny default, as crr train chooses)."""
-    from crr.train.trainer import CHECKPOINTS, resolve_model
+    from crr.train.trainer import CHECKPOINTS, resolve_model  # deferred: torch and TRL (`crr eval --help`)
 
     if model is not None and run is not None:
         raise CRRError("give --model or --run, not both")
@@ -158,7 +158,7 @@ def _adapter_base(target: Path, configured: str | None, resolve_model: Callable)
 
 def load_eval_policy(policy: Policy, device: str = "cpu"):
     """(model, tokenizer) ready for generation; an adapter is merged into its base model."""
-    from crr.policy.model import load_policy
+    from crr.policy.model import load_policy  # deferred: torch and transformers
 
     if policy.base_model is None:
         return load_policy(policy.model, device)
@@ -303,6 +303,7 @@ def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]
                  on_result: Callable[[dict, int, int], None] | None) -> None:
     import torch
 
+    # deferred with torch above: the episode, backend and rollout import torch and transformers
     from crr.agent.episode import EpisodeConfig
     from crr.policy.backend import TransformersBackend
     from crr.replay import get_engine

@@ -42,6 +42,8 @@ hf_logging.disable_default_handler()
 hf_logging.enable_propagation()
 
 MODEL_VERSION = "1"  # bump when the recipe below changes: it keys the cache of the default model
+# bump when crr.policy.sft.SFTRecipe's defaults change: it keys the cached warm-started default
+SFT_RECIPE_VERSION = "1"
 CHAT_TEMPLATE = "qwen3_instruct_2507"
 VOCAB_SIZE = 6144
 CORPUS_SEED = 0  # the tokenizer is part of the recipe: every model seed shares it
@@ -194,13 +196,11 @@ def default_policy_dir() -> Path:
     return sft if (sft / "config.json").is_file() else default_model_dir()
 
 
-def default_sft_model_dir(build: bool = True, progress=None) -> Path:
-    """The tiny default warm-started by `crr sft`'s default recipe, in the crr cache; built on first use
-    unless `build` is False (expert data on micro-train, then SFT: many minutes on a CPU). `progress` as
-    crr.policy.sft.Progress."""
-    from crr.policy.sft import SFT_RECIPE_VERSION, build_default_sft
-
+def default_sft_model_dir(build: bool = False) -> Path:
+    """Where `crr sft` caches the tiny default warm-started by its default recipe (`crr sft` with no options
+    installs it here). Nothing builds it on demand: the shipped default (SHIPPED_DEFAULT) is the warm start
+    commands use. With `build`, a missing one is an error that says how to make it."""
     path = cache_dir() / "models" / f"tiny-{MODEL_VERSION}-sft-{SFT_RECIPE_VERSION}"
     if build and not (path / "config.json").is_file():
-        build_default_sft(path, progress)
+        raise CRRError(f"no warm-started default in {path}; make it with `crr sft` (the default recipe)")
     return path

@@ -31,7 +31,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import datasets
@@ -46,10 +46,13 @@ from crr.agent.prompt import DEFAULT_MAX_TURNS, agent_format
 from crr.errors import CRRError, SandboxError
 from crr.policy.curriculum import curriculum_rows
 from crr.policy.grammar import ToolCallGrammar
+from crr.policy.model import SFT_RECIPE_VERSION, load_policy  # noqa: F401  (re-exported)
 from crr.policy.rows import sft_row
 from crr.policy.sft_trainer import SFTSettings, quiet_hf, sft
+from crr.replay import get_engine
 from crr.replay.base import ForkEngine
 from crr.rundir import RunDir
+from crr.tasks.loaders import MICRO_DEFAULT_N, MICRO_SETS, load_micro, load_tasks
 from crr.tasks.schema import Task
 
 log = logging.getLogger(__name__)
@@ -200,7 +203,7 @@ def action_field_stats(model, tokenizer: PreTrainedTokenizerBase, dataset: Datas
 
 # ----------------------------------------------------------------------------- the whole warm start
 
-SFT_RECIPE_VERSION = "1"  # bump when SFTRecipe's defaults change: it keys the cached warm-started default
+# crr.policy.model.SFT_RECIPE_VERSION keys the cached warm-started default: bump it when SFTRecipe's defaults change
 CURRICULUM_DIR = "curriculum_data"  # the synthetic rows
 STAGE_MODEL_DIR = "stage"             # stage-N: the model after SFT stage N (all but the last)
 DATA_DIR = "expert_data"  # in a run directory: the expert dataset (save_to_disk), reused on resume
@@ -266,10 +269,6 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
     crr.policy.sft_trainer, e.g. on a GPU node).
 
     Metrics go to run/metrics.jsonl (one record per logging step: the loss curve)."""
-    from crr.policy.model import load_policy
-    from crr.replay import get_engine
-    from crr.tasks.loaders import MICRO_DEFAULT_N, MICRO_SETS, load_micro, load_tasks
-
     data_dir = run.path / DATA_DIR
     if (data_dir / "dataset_info.json").is_file():
         dataset = Dataset.load_from_disk(str(data_dir))
@@ -342,15 +341,3 @@ def install_default(model: Path, target: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def build_default_sft(target: Path, progress: Progress | None = None) -> Path:
-    """The cached warm-started default: `crr sft`'s default recipe on the tiny default model, run in a
-    run directory under the crr cache and installed at `target`."""
-    from crr.policy.model import cache_dir, default_model_dir
-
-    log.info("building the warm-started default model into %s (first use: expert data, then SFT)", target)
-    recipe = SFTRecipe()
-    run = RunDir.create("sft", "default", root=cache_dir() / "runs", seeds={"sft": recipe.seed},
-                        config={"model": str(default_model_dir()), "recipe": asdict(recipe)})
-    return install_default(warm_start(default_model_dir(), recipe, run, progress), target)

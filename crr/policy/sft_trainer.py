@@ -28,6 +28,7 @@ from transformers import PrinterCallback, TrainerCallback
 from transformers.utils import logging as hf_logging
 
 from crr.errors import CRRError
+from crr.policy.model import load_policy, write_agent_record
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,7 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
     `agent` (format name, H) is recorded in the model directory (crr.policy.model.AGENT_FILE): the format
     of the rows, which commands then use for this model. `checkpoints` keeps a checkpoint per epoch there; with `resume`, training continues from the latest
     one. Without it, checkpoints go to a temporary directory that is removed at the end."""
-    from trl import SFTConfig, SFTTrainer
-
-    from crr.policy.model import load_policy, write_agent_record
+    from trl import SFTConfig, SFTTrainer  # deferred: TRL's trainers take seconds to import
 
     settings = settings or SFTSettings()
     out = Path(out_dir)

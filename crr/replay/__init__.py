@@ -1,35 +1,54 @@
-"""Sandboxes and fork engines, chosen by name: `get_engine("local")`, `get_engine("docker", mode=...)`."""
+"""Sandboxes and fork engines, chosen by name: `get_engine("local")`, `get_engine("docker", mode=...)`.
+
+A fork engine (the ForkEngine protocol of crr.replay.base) is registered under a name with a factory that
+takes the engine's options; a new one is
+
+    register_engine("firecracker", FirecrackerEngine)      # get_engine("firecracker", **opts) -> FirecrackerEngine(**opts)
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from crr.errors import CRRError, SandboxError
 from crr.replay.base import ForkEngine
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("local", "docker")
+
+def _local(**opts) -> ForkEngine:
+    from crr.replay.local import LocalEngine  # deferred: ~50 ms of imports that naming an engine need not pay
+
+    return LocalEngine(**opts)
+
+
+def _docker(**opts) -> ForkEngine:
+    from crr.replay.docker import DockerEngine  # deferred: it pulls in the Docker SDK
+
+    return DockerEngine(**opts)
+
+
+ENGINES: dict[str, Callable[..., ForkEngine]] = {"local": _local, "docker": _docker}
+
+
+def register_engine(name: str, factory: Callable[..., ForkEngine]) -> None:
+    """Make `get_engine(name, **opts)` return `factory(**opts)`."""
+    ENGINES[name] = factory
 
 
 def get_engine(name: str, **opts) -> ForkEngine:
-    """A fork engine by name; `opts` go to its constructor (LocalEngine, DockerEngine)."""
-    if name == "local":
-        from crr.replay.local import LocalEngine
-
-        return LocalEngine(**opts)
-    if name == "docker":
-        from crr.replay.docker import DockerEngine  # imported lazily: it pulls in the Docker SDK
-
-        return DockerEngine(**opts)
-    raise CRRError(f"unknown fork engine {name!r}; choose one of {', '.join(ENGINES)}")
+    """A fork engine by name; `opts` go to its factory (LocalEngine's, DockerEngine's constructor)."""
+    if name not in ENGINES:
+        raise CRRError(f"unknown fork engine {name!r}; choose one of {', '.join(ENGINES)}")
+    return ENGINES[name](**opts)
 
 
 def reclaim_leftovers() -> list[str]:
     """Free what crr processes that no longer exist left behind on this host, on both engines: local
     sandbox mounts, directories and pids cgroups; Docker containers, snapshot images and overlay mounts
     (where a Docker daemon answers). Anything a live process owns is left. Returns what was removed."""
-    from crr.replay import docker
+    from crr.replay import docker  # deferred with the engines above: the Docker SDK
     from crr.replay.local import gc_leftovers
 
     removed = gc_leftovers()

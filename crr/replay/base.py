@@ -15,11 +15,15 @@ an independent sandbox whose writes never reach the parent or its siblings.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from crr.tasks.schema import Task
+from crr.errors import SandboxError
+
+# Scratch files that crr itself writes inside a sandbox live in the git directory: git never
+# tracks them, the tree digest skips them, and no engine has to expose a path outside the repo.
+SCRATCH_DIR = ".git/crr"
 
 # Observations and command outputs are bounded: a command that prints forever yields this many
 # bytes of output (head and tail kept) and a flag, never an unbounded string.
@@ -57,6 +61,27 @@ class BoundedOutput:
         return bytes(self.head + marker + self.tail).decode("utf-8", errors="replace")
 
 
+class TaskSpec(Protocol):
+    """What the replay layer reads of a task: crr.tasks.schema.Task is one (replay never imports it).
+    Where the repository comes from is a task source's business (crr.replay.sources), which gets the
+    whole task object; an engine reads these fields."""
+
+    @property
+    def instance_id(self) -> str: ...
+
+    @property
+    def base_commit(self) -> str: ...
+
+    @property
+    def image(self) -> str | None: ...        # a Docker image with the repository at /testbed
+
+    @property
+    def mirror(self) -> dict | None: ...      # the hash-pinned lock of the environment (crr.replay.mirror)
+
+    @property
+    def http_replay(self) -> dict | None: ...  # the recorded HTTP cassette (crr.replay.http)
+
+
 @dataclass(frozen=True)
 class ExecResult:
     exit_code: int          # 124 when the command hit its timeout (like coreutils `timeout`)
@@ -78,7 +103,7 @@ class Snapshot:
 
 @runtime_checkable
 class Sandbox(Protocol):
-    task: "Task"
+    task: TaskSpec
     repo_dir: str  # the repository root as commands see it (e.g. /testbed in Docker)
 
     def exec(self, command: str, timeout: float = 60.0) -> ExecResult:
@@ -105,7 +130,7 @@ class Sandbox(Protocol):
 class ForkEngine(Protocol):
     name: str
 
-    def start(self, task: "Task") -> Sandbox: ...
+    def start(self, task: TaskSpec) -> Sandbox: ...
 
     def restore(self, snapshot: Snapshot) -> Sandbox: ...
 
@@ -140,10 +165,6 @@ print(h.hexdigest())
 
 def tree_digest(sandbox: Sandbox, python: str = "python3") -> str:
     """SHA-256 over the sandbox's working tree: equal digests mean an exact restore."""
-    import shlex
-
-    from crr.errors import SandboxError
-
     res = sandbox.exec(f"{python} -c {shlex.quote(_DIGEST_SCRIPT)}", timeout=120)
     if res.exit_code != 0:
         raise SandboxError(f"tree digest failed in {sandbox.task.instance_id}: {res.output[-300:]}")

@@ -12,11 +12,11 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 from crr.errors import CRRError
-from crr.tasks.schema import Task
+from crr.replay.base import TaskSpec
+from crr.replay.sources import repository
 
 
 def cache_root() -> Path:
@@ -41,7 +41,7 @@ def publish(built: Path, dest: Path) -> None:
             raise
 
 
-def cached_repo(kind: str, task: Task, key: str, build: Callable[[Path], None]) -> Path:
+def cached_repo(kind: str, task: TaskSpec, key: str, build: Callable[[Path], None]) -> Path:
     """The cache entry `<cache>/<kind>/<instance>-<key>`: on first use `build(repo)` makes the repository
     in a temporary sibling, which is then published whole (a crash leaves nothing half-built behind)."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in task.instance_id)[:80]
@@ -58,20 +58,11 @@ def cached_repo(kind: str, task: Task, key: str, build: Callable[[Path], None]) 
     return dest
 
 
-def base_checkout(task: Task) -> Path:
-    """Path of a clean checkout of `task.repo_src` at `task.base_commit` (with its .git); a task
-    without repo_src but with an `sdist` (crr tasks synth) has its repository rebuilt from that."""
-    if not task.repo_src and task.sdist:
-        from crr.tasks.synth import materialise
-
-        task = replace(task, repo_src=str(materialise(task)))
-    if not task.repo_src:
-        raise CRRError(f"task {task.instance_id} has no repo_src, so it cannot be checked out locally; "
-                       "give it a repo_src (a git repository or bundle) or run it with --engine docker "
-                       "and an image that holds the repository")
-    src = Path(task.repo_src)
-    if not src.exists():
-        raise CRRError(f"task {task.instance_id}: repo_src {src} does not exist")
+def base_checkout(task: TaskSpec) -> Path:
+    """Path of a clean checkout of the task's repository at `task.base_commit` (with its .git); the
+    repository comes from the task source that serves the row (crr.replay.sources: `repo_src`, or the
+    `sdist` a synthesised task is rebuilt from)."""
+    src = repository(task)
 
     def clone(repo: Path) -> None:
         _git("clone", "-q", "--no-checkout", str(src), str(repo))

@@ -64,10 +64,9 @@ from docker.types import Mount
 
 from crr.errors import CRRError, SandboxError
 from crr.replay import http, mirror
-from crr.replay.base import BoundedOutput, ExecResult, Snapshot
+from crr.replay.base import BoundedOutput, ExecResult, Snapshot, TaskSpec
 from crr.replay.checkout import base_checkout, cache_root, publish
 from crr.replay.overlay import Layer, OverlayWorkspace, mounts_under, process_start, unmount
-from crr.tasks.schema import Task
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +195,7 @@ class DockerSandbox:
 
     repo_dir = REPO_DIR
 
-    def __init__(self, engine: DockerEngine, task: Task, box: _Container, image: str, depth: int = 0,
+    def __init__(self, engine: DockerEngine, task: TaskSpec, box: _Container, image: str, depth: int = 0,
                  snapshot_id: str | None = None, workspace: OverlayWorkspace | None = None):
         self.engine, self.task, self.box, self.image, self.depth = engine, task, box, image, depth
         self.name = box.name
@@ -402,7 +401,7 @@ class DockerSandbox:
 class _Held:
     """A snapshot this engine holds: its image (commit) or overlay layer, and who still needs it."""
 
-    task: Task
+    task: TaskSpec
     image: str           # commit: the snapshot image; overlay: the image the pool runs
     depth: int = 0       # commit: image layers, for the flatten guard
     layer: Layer | None = None
@@ -448,7 +447,7 @@ class DockerEngine:
 
     # -- the ForkEngine protocol -----------------------------------------------------------------
 
-    def start(self, task: Task) -> DockerSandbox:
+    def start(self, task: TaskSpec) -> DockerSandbox:
         """A fresh sandbox with the task's repository at base_commit in /testbed."""
         self._check_open()
         if self.mode == "commit":
@@ -531,7 +530,7 @@ class DockerEngine:
 
     # -- images ---------------------------------------------------------------------------------
 
-    def _require_image(self, image: str, task: Task) -> dict:
+    def _require_image(self, image: str, task: TaskSpec) -> dict:
         with _docker_errors(f"inspect image {image}"):
             try:
                 return self.api.inspect_image(image)
@@ -544,7 +543,7 @@ class DockerEngine:
         with _docker_errors(f"inspect image {image}"):
             return len(self.api.inspect_image(image)["RootFS"]["Layers"])
 
-    def _task_image(self, task: Task) -> str:
+    def _task_image(self, task: TaskSpec) -> str:
         """The image a commit-mode sandbox of `task` starts from: the task's own image, or the base
         (or env) image plus the base checkout at /testbed, committed once as a cached `crr-task:<key>`."""
         if task.image:
@@ -575,7 +574,7 @@ class DockerEngine:
                 container.remove(force=True)
         return tag
 
-    def _env_image(self, task: Task) -> str:
+    def _env_image(self, task: TaskSpec) -> str:
         """The image for a task's sandboxes (before /testbed): the base image, or for a task with an
         environment the base plus /opt/crr installed from the wheelhouse with no network, committed
         once as a cached `crr-env:<key>` (keyed by the base image and the environment)."""
@@ -751,7 +750,7 @@ class DockerEngine:
 
     # -- commit mode ------------------------------------------------------------------------------
 
-    def _commit_sandbox(self, task: Task, image: str, depth: int, snapshot_id: str | None = None
+    def _commit_sandbox(self, task: TaskSpec, image: str, depth: int, snapshot_id: str | None = None
                         ) -> DockerSandbox:
         box = self._run(image, {ROLE: "sandbox", TASK: task.instance_id})
         return self._register(DockerSandbox(self, task, box, image, depth=depth, snapshot_id=snapshot_id))
@@ -806,7 +805,7 @@ class DockerEngine:
 
     # -- overlay mode -----------------------------------------------------------------------------
 
-    def _overlay_sandbox(self, task: Task, image: str, make_workspace: Callable[[Path], OverlayWorkspace],
+    def _overlay_sandbox(self, task: TaskSpec, image: str, make_workspace: Callable[[Path], OverlayWorkspace],
                          snapshot_id: str | None = None) -> DockerSandbox:
         box = self._take_warm(image)
         ws = None

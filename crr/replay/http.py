@@ -23,9 +23,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crr.agent.tools import SCRATCH_DIR
 from crr.errors import CRRError
-from crr.replay.base import Sandbox
+from crr.replay.base import SCRATCH_DIR, Sandbox
 
 PLUGIN_SOURCE = Path(__file__).with_name("http_plugin.py")
 PLUGIN_MODULE = "crr_http_replay"

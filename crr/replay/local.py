@@ -58,11 +58,10 @@ from typing import Self
 
 from crr.errors import CRRError, SandboxError
 from crr.replay import http, mirror
-from crr.replay.base import BoundedOutput, ExecResult, Snapshot
+from crr.replay.base import BoundedOutput, ExecResult, Snapshot, TaskSpec
 from crr.replay.checkout import base_checkout, cache_root
 from crr.replay.overlay import (CopyWorkspace, Layer, OverlayWorkspace, Workspace, mounts_under, overlay_unavailable,
                                process_start, unmount)
-from crr.tasks.schema import Task
 
 log = logging.getLogger(__name__)
 
@@ -121,13 +120,13 @@ class LocalEngine:
                          "fixed_repo_dir": self._host_mntns is not None,
                          "pids_cgroup": self._cgroup is not None, "rlimits": "as,fsize,core"}
         self._sandboxes: set[LocalSandbox] = set()
-        self._snapshots: dict[str, tuple[Layer, Task]] = {}
+        self._snapshots: dict[str, tuple[Layer, TaskSpec]] = {}
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._closed = False
         _live.add(self)
 
-    def start(self, task: Task) -> LocalSandbox:
+    def start(self, task: TaskSpec) -> LocalSandbox:
         base = base_checkout(task)
         sb = self._open(task, lambda root: self._workspace(root, base))
         return http.install_cassette(sb, self.record_http)
@@ -172,7 +171,7 @@ class LocalEngine:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _open(self, task: Task, make_workspace) -> LocalSandbox:
+    def _open(self, task: TaskSpec, make_workspace) -> LocalSandbox:
         with self._lock:
             if self._closed:
                 raise CRRError("this local engine is closed; make a new one")
@@ -292,7 +291,7 @@ class LocalEngine:
 class LocalSandbox:
     """One task's repository in a local workspace; commands run as processes in `repo_dir`."""
 
-    def __init__(self, engine: LocalEngine, task: Task, workspace: Workspace, sb_dir: Path,
+    def __init__(self, engine: LocalEngine, task: TaskSpec, workspace: Workspace, sb_dir: Path,
                  namespaces: dict[int, int], environment: Path | None = None):
         self.task, self.workspace = task, workspace
         self._root = workspace.tree.resolve()

@@ -35,7 +35,7 @@ class Entry:
 
 
 def write_tables(paths: list[Path], out: Path) -> tuple[Runs, list[Entry]]:
-    from crr.report.tables import all_tables
+    from crr.report.tables import all_tables  # deferred: pandas and pyarrow
 
     runs = load_runs(paths)
     entries = []
@@ -48,7 +48,7 @@ def write_tables(paths: list[Path], out: Path) -> tuple[Runs, list[Entry]]:
 
 
 def write_plots(paths: list[Path], out: Path) -> tuple[Runs, list[Entry]]:
-    from crr.report.plots import all_plots
+    from crr.report.plots import all_plots  # deferred: matplotlib
 
     runs = load_runs(paths)
     entries = []
@@ -97,7 +97,7 @@ def _index(runs: Runs, out: Path, entries: list[Entry]) -> None:
         lines.append("")
     todo = {m["what"]: m["commands"] for e in index["entries"] for m in e["missing"]}
     if todo:
-        from crr.report.tables import Missing
+        from crr.report.tables import Missing  # deferred: pandas and pyarrow
 
         lines.append("## Runs still to make\n")
         specs = ", ".join(f"`crr experiment run {display_path(s.path)}`" for s in runs.catalogue.specs.values())

@@ -20,17 +20,24 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from crr.errors import CRRError, TaskFormatError
-from crr.rundir import atomic_write_text
-from crr.tasks.schema import DEFAULT_LOG_PARSER, KNOWN_EXTRA, Task
+from crr.replay.checkout import cache_root
+from crr.tasks.micro import generate_micro
+from crr.tasks.schema import (
+    DEFAULT_LOG_PARSER,
+    KNOWN_EXTRA,
+    TASKS_FILE,
+    Task,
+    _validated,
+    read_tasks_jsonl,
+    write_tasks,  # noqa: F401  (write_tasks: the task-file API lives in schema.py)
+)
 
 log = logging.getLogger(__name__)
 
-TASKS_FILE = "tasks.jsonl"
 # Named generated sets: name -> (tier, split); each is generated on first use, MICRO_DEFAULT_N[tier] tasks.
 MICRO_SETS = {"micro-train": ("default", "train"), "micro-test": ("default", "test"),
               "nano-train": ("nano", "train"), "nano-test": ("nano", "test")}
@@ -90,45 +97,9 @@ def load_tasks(source: str, split: str | None = None, *, adapter: str | None = N
                    "or a dataset name like SWE-Gym/SWE-Gym")
 
 
-def read_tasks_jsonl(path: Path | str) -> list[Task]:
-    """Validate every line of a JSONL task file; the first bad line raises TaskFormatError."""
-    path = Path(path)
-    tasks: list[Task] = []
-    seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TaskFormatError(f"{where}: not valid JSON ({e.msg}, column {e.colno}); "
-                                      "each line must be one JSON object") from None
-            task = _validated(row, where, base_dir=path.parent)
-            if task.instance_id in seen:
-                raise TaskFormatError(f"{where}: duplicate instance_id {task.instance_id!r} "
-                                      f"(first on line {seen[task.instance_id]})")
-            seen[task.instance_id] = lineno
-            tasks.append(task)
-    return tasks
-
-
-def write_tasks(tasks: Iterable[Task], path: Path | str) -> Path:
-    """Write tasks as JSONL atomically; repo_src is stored relative to the file's directory."""
-    path = Path(path)
-    lines = [json.dumps(t.to_row(relative_to=path.parent), sort_keys=True, ensure_ascii=False, default=str)
-             for t in tasks]
-    atomic_write_text(path, "".join(line + "\n" for line in lines))
-    return path
-
-
 def load_micro(split: str, n: int | None = None, seed: int | None = None, tier: str = "default",
                workers: int = 2) -> list[Task]:
     """The embedded micro set of `tier`, generated once per machine under the crr cache."""
-    from crr.replay.checkout import cache_root
-    from crr.tasks.micro import generate_micro
-
     n = MICRO_DEFAULT_N[tier] if n is None else n
     seed = MICRO_DEFAULT_SEED if seed is None else seed
     stem = split if tier == "default" else f"{tier}-{split}"
@@ -161,17 +132,10 @@ def _no_split(source: str, split: str | None) -> None:
         raise CRRError(f"--split applies to datasets; {source} is a task file, drop --split {split}")
 
 
-def _validated(row: Any, where: str, base_dir: Path | None = None) -> Task:
-    try:
-        return Task.from_row(row, base_dir=base_dir)
-    except TaskFormatError as e:
-        raise TaskFormatError(f"{where}: {e}") from None
-
-
 # ------------------------------------------------------------------------------------ datasets
 
 def _image_swebench(instance_id: str, namespace: str = "swebench") -> str:
-    from swebench.task.checks import expected_image
+    from swebench.task.checks import expected_image  # deferred here and below: swebench takes ~1 s to import
 
     return expected_image(instance_id, namespace)
 
@@ -217,7 +181,8 @@ def swebench_eval_script(task: Task) -> str:
     are not runner arguments, and truncated pytest ids (swebench #290) would abort the run."""
     from unidiff.errors import UnidiffParseError
 
-    from crr.agent.verifier import eval_script_lines, test_directives
+    # deferred: evalscript imports swebench, ~1.3 s that loading task files need not pay
+    from crr.tasks.evalscript import eval_script_lines, test_directives
 
     try:
         lines = eval_script_lines(task, targets=test_directives(task))
@@ -336,7 +301,7 @@ def _load_dataset_rows(source: str, split: str | None, adapter: str | None,
 
 
 def _open_dataset(source: str, split: str | None, local: Path | None):
-    import datasets
+    import datasets  # deferred: a heavy library that task files need not load
 
     if local is not None and local.suffix == ".parquet":
         return datasets.load_dataset("parquet", data_files=str(local), split="train"), split or "train"

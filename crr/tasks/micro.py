@@ -46,9 +46,15 @@ from pathlib import Path
 
 from crr.errors import CRRError
 from crr.tasks.bugs import FAMILIES, Mutant, iter_mutants, mutants
-from crr.tasks.loaders import TASKS_FILE, read_tasks_jsonl, write_tasks
 from crr.tasks.nano import NANO_FAMILIES, nano_template
-from crr.tasks.schema import DEFAULT_LOG_PARSER, DEFAULT_TEST_CMD, Task
+from crr.tasks.schema import (
+    DEFAULT_LOG_PARSER,
+    DEFAULT_TEST_CMD,
+    TASKS_FILE,
+    Task,
+    read_tasks_jsonl,
+    write_tasks,
+)
 from crr.tasks.templates import FILLERS, TEMPLATES, Module, Template, templates_for
 from crr.tasks.warm import WarmPytest
 

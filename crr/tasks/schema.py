@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from crr.errors import TaskFormatError
+from crr.rundir import atomic_write_text
 
 REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch",
             "FAIL_TO_PASS", "PASS_TO_PASS", "version")
@@ -31,6 +33,7 @@ KNOWN_EXTRA = ("hints_text", "created_at", "environment_setup_commit", "difficul
                "docker_image", "image_name", "test_cmds", "eval_type", "pull_number", "issue_numbers")
 DEFAULT_TEST_CMD = "python -m pytest -rA -p no:cacheprovider"
 DEFAULT_LOG_PARSER = "parse_log_pytest"
+TASKS_FILE = "tasks.jsonl"  # a task set on disk: one row per line (`read_tasks_jsonl`, `write_tasks`)
 
 
 @dataclass(frozen=True)
@@ -194,8 +197,50 @@ def _test_list(name: str, value: Any) -> tuple[str, ...]:
 
 
 def _check_parser(name: str) -> None:
-    from swebench.harness.log_parsers import PARSER_REGISTRY
+    from swebench.harness.log_parsers import PARSER_REGISTRY  # deferred: swebench takes ~1 s to import
 
     if name not in PARSER_REGISTRY:
         raise TaskFormatError(f"field 'log_parser': {name!r} is not a swebench log parser; "
                               f"use one of e.g. parse_log_pytest, parse_log_pytest_v2, parse_log_django")
+
+
+# ------------------------------------------------------------------------------------ task files
+
+def read_tasks_jsonl(path: Path | str) -> list[Task]:
+    """Validate every line of a JSONL task file; the first bad line raises TaskFormatError."""
+    path = Path(path)
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TaskFormatError(f"{where}: not valid JSON ({e.msg}, column {e.colno}); "
+                                      "each line must be one JSON object") from None
+            task = _validated(row, where, base_dir=path.parent)
+            if task.instance_id in seen:
+                raise TaskFormatError(f"{where}: duplicate instance_id {task.instance_id!r} "
+                                      f"(first on line {seen[task.instance_id]})")
+            seen[task.instance_id] = lineno
+            tasks.append(task)
+    return tasks
+
+
+def write_tasks(tasks: Iterable[Task], path: Path | str) -> Path:
+    """Write tasks as JSONL atomically; repo_src is stored relative to the file's directory."""
+    path = Path(path)
+    lines = [json.dumps(t.to_row(relative_to=path.parent), sort_keys=True, ensure_ascii=False, default=str)
+             for t in tasks]
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
+    return path
+
+
+def _validated(row: Any, where: str, base_dir: Path | None = None) -> Task:
+    try:
+        return Task.from_row(row, base_dir=base_dir)
+    except TaskFormatError as e:
+        raise TaskFormatError(f"{where}: {e}") from None

@@ -40,10 +40,9 @@ from pathlib import Path
 import yaml
 from unidiff import PatchSet
 
-from crr.agent.tools import SCRATCH_DIR
 from crr.errors import CRRError
 from crr.replay import get_engine, mirror
-from crr.replay.base import ForkEngine, Sandbox
+from crr.replay.base import SCRATCH_DIR, ForkEngine, Sandbox
 from crr.replay.checkout import cached_repo
 from crr.rundir import atomic_write_text
 from crr.tasks.loaders import TASKS_FILE, read_tasks_jsonl, write_tasks

@@ -49,7 +49,7 @@ from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
 from crr.train.advantages import RowCredit, estimate, search_select_choice, token_advantages
-from crr.train.config import CRRConfig, paper_loss_settings
+from crr.train.config import CRRConfig, load_config, paper_loss_settings
 from crr.train.counterfactual import Branch, run_branches
 from crr.train.diagnostics import advantage_snr, bucket_covariance, prefix_signature
 from crr.train.ledger import Ledger
@@ -284,8 +284,6 @@ def start_run(cfg: CRRConfig, out: Path | str) -> RunDir:
 def resume_run(path: Path | str) -> tuple[CRRConfig, RunDir, str | None]:
     """The config, run directory and latest checkpoint of an interrupted run; the ledger and tuples are
     cut back to what the checkpoint holds (the iteration in flight when it stopped is redone)."""
-    from crr.train.config import load_config
-
     run = RunDir.open(path, write=True)
     cfg = load_config(run.path / "config.yaml")
     cfg.output_dir = str(run.path / CHECKPOINTS)   # the run may have moved, or config.yaml holds a relative path
