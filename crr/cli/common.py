@@ -1,0 +1,182 @@
+"""What every `crr` command shares: the consoles, `friendly` and `long_command` (a CRRError prints as one
+red line and exits 2, `crr --debug ...` shows tracebacks; SIGINT/SIGTERM close sandboxes and say how to
+resume), where library output goes, and JSON output.
+
+Keep this module, like every crr.cli module, light at import time: `crr --help` imports all of them, so
+torch, transformers, trl and datasets are imported inside the command functions that use them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from crr.errors import CRRError
+
+
+class _Console(Console):
+    """A Rich console that word-wraps only on a terminal: off one (a pipe, a log, a scheduler's output
+    file) every message stays on one line whatever the width, so that grep finds it whole."""
+
+    def print(self, *objects, soft_wrap: bool | None = None, **kwargs) -> None:
+        super().print(*objects, soft_wrap=(not self.is_terminal) if soft_wrap is None else soft_wrap, **kwargs)
+
+
+console = _Console()
+err_console = _Console(stderr=True)
+# --debug and --verbose, set by the app callback in crr/cli/__init__.py; "resume" while a command runs.
+_state = {"debug": False, "verbose": False}
+
+
+@contextlib.contextmanager
+def _library_output() -> Iterator[None]:
+    """Unless --verbose, what libraries say goes to the log of the run directory the command writes
+    (rundir.RUN_LOG), not between crr's own lines: Python warnings (transformers' FutureWarnings...) and log
+    records from INFO up; Hugging Face progress bars are off. Records from before the command has a run
+    directory wait for it (a command that never opens one prints their warnings at its end); crr's own
+    warnings are printed as well."""
+    if _state["verbose"]:
+        yield
+        return
+    import logging
+    import logging.handlers
+    import os
+
+    from crr import rundir
+
+    bars = {var: os.environ.get(var) for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS")}
+    os.environ.update({var: "1" for var, value in bars.items() if value is None})
+    # Without a target it keeps every record; once given one (the run log), it passes each on at once.
+    pending = logging.handlers.MemoryHandler(capacity=1, flushLevel=logging.CRITICAL + 1)
+    pending.setLevel(logging.INFO)
+    ours = logging.StreamHandler(sys.stderr)
+    ours.setLevel(logging.WARNING)
+    ours.addFilter(logging.Filter("crr"))
+    ours.setFormatter(logging.Formatter("warning: %(message)s"))
+
+    def to_run_log(path: Path) -> None:
+        target = logging.FileHandler(path / rundir.RUN_LOG, encoding="utf-8")
+        target.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        previous = pending.target
+        pending.setTarget(target)
+        pending.flush()
+        if previous is not None:
+            previous.close()
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.INFO)
+    root.addHandler(pending)
+    root.addHandler(ours)
+    logging.captureWarnings(True)
+    rundir.writer_hooks.append(to_run_log)
+    try:
+        yield
+    finally:
+        rundir.writer_hooks.remove(to_run_log)
+        logging.captureWarnings(False)
+        root.removeHandler(pending)
+        root.removeHandler(ours)
+        root.setLevel(level)
+        for var, value in bars.items():
+            if value is None:
+                os.environ.pop(var, None)
+        if pending.target is not None:
+            pending.target.close()
+        else:
+            for record in pending.buffer:
+                if record.levelno >= logging.WARNING and not record.name.startswith("crr"):
+                    err_console.print(f"warning: {record.getMessage()}", highlight=False, markup=False)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[list[int]]:
+    """SIGTERM (what Slurm, Kubernetes and `timeout` send) takes SIGINT's path: a KeyboardInterrupt in
+    the main thread, so that the same `finally` blocks close every sandbox. Yields the signals received;
+    one more SIGTERM while the command cleans up is ignored (a scheduler's SIGKILL still ends it)."""
+    received: list[int] = []
+
+    def interrupt(signum, frame) -> None:
+        if not received:
+            received.append(signum)
+            raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield received
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _resume_with(command: str) -> None:
+    """The command that continues this one's work, printed if it is interrupted."""
+    _state["resume"] = command
+
+
+def _same_command() -> str:
+    return shlex.join(["crr", *sys.argv[1:]])
+
+
+def friendly(fn: Callable) -> Callable:
+    """One command's errors, interrupts and run directories: a CRRError prints as one line and exits 2 (a
+    traceback with --debug); SIGINT or SIGTERM closes its sandboxes, prints how to resume and exits 130 or
+    143; the run directories it wrote are released (their locks) when it ends."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from crr.rundir import release_locks
+
+        with _sigterm_interrupts() as received, _library_output():
+            try:
+                return fn(*args, **kwargs)
+            except CRRError as e:
+                if _state["debug"]:
+                    raise
+                err_console.print(Text.assemble(("error:", "bold red"), f" {e}"))
+                raise typer.Exit(2) from None
+            except KeyboardInterrupt:
+                signum = received[0] if received else signal.SIGINT
+                resume = _state.get("resume")
+                err_console.print(f"interrupted ({signal.Signals(signum).name}); "
+                                  + (f"finished work is kept. Resume with: {resume}" if resume else "stopped"),
+                                  highlight=False, markup=False)
+                raise typer.Exit(128 + signum) from None
+            finally:
+                _state.pop("resume", None)
+                release_locks()
+
+    return wrapper
+
+
+def long_command(fn: Callable) -> Callable:
+    """`friendly`, after freeing what crr processes that no longer exist left behind (containers, snapshot
+    images, mounts, sandbox directories): a preempted or killed job never accumulates them."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from crr.replay import reclaim_leftovers
+
+        if reclaimed := reclaim_leftovers():
+            err_console.print(f"reclaimed {len(reclaimed)} leftovers of crr processes that no longer exist "
+                              "(`crr sandbox gc --dry-run` lists them)", highlight=False)
+        return fn(*args, **kwargs)
+
+    return friendly(wrapper)
+
+
+def emit_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")

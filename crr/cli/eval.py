@@ -1,0 +1,131 @@
+"""`crr eval`: greedy and sampled pass@k, SWE-bench predictions, the error taxonomy.
+
+crr.eval (numpy; torch and transformers when it loads the policy, datasets for hub sets) is imported inside
+the commands, never here.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import typer
+
+from crr.cli.common import _resume_with, console, emit_json, err_console, long_command
+
+
+@long_command
+def eval_command(
+    dataset: str | None = typer.Argument(None, help="micro (the embedded micro-test set; the default), verified, "
+                                         "live, rebench, gym, or tasks."),
+    file: str | None = typer.Argument(None, help="For tasks: a task file (JSONL) or directory. For verified, live, "
+                                      "rebench, gym: a local copy (save_to_disk directory or .parquet) instead of "
+                                      "the Hugging Face hub."),
+    run_dir: Path | None = typer.Option(None, "--run", help="A `crr train` run directory: evaluates its model/ "
+                                        "(or --checkpoint); LoRA adapters are applied to their base model."),
+    model: str | None = typer.Option(None, "--model", help="Model or LoRA adapter directory, or hub id (default: "
+                                     "the warm-started default if built, else the tiny default)."),
+    checkpoint: str | None = typer.Option(None, "--checkpoint", help="With --run: N for checkpoints/checkpoint-N, "
+                                          "or a checkpoint directory."),
+    samples: int | None = typer.Option(None, "--samples", help="n samples per instance (default 1: greedy pass@1)."),
+    temperature: float | None = typer.Option(None, "--temperature", help="Default 0 (greedy) for one sample, 0.6 "
+                                             "for several (the paper's sampled evaluation)."),
+    seed: int | None = typer.Option(None, "--seed", help="Drives every sampling seed (default 0)."),
+    n_tasks: int | None = typer.Option(None, "--n-tasks", help="Evaluate the first N tasks (default: all)."),
+    max_turns: int | None = typer.Option(None, "--max-turns", help="H: the turn cap (default 50)."),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help="Token budget of one tool call "
+                                              "(default 512)."),
+    split: str | None = typer.Option(None, "--split", help="Dataset split (default: the dataset's usual one)."),
+    engine: str | None = typer.Option(None, "--engine", help="Fork engine: local or docker (default local)."),
+    workers: int | None = typer.Option(None, "--workers", help="Concurrent tool executions (default 4)."),
+    batch: int | None = typer.Option(None, "--batch", help="Episodes run together, one sandbox each (default 32)."),
+    out: Path = typer.Option(Path("results/evals"), "--out", help="Where the run directory goes."),
+    resume: Path | None = typer.Option(None, "--resume", help="An earlier `crr eval` run directory: run only the "
+                                       "samples it lacks (and its infrastructure failures)."),
+    retry_infra: bool = typer.Option(True, "--retry-infra/--no-retry-infra", help="On resume, run the samples "
+                                     "that met infrastructure failures again."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Evaluate a policy: greedy pass@1 with the 50-turn cap, or `--samples n` for sampled pass@1,
+    pass@k (k = 1, 2, 4, 8; unbiased estimator) and all-n; per-repository pass@1 and the error taxonomy
+    of failed samples. Grades in crr's sandboxes with swebench's grading; writes results.jsonl,
+    SWE-bench predictions.jsonl and summary.json to a run directory (resumable)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from crr.eval.evaluate import (SAMPLED_TEMPERATURE, EvalConfig, benchmark, evaluate, load_eval_tasks,
+                                   resolve_policy, resume_eval, start_eval)
+
+    settings = {"samples": samples, "temperature": temperature, "seed": seed, "n_tasks": n_tasks,
+                "max_turns": max_turns, "max_new_tokens": max_new_tokens, "split": split, "engine": engine,
+                "workers": workers, "batch": batch}
+    if resume is not None:
+        if dataset is not None:
+            settings.update(zip(("dataset", "tasks", "adapter"), benchmark(dataset, file)))
+        if model is not None or run_dir is not None or checkpoint is not None:
+            settings["model"] = resolve_policy(model, run_dir, checkpoint).model
+        config, run = resume_eval(resume, settings)
+    else:
+        label, source, adapter = benchmark(dataset or "micro", file)
+        with err_console.status("resolving the policy (the default model is built on first use)"):
+            policy = resolve_policy(model, run_dir, checkpoint)
+        n = samples or 1
+        if temperature is None:
+            settings["temperature"] = 0.0 if n == 1 else SAMPLED_TEMPERATURE
+        config = EvalConfig.make(label, source, adapter, policy, **{k: v for k, v in settings.items() if v is not None})
+        with err_console.status(f"loading the tasks of {label}"):
+            load_eval_tasks(config)  # bad tasks fail here, before a run directory exists
+        run = start_eval(config, out)
+    err_console.print(f"run directory: {run.path}", highlight=False)
+    _resume_with(f"crr eval --resume {shlex.quote(str(run.path))}")
+    progress = Progress(TextColumn("eval {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.fields[note]}"), console=err_console)
+    bar = progress.add_task(config.dataset, total=None, note="")
+    passed = {"n": 0, "scored": 0}
+
+    def on_result(record: dict, done: int, total: int) -> None:
+        if record["reward"] is not None:
+            passed["scored"] += 1
+            passed["n"] += record["reward"] == 1.0
+        progress.update(bar, completed=done, total=total, note=f"passed {passed['n']}/{passed['scored']}")
+
+    with progress:
+        summary = evaluate(config, run, retry_infra=retry_infra, on_result=on_result)
+    if as_json:
+        emit_json({**summary, "run_dir": str(run.path)})
+        return
+    for table in _eval_tables(summary):
+        console.print(table)
+    console.print(f"results: {run.path / 'results.jsonl'}; SWE-bench predictions: {run.path / 'predictions.jsonl'}",
+                  highlight=False, soft_wrap=True)
+
+
+def _eval_tables(summary: dict) -> list:
+    from rich.table import Table
+
+    pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
+    n, t = summary["samples"], summary["temperature"]
+    head = Table(title=f"crr eval: {summary['dataset']}, {summary['n_instances']} instances, {summary['model']}")
+    head.add_column("metric")
+    head.add_column("value", justify="right")
+    head.add_row(f"pass@1 ({'greedy' if t == 0 else f'sampled, T={t:g}, n={n}'})", pct(summary["pass_at_1"]))
+    for k, v in summary["pass_at_k"].items():
+        if k != "1":
+            head.add_row(f"pass@{k}", pct(v))
+    if n > 1:
+        head.add_row(f"all-{n}", pct(summary["all_n"]))
+    head.add_row("scored samples", str(summary["scored"]))
+    head.add_row("infrastructure failures (excluded)", str(summary["infra_errors"]))
+    if summary["missing"]:
+        head.add_row("samples not run yet", str(summary["missing"]))
+    repos = Table(title="per repository")
+    for col, justify in (("repo", "left"), ("instances", "right"), ("pass@1", "right")):
+        repos.add_column(col, justify=justify)
+    for repo, r in summary["per_repo"].items():
+        repos.add_row(repo, str(r["instances"]), pct(r["pass_at_1"]))
+    modes = Table(title="error modes of failed samples")
+    for col, justify in (("mode", "left"), ("count", "right"), ("share of failures", "right"),
+                         ("rate (all scored)", "right")):
+        modes.add_column(col, justify=justify)
+    for mode, m in summary["error_modes"].items():
+        modes.add_row(mode, str(m["count"]), pct(m["share"]), pct(m["rate"]))
+    return [head, repos, modes]

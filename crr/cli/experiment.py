@@ -1,0 +1,47 @@
+"""`crr experiment run`: a whole comparison (every arm and seed trained, evaluated, reported)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from crr.cli.common import _resume_with, _same_command, console, long_command
+
+experiment_app = typer.Typer(help="Run a whole comparison (experiments/*.comparison.yaml): train every arm and "
+                                  "seed, evaluate, report.", no_args_is_help=True)
+
+
+@experiment_app.command("run")
+@long_command
+def experiment_run(
+    spec: Path = typer.Argument(..., help="A comparison spec, e.g. experiments/cpu-main.comparison.yaml."),
+    out: Path | None = typer.Option(None, "--out", help="Where runs/, evals/ and report/ go (default: "
+                                    "results/NAME, NAME from the spec)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show each train run's state and command; run nothing."),
+    report: bool = typer.Option(True, "--report/--no-report", help="Write the tables and figures at the end."),
+) -> None:
+    """Train every arm and seed of the spec (skipping finished runs, resuming interrupted ones), evaluate each
+    final model and the checkpoints the spec names, then write `crr report` tables and figures to OUT/report."""
+    from crr.comparison import plan, run_comparison
+    from crr.experiments import load_comparison
+
+    comparison = load_comparison(spec)
+    out = out or Path("results") / comparison.name
+    if dry_run:
+        console.print(f"[bold]{comparison.name}[/]: {len(comparison.arms)} arms -> {out}", highlight=False)
+        for s in plan(comparison, out):
+            console.print(f"  {s.arm} seed {s.seed} [{s.status}] {s.command or s.path}", highlight=False,
+                          soft_wrap=True, markup=False)
+        console.print("each finished run RUN of arm ARM is then evaluated:", highlight=False)
+        for e in comparison.evals:
+            at = ", ".join(f"{f:.0%}" for f in e.checkpoint_fractions)
+            console.print(f"  {e.command('RUN', out=out / 'evals' / 'ARM')}" + (f" (also at the checkpoints nearest "
+                          f"{at} of its wall clock: --checkpoint N)" if at else ""), highlight=False, soft_wrap=True,
+                          markup=False)
+        return
+    _resume_with(_same_command())  # finished runs are skipped, interrupted ones resumed
+    statuses = run_comparison(comparison, out, report=report,
+                              say=lambda m: console.print(m, highlight=False, soft_wrap=True))
+    if statuses:
+        console.print(", ".join(f"{k}: {v}" for k, v in statuses.items()), highlight=False, soft_wrap=True)

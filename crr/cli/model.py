@@ -1,0 +1,277 @@
+"""The policy model: `crr model init|generate|bench|probe`, and `crr sft` (the warm start).
+
+torch and transformers are imported inside the commands (through crr.policy), never here: `crr --help`
+stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from pathlib import Path
+
+import typer
+from rich.text import Text
+
+from crr.cli.common import _resume_with, console, emit_json, err_console, friendly, long_command
+from crr.errors import CRRError
+
+model_app = typer.Typer(help="The policy model: build the tiny default, sample tool calls from a model.",
+                        no_args_is_help=True)
+
+
+@model_app.command("init")
+@friendly
+def model_init(
+    out: Path = typer.Option(..., "--out", help="New directory for the model and tokenizer."),
+    size: str = typer.Option("tiny", "--size", help="tiny (~4.4M parameters) or small (~13.8M)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random initial weights."),
+) -> None:
+    """Build the embedded default policy: a random Qwen3-architecture model and a byte-level BPE
+    tokenizer trained offline, with a chat template TRL recognises for tool calling."""
+    from crr.policy.model import CHAT_TEMPLATE, init_tiny_model, load_policy, param_count
+
+    with err_console.status(f"training the tokenizer and building a {size} model"):
+        path = init_tiny_model(out, seed=seed, size=size)
+    model, tokenizer = load_policy(path)
+    console.print(f"{size} Qwen3 model: [bold]{param_count(model):,}[/] parameters, vocab "
+                  f"[bold]{len(tokenizer):,}[/], chat template {CHAT_TEMPLATE} (TRL) -> {path}", highlight=False)
+
+
+@model_app.command("generate")
+@friendly
+def model_generate(
+    model: str | None = typer.Option(None, "--model", help="Model directory or hub id (default: the cached "
+                                     "tiny default, built on first use)."),
+    prompt: str = typer.Option(..., "--prompt", help="The user message (after the paper's system prompt)."),
+    temperature: float = typer.Option(0.6, "--temperature", help="0 is greedy; 0.6 the paper's rollouts."),
+    n: int = typer.Option(4, "--n", help="Samples (one batch)."),
+    seed: int = typer.Option(0, "--seed"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    max_value_chars: int | None = typer.Option(None, "--max-value-chars", help="Bound every string "
+                                               "argument to this many characters (complete calls from "
+                                               "untrained models)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the samples as JSON."),
+) -> None:
+    """Sample grammar-constrained tool calls and show each with its step entropy H_t and grammar
+    rejections."""
+    import dataclasses
+
+    from rich.table import Table
+
+    from crr.agent.prompt import SYSTEM_PROMPT
+    from crr.policy.backend import TransformersBackend
+    from crr.policy.model import default_model_dir, load_policy
+
+    if n < 1:
+        raise CRRError(f"--n must be at least 1, got {n}")
+    if model is None:
+        with err_console.status("loading the default tiny model (built on first use)"):
+            model = str(default_model_dir())
+    backend = TransformersBackend(*load_policy(model), max_value_chars=max_value_chars)
+    conversation = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": prompt}]
+    start = time.perf_counter()
+    samples = backend.generate([conversation] * n, temperature=temperature, seed=seed,
+                               max_new_tokens=max_new_tokens)
+    elapsed = time.perf_counter() - start
+    if as_json:
+        emit_json([{**dataclasses.asdict(s), "rejection_rate": s.rejection_rate} for s in samples])
+        return
+    table = Table(title=f"{n} tool calls from {model} (T={temperature:g}, seed {seed})")
+    for col, justify in (("#", "right"), ("tool call", "left"), ("tokens", "right"), ("H_t", "right"),
+                         ("rejected", "right"), ("complete", "left")):
+        table.add_column(col, justify=justify)
+    for i, s in enumerate(samples):
+        table.add_row(str(i), Text(s.text), str(len(s.action_ids)), f"{s.entropy:.3f}",
+                      f"{s.grammar_rejections}/{len(s.action_ids)}",
+                      "[red]truncated[/]" if s.truncated else "[green]yes[/]")
+    console.print(table)
+    tokens = sum(len(s.action_ids) for s in samples)
+    rejected = sum(s.grammar_rejections for s in samples)
+    console.print(f"grammar rejection rate {rejected / max(tokens, 1):.1%} ({rejected}/{tokens} tokens); "
+                  f"{tokens / elapsed:.0f} tokens/s", highlight=False)
+
+
+@model_app.command("bench")
+@friendly
+def model_bench(
+    model: str | None = typer.Option(None, "--model", help="Model directory or hub id (default: the tiny default)."),
+    batch: int = typer.Option(8, "--batch", help="Calls sampled together (G)."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
+    temperature: float = typer.Option(0.6, "--temperature"),
+    repeats: int = typer.Option(3, "--repeats", help="Timed batches."),
+    max_value_chars: int | None = typer.Option(None, "--max-value-chars"),
+    threads: int | None = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Time grammar-constrained generation on the paper's prompt: tokens/s and grammar rejection rate."""
+    from crr.policy.bench import generation_bench
+    from crr.policy.model import default_model_dir
+
+    if batch < 1 or repeats < 1:
+        raise CRRError("--batch and --repeats must be at least 1")
+    with err_console.status("generation bench"):
+        result = generation_bench(model or str(default_model_dir()), batch=batch, max_new_tokens=max_new_tokens,
+                                  temperature=temperature, repeats=repeats, max_value_chars=max_value_chars,
+                                  threads=threads)
+    if as_json:
+        emit_json(result)
+        return
+    console.print(f"{result['model']}: batch {batch}, prompt {result['prompt_tokens']} tokens, T={temperature:g}, "
+                  f"{result['threads']} thread(s): [bold]{result['tokens_per_s']:.0f} tokens/s[/] "
+                  f"({result['generated_tokens']} tokens in {result['seconds']:.1f} s); grammar rejection rate "
+                  f"{result['grammar_rejection_rate']:.1%}; truncated {result['truncated_rate']:.0%}; "
+                  f"mean H_t {result['mean_step_entropy']:.2f}", highlight=False)
+
+
+@model_app.command("probe")
+@friendly
+def model_probe(
+    model: str | None = typer.Option(None, "--model", help="Model or LoRA adapter directory, or hub id (default: "
+                                     "the warm-started default if built, else the tiny default)."),
+    tasks: str = typer.Option("micro-test", "--tasks", help="Task file (JSONL), directory, micro set or dataset."),
+    n_tasks: int = typer.Option(16, "--n-tasks", help="Expert episodes on the first N tasks."),
+    seed: int = typer.Option(0, "--seed", help="The expert's seed."),
+    engine: str = typer.Option("local", "--engine", help="Fork engine for the expert's episodes: local or docker."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Where a policy departs from the exploring expert: teacher-forced loss and argmax accuracy of its
+    action tokens on the expert's solved episodes, per part of the call (the tool, then each argument:
+    path, line numbers, replacement, command, test filter); grammar-forced structure left out. A call is
+    right only when every token of it is, so a part far below 100% caps the pass rate."""
+    from rich.table import Table
+
+    from crr.eval.evaluate import load_eval_policy, resolve_policy
+    from crr.policy.model import agent_record
+    from crr.policy.sft import ExpertDataSettings, action_field_stats, build_sft_dataset
+    from crr.replay import get_engine
+    from crr.tasks.loaders import load_tasks
+
+    if n_tasks < 1:
+        raise CRRError(f"--n-tasks must be at least 1, got {n_tasks}")
+    policy = resolve_policy(model)
+    policy_model, tokenizer = load_eval_policy(policy)
+    task_list = load_tasks(tasks)[:n_tasks]
+    record = agent_record(policy.model, policy.base_model)  # the episodes as this model was trained to see them
+    settings = ExpertDataSettings(**{k: record[k] for k in ("agent_format", "max_turns") if k in record})
+    with err_console.status(f"expert episodes on {len(task_list)} tasks"), get_engine(engine) as fork_engine:
+        rows = build_sft_dataset(task_list, fork_engine, seed, tokenizer, settings)
+    with err_console.status(f"scoring {len(rows)} expert episodes"):
+        stats = action_field_stats(policy_model, tokenizer, rows)
+    result = {"model": policy.model, "tasks": tasks, "episodes": len(rows), "parts": stats}
+    if as_json:
+        emit_json(result)
+        return
+    table = Table(title=f"{policy.model} on the expert's {len(rows)} solved episodes of {tasks} (semantic action tokens)")
+    for col in ("part", "tokens", "loss (nats)", "argmax accuracy"):
+        table.add_column(col, justify="left" if col == "part" else "right")
+    for part, r in stats.items():
+        table.add_row(part, str(r["tokens"]), f"{r['nll']:.2f}", f"{r['accuracy']:.1%}")
+    console.print(table)
+
+
+# --- sft (the warm start: exploring-expert trajectories, TRL's SFTTrainer) ---------------------
+# The default recipe, crr.policy.sft.SFTRecipe() (tests/test_sft.py keeps them equal); spelled out here so
+# that the CLI starts without importing torch.
+_SFT_DEFAULTS = {"tasks": "micro-train", "n_tasks": 160, "episodes": 1, "error_rate": 0.3, "epochs": 2.0,
+                 "lr": 1e-3, "bf16": False}
+
+
+@long_command
+def sft_command(
+    model: str | None = typer.Option(None, "--model", help="Model directory or hub id to warm-start (default: "
+                                     "the tiny default, built on first use; the result then becomes the cached "
+                                     "warm-started default when the recipe is the default one)."),
+    tasks: str = typer.Option(_SFT_DEFAULTS["tasks"], "--tasks",
+                              help="Task file (JSONL), directory, micro set or dataset."),
+    n_tasks: int | None = typer.Option(_SFT_DEFAULTS["n_tasks"], "--n-tasks", help="Use the first N tasks (micro-train is generated "
+                                       "that large if N exceeds its default 32)."),
+    episodes: int = typer.Option(_SFT_DEFAULTS["episodes"], "--episodes", help="Expert episodes per task."),
+    error_rate: float = typer.Option(_SFT_DEFAULTS["error_rate"], "--error-rate",
+                                     help="Chance the expert makes a wrong edit first."),
+    epochs: float = typer.Option(_SFT_DEFAULTS["epochs"], "--epochs", help="SFT epochs."),
+    lr: float = typer.Option(_SFT_DEFAULTS["lr"], "--lr", help="Peak learning rate (cosine schedule)."),
+    bf16: bool = typer.Option(_SFT_DEFAULTS["bf16"], "--bf16/--fp32", help="bf16 autocast (faster on CPUs with "
+                              "AVX512-BF16 and on GPUs; deterministic, but not bit-equal to fp32)."),
+    seed: int = typer.Option(0, "--seed", help="Drives the expert's episodes and the trainer."),
+    engine: str = typer.Option("local", "--engine", help="Fork engine for the expert's sandboxes: local or docker."),
+    out: Path = typer.Option(Path("results/runs"), "--out", help="Where the run directory goes."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue an interrupted `crr sft` run directory "
+                                       "(its config, expert data and latest checkpoint)."),
+    recipe_file: Path | None = typer.Option(None, "--recipe", help="A recipe YAML (crr.policy.sft.SFTRecipe's "
+                                            "fields, e.g. experiments/sft-nano.yaml, the shipped default's); "
+                                            "replaces the recipe options above."),
+    data_only: bool = typer.Option(False, "--data-only", help="Stop after the expert data; prints how to train "
+                                   "on it elsewhere (python -m crr.policy.sft_trainer, e.g. on a GPU node)."),
+) -> None:
+    """Warm-start a policy with supervised fine-tuning on scripted expert trajectories: the expert explores
+    (views decoys, reproduces the issue, sometimes errs and corrects itself), every episode is played in a
+    real sandbox and kept only if the verifier gives it reward 1; TRL's SFTTrainer then trains on the tool
+    calls (observations masked). Writes a run directory with the config, expert.jsonl, the loss curve in
+    metrics.jsonl and the model in model/."""
+    from dataclasses import asdict, replace
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from crr.agent.expert import ExpertConfig
+    from crr.policy.model import default_model_dir, default_sft_model_dir
+    from crr.policy.sft import ExpertDataSettings, SFTRecipe, SFTSettings, install_default, warm_start
+    from crr.rundir import RunDir
+
+    if resume is not None:
+        run = RunDir.open(resume, write=True)
+        recipe, model = SFTRecipe.from_dict(run.config["recipe"]), run.config["model"]
+    else:
+        if recipe_file is not None:
+            recipe = SFTRecipe.from_yaml(recipe_file)
+        else:
+            recipe = SFTRecipe(tasks=tasks, n_tasks=n_tasks, seed=seed, engine=engine,
+                               data=ExpertDataSettings(episodes_per_task=episodes,
+                                                       expert=ExpertConfig(error_rate=error_rate)),
+                               train=SFTSettings(epochs=epochs, learning_rate=lr, bf16=bf16))
+        if model is None:
+            with err_console.status("loading the default tiny model (built on first use)"):
+                model = str(default_model_dir())
+        run = RunDir.create("sft", f"{Path(recipe.tasks).name}-seed{recipe.seed}", root=out, seeds={"sft": recipe.seed},
+                            config={"model": model, "recipe": asdict(recipe)})
+    err_console.print(f"run directory: {run.path}", highlight=False)
+    _resume_with(f"crr sft --resume {shlex.quote(str(run.path))}")
+    kept = {"n": 0}
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.fields[note]}"), console=err_console)
+    bars = {"expert": progress.add_task("expert episodes", total=None, note="", visible=False),
+            "train": progress.add_task("SFT steps", total=None, note="", start=False)}
+
+    def report(stage: str, done: int, total: int, record: dict) -> None:
+        if stage == "expert":
+            kept["n"] += record["kept"]
+            progress.update(bars["expert"], completed=done, total=total, note=f"kept {kept['n']}", visible=True)
+            return
+        progress.start_task(bars["train"])  # no-op once started: its clock counts training only
+        if total > 0:
+            progress.update(bars["train"], completed=done, total=total)
+        else:
+            progress.update(bars["train"], note=f"loss {record['loss']:.3f}")
+
+    with progress:
+        model_out = warm_start(model, recipe, run, report, data_only=data_only)
+    summary = json.loads((run.path / "expert_summary.json").read_text()) if (run.path / "expert_summary.json").is_file() else None
+    losses = [r["loss"] for r in run.records("metrics.jsonl") if r.get("event") == "sft" and "loss" in r]
+    if summary:
+        console.print(f"expert: kept [bold]{summary['kept']}/{summary['episodes']}[/] episodes "
+                      f"({summary['kept_fraction']:.0%} with reward 1), {summary['with_wrong_edit']} with a corrected "
+                      f"wrong edit, {summary['mean_steps']:.1f} steps and {summary['mean_tokens']:.0f} tokens on average",
+                      highlight=False)
+    if data_only:
+        settings = json.dumps(asdict(replace(recipe.train, seed=recipe.seed)))
+        console.print(f"expert data: {model_out}\ntrain on it with: python -m crr.policy.sft_trainer {model} OUT_DIR "
+                      f"{model_out} --agent {recipe.data.agent_format}:{recipe.data.max_turns} "
+                      f"--settings '{settings}'", highlight=False, soft_wrap=True)
+        return
+    if losses:
+        console.print(f"SFT: {len(losses)} steps, loss {losses[0]:.3f} -> [bold]{losses[-1]:.3f}[/]", highlight=False)
+    console.print(f"model: {model_out}", highlight=False)
+    if model == str(default_model_dir()) and recipe == SFTRecipe():
+        target = install_default(model_out, default_sft_model_dir(build=False))
+        console.print(f"cached as the warm-started default: {target}", highlight=False)

@@ -1,0 +1,151 @@
+"""Sandboxes and fork engines: `crr fork bench`, `crr tool` (tool calls in a fresh sandbox of one task) and
+`crr sandbox gc`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.text import Text
+
+from crr.cli.common import console, emit_json, err_console, friendly
+from crr.errors import CRRError
+
+fork_app = typer.Typer(help="Fork engines: benchmark snapshot/restore latency.", no_args_is_help=True)
+
+
+@fork_app.command("bench")
+@friendly
+def fork_bench_cmd(
+    engine: str = typer.Option("local", "--engine", help="Fork engine: local or docker."),
+    mode: str = typer.Option(None, "--mode", help="local: overlay|copy; docker: overlay|commit; or both."),
+    files: int = typer.Option(5000, "--files", help="Files in the synthetic repository."),
+    repeats: int = typer.Option(20, "--repeats", help="Timed forks."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Time snapshot, restore and fork (snapshot + restore + `true` in the fork) on a synthetic repo."""
+    from rich.table import Table
+
+    from crr.replay.bench import fork_bench
+
+    with err_console.status(f"fork bench: {engine} engine, {files} files, {repeats} repeats"):
+        result = fork_bench(engine, mode, n_files=files, repeats=repeats)
+    if as_json:
+        emit_json(result)
+        return
+    table = Table(title=f"crr fork bench: {engine} engine, {files} files, {repeats} repeats (ms)")
+    table.add_column("mode")
+    for col in ("snapshot p50/p95", "restore p50/p95", "fork p50/p95", "exact"):
+        table.add_column(col, justify="right")
+    for r in result.get("modes", {"": result}).values():
+        table.add_row(r["mode"], *(f"{r[f'{k}_ms_p50']:.1f} / {r[f'{k}_ms_p95']:.1f}"
+                                   for k in ("snapshot", "restore", "fork")),
+                      "[green]yes[/]" if r["exact"] else "[red]NO[/]")
+    console.print(table)
+    for key, ratio in result.items():
+        if key.endswith("_fork_ratio"):
+            console.print(f"{key}: {ratio:.1f}x")
+
+
+# --- tool -------------------------------------------------------------------------------------
+@friendly
+def tool_command(
+    tasks: str = typer.Option(..., "--tasks", help="A JSONL file, a directory, micro-train, a dataset."),
+    instance: str = typer.Option(..., "--instance", help="instance_id of the task to open."),
+    engine: str = typer.Option("local", "--engine", help="Fork engine: local or docker."),
+    mode: str | None = typer.Option(None, "--mode", help="Docker engine mode: commit or overlay."),
+    call: str | None = typer.Option(None, "--call", help='One tool call, e.g. \'{"name": "view_file", '
+                                    '"arguments": {"path": "setup.py"}}\'.'),
+    script: Path | None = typer.Option(None, "--script", exists=True, dir_okay=False,
+                                       help="A JSON list or JSONL file of tool calls."),
+    run_verifier: bool = typer.Option(False, "--verify", help="Run the held-out tests at the end."),
+    as_json: bool = typer.Option(False, "--json", help="Print observations (and the verdict) as JSON."),
+) -> None:
+    """Run tool calls in a fresh sandbox of one task and show each observation."""
+    from rich.markup import escape
+    from rich.panel import Panel
+    from rich.table import Table
+
+    from crr.agent.tools import ToolCallError, execute, parse_tool_call, script_calls
+    from crr.agent.verifier import verify
+    from crr.replay import get_engine
+    from crr.tasks.loaders import load_tasks
+
+    if (call is None) == (script is None):
+        raise CRRError("give exactly one of --call JSON or --script FILE")
+    if mode is not None and engine != "docker":
+        raise CRRError("--mode applies to --engine docker only")
+    texts = [call] if call is not None else script_calls(script.read_text())
+    by_id = {t.instance_id: t for t in load_tasks(tasks)}
+    if instance not in by_id:
+        raise CRRError(f"no task {instance!r} in {tasks}; it has e.g. {', '.join(list(by_id)[:5]) or 'none'}")
+    task = by_id[instance]
+    fork_engine = get_engine(engine, **({"mode": mode} if mode else {}))
+    records = []
+    try:
+        with fork_engine.start(task) as sb:
+            for text in texts:
+                try:
+                    parsed = parse_tool_call(text)
+                    title = f"{parsed.name} {json.dumps(parsed.arguments, ensure_ascii=False)}"
+                except ToolCallError:
+                    parsed, title = text, "invalid tool call"
+                obs = execute(sb, parsed)
+                records.append({"call": text, "observation": obs.text, "is_error": obs.is_error,
+                                "terminal": obs.terminal})
+                if not as_json:
+                    style = "red" if obs.is_error else "green" if obs.terminal else "blue"
+                    console.print(Panel(Text(obs.text.rstrip("\n")), title=Text(title), title_align="left",
+                                        border_style=style))
+                if obs.terminal:
+                    break
+            result = verify(sb, task) if run_verifier else None
+    finally:
+        fork_engine.close()
+    if as_json:
+        emit_json({"instance_id": instance, "steps": records,
+                   "verifier": result.to_dict() if result else None})
+    elif result is not None:
+        verdict = (f"[red]infra error:[/] {escape(result.infra_error)}" if result.infra_error else
+                   f"reward [bold]{result.reward:g}[/] ({result.resolution})"
+                   + (f" — {escape(result.note)}" if result.note else ""))
+        console.print(verdict, highlight=False)
+        table = Table("held-out test", "status")
+        for test_id, status in result.statuses.items():
+            table.add_row(Text(test_id), Text(status, style="green" if status == "PASSED" else "red"))
+        if result.statuses:
+            console.print(table)
+
+
+# --- sandbox ----------------------------------------------------------------------------------
+sandbox_app = typer.Typer(help="Sandboxes: clean up what crashed runs left behind.", no_args_is_help=True)
+
+
+@sandbox_app.command("gc")
+@friendly
+def sandbox_gc(
+    all_: bool = typer.Option(False, "--all", help="Also remove the per-task image and /testbed caches."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would be removed."),
+) -> None:
+    """Remove the containers, snapshot images, mounts and directories of crashed crr runs (only
+    crr's, only those whose owning process is gone)."""
+    from crr.errors import SandboxError
+    from crr.replay import docker as docker_engine
+    from crr.replay.local import gc_leftovers
+
+    verb = "would remove" if dry_run else "removed"
+    try:
+        removed = docker_engine.gc(all=all_, dry_run=dry_run)
+        console.print(f"docker: {verb} {len(removed)}", highlight=False)
+        for item in removed:
+            console.print(f"  {item}", highlight=False)
+    except SandboxError as e:
+        console.print(f"docker: skipped ({e})", highlight=False)
+    if dry_run:  # gc_leftovers has no dry run
+        console.print("local: skipped (no dry run for local engine leftovers)", highlight=False)
+        return
+    removed = gc_leftovers()
+    console.print(f"local: {verb} {len(removed)}", highlight=False)
+    for item in removed:
+        console.print(f"  {item}", highlight=False)

@@ -1,0 +1,129 @@
+"""`crr train` (GRPO, CRR, Search-Select on TRL) and `crr replay verify`.
+
+torch and trl are imported inside the commands (through crr.train), never here.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import typer
+
+from crr.cli.common import _resume_with, console, emit_json, err_console, friendly, long_command
+
+
+@long_command
+def train_command(
+    overrides: list[str] = typer.Argument(None, help="Config overrides key=value (e.g. k=2 crr.cf_temperature=0.5)."),
+    method: str | None = typer.Option(None, "--method", help="grpo | crr | search-select (default: the config's)."),
+    config: Path | None = typer.Option(None, "--config", help="A preset YAML (default: experiments/cpu-crr.yaml)."),
+    seed: int | None = typer.Option(None, "--seed", help="Drives rollouts, selector, proposals and the learner."),
+    out: Path = typer.Option(Path("results/runs"), "--out", help="Where the run directory goes."),
+    max_trajectories: int | None = typer.Option(None, "--max-trajectories", help="Stop after N on-policy trajectories."),
+    max_updates: int | None = typer.Option(None, "--max-updates", help="Stop after N optimizer updates."),
+    budget_hours: float | None = typer.Option(None, "--budget-hours", help="Stop after H hours of ledger wall clock."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue a run directory from its last checkpoint."),
+    eval_tasks: str | None = typer.Option(None, "--eval", help="Held-out tasks (e.g. nano-test) on which the "
+                                          "starting and the trained policy are evaluated greedily (pass@1 before "
+                                          "and after, in the run's eval-before/ and eval-after/)."),
+    eval_n: int | None = typer.Option(None, "--eval-n", help="With --eval: the first N tasks (default all)."),
+) -> None:
+    """Train with GRPO, CRR (hybrid advantages from forked counterfactuals) or Search-Select; writes a run
+    directory with config.yaml, manifest.json, metrics.jsonl, ledger.json, tuples/ and checkpoints/."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from crr.train.config import load_config, parse_overrides
+    from crr.train.trainer import resolve_model, resume_run, start_run, train
+
+    checkpoint = None
+    if resume is not None:
+        cfg, run, checkpoint = resume_run(resume)
+    else:
+        opts = {k: v for k, v in {"method": method, "seed": seed, "max_trajectories": max_trajectories,
+                                  "max_steps": max_updates, "budget_hours": budget_hours}.items() if v is not None}
+        cfg = load_config(config, {**parse_overrides(overrides or []), **opts, "output_dir": str(out)})
+        run = start_run(cfg, out)
+    err_console.print(f"run directory: {run.path}", highlight=False)
+    _resume_with(f"crr train --resume {shlex.quote(str(run.path))}")
+    before = after = None
+    if eval_tasks is not None:
+        before = _held_out_pass(eval_tasks, eval_n, cfg, run, "before", model=resolve_model(cfg))
+
+    def line(r: dict) -> None:
+        led, cum = r["ledger"], r["cumulative"]
+        fmt = lambda v, f=".2f": "-" if v is None else format(v, f)  # noqa: E731
+        console.print(
+            f"[bold]{r['step']}/{r['max_steps']}[/] R {fmt(r['reward_mean'])} | A {fmt(r['adv_mean'], '+.3f')}"
+            f"±{fmt(r['adv_std'], '.3f')} nz {fmt(r['adv_nonzero'])} | sel {r['selected']} hits {r['selector_hits']}"
+            f" forks {led['forks']} contrasts {r['contrasts']}"
+            + (f" replaced {r['replaced']}" if r.get("replaced") is not None else "")
+            + f" | fork share {r['fork_share']:.1%} cf share {r['cf_share']:.1%} | {led['wall_s']:.1f}s (roll "
+            f"{led['rollout_s']:.1f} fork {led['fork_s']:.1f} cf {led['cf_rollout_s'] + led['cf_test_s']:.1f} "
+            f"upd {led['update_s']:.1f}) | "
+            f"traj {cum['trajectories']} tok {cum['generated_tokens_all']}", highlight=False, soft_wrap=True)
+
+    progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("updates"),
+                        TimeElapsedColumn(), console=err_console)
+    bar = progress.add_task("train", total=None)
+
+    def update(r: dict) -> None:
+        line(r)
+        progress.update(bar, completed=r["step"], total=r["max_steps"])
+
+    with progress:
+        summary = train(cfg, run, checkpoint, on_iteration=update)
+    c = summary["cumulative"]
+    console.print(f"done: {summary['updates']} updates, {c['trajectories']} trajectories, {c['forks']} forks, "
+                  f"{c['wall_s']:.0f} s; model: {summary['model']}", highlight=False, soft_wrap=True)
+    rewards = [r["reward_mean"] for r in run.records("metrics.jsonl") if r.get("event") == "iteration"
+               and r.get("reward_mean") is not None]
+    if rewards:
+        quarter = max(1, len(rewards) // 4)
+        console.print("training reward per update: " + " ".join(f"{v:.2f}" for v in rewards)
+                      + f"\n  mean of the first {quarter}: {sum(rewards[:quarter]) / quarter:.2f}, "
+                      f"of the last {quarter}: {sum(rewards[-quarter:]) / quarter:.2f}", highlight=False, soft_wrap=True)
+    if eval_tasks is not None:
+        after = _held_out_pass(eval_tasks, eval_n, cfg, run, "after", run_dir=run.path)
+        console.print(f"held-out pass@1 ({eval_tasks}, greedy): before [bold]{before:.1%}[/] -> after "
+                      f"[bold]{after:.1%}[/]", highlight=False)
+
+
+def _held_out_pass(tasks: str, n: int | None, cfg, run, when: str, model: str | None = None,
+                   run_dir: Path | None = None) -> float:
+    """Greedy pass@1 of the policy before or after training (a crr eval run directory inside the train run)."""
+    from crr.eval.evaluate import ALIASES, BENCHMARKS, EvalConfig, benchmark, evaluate, resolve_policy, start_eval
+
+    label, source, adapter = benchmark(tasks) if tasks in {**BENCHMARKS, **ALIASES} else benchmark("tasks", tasks)
+    config = EvalConfig.make(label, source, adapter, resolve_policy(model, run_dir), n_tasks=n,
+                             max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, engine=cfg.engine,
+                             agent_format=cfg.agent_format, workers=cfg.workers)
+    eval_run = start_eval(config, run.path / f"eval-{when}")
+    with err_console.status(f"evaluating the policy {when} training on {tasks}"):
+        summary = evaluate(config, eval_run)
+    console.print(f"pass@1 {when} training ({label}, greedy, {summary['n_instances']} tasks): "
+                  f"{summary['pass_at_1']:.1%}", highlight=False)
+    return summary["pass_at_1"]
+
+
+replay_app = typer.Typer(help="Replay recorded counterfactual tuples.", no_args_is_help=True)
+
+
+@replay_app.command("verify")
+@friendly
+def replay_verify_command(
+    run_dir: Path = typer.Argument(..., help="A `crr train` run directory with tuples/."),
+    sample: int = typer.Option(10, "--sample", help="How many tuples to replay."),
+    seed: int = typer.Option(0, "--seed", help="Which tuples are sampled."),
+    as_json: bool = typer.Option(False, "--json", help="Print every replayed tuple as JSON."),
+) -> None:
+    """Re-execute sampled counterfactual suffixes from a fresh sandbox (prefix replayed) and report the
+    fraction whose verifier returns reproduce."""
+    from crr.train.replay_verify import replay_tuples
+
+    result = replay_tuples(run_dir, sample, seed)
+    if as_json:
+        emit_json(result)
+        return
+    console.print(f"[bold]{result['reproduced']}/{result['sampled']}[/] replayed counterfactual returns reproduce "
+                  f"({result['fraction']:.0%})", highlight=False)
