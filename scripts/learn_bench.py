@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/learn_bench.py --method grpo --updates 20 --seeds 11 23 47 --eval-n 32 \
         [--out results/learn-bench] [key=value overrides...]
-    .venv/bin/python scripts/learn_bench.py --method grpo --eval-n 64 --from-comparison results/reference/cpu-main
+    .venv/bin/python scripts/learn_bench.py --method grpo --eval-n 64 --from-comparison results/reference/cpu-main \
+        [--arm grpo-equal-wall-clock]
 
 With --from-comparison, the arm's finished runs of a `crr experiment run` output directory are summarised
 (their final greedy evaluation on the same tasks read from its evals/) instead of new runs being trained.
@@ -65,13 +66,13 @@ def revisits(run: RunDir) -> tuple[float | None, float | None, int]:
     return sum(v[0] for v in twice) / len(twice), sum(v[-1] for v in twice) / len(twice), len(twice)
 
 
-def compared(out: Path, method: str, seed: int, eval_tasks: str) -> tuple[RunDir, float]:
-    """The finished run of `method` and `seed` in a comparison directory and its final greedy pass@1."""
-    runs = [p for p in sorted((out / "runs" / method).glob(f"*-train-{method}-seed{seed}"))
+def compared(out: Path, arm: str, seed: int, eval_tasks: str) -> tuple[RunDir, float]:
+    """The finished run of `arm` and `seed` in a comparison directory and its final greedy pass@1."""
+    runs = [p for p in sorted((out / "runs" / arm).glob(f"*-train-*-seed{seed}"))
             if (p / "summary.json").is_file()]
     if not runs:
-        raise SystemExit(f"no finished {method} run of seed {seed} under {out / 'runs' / method}")
-    for e in sorted((out / "evals" / method).glob(f"*-eval-{eval_tasks}-{runs[-1].name}")):
+        raise SystemExit(f"no finished {arm} run of seed {seed} under {out / 'runs' / arm}")
+    for e in sorted((out / "evals" / arm).glob(f"*-eval-{eval_tasks}-{runs[-1].name}")):
         summary = json.loads((e / "summary.json").read_text()) if (e / "summary.json").is_file() else {}
         if summary.get("samples") == 1:
             return RunDir.open(runs[-1]), summary["pass_at_1"]
@@ -87,7 +88,8 @@ def main() -> None:
     ap.add_argument("--eval-tasks", default="nano-test")
     ap.add_argument("--out", type=Path, default=Path("results/learn-bench"))
     ap.add_argument("--from-comparison", type=Path, default=None,
-                    help="summarise this comparison directory's runs of --method instead of training")
+                    help="summarise this comparison directory's runs of --arm instead of training")
+    ap.add_argument("--arm", default=None, help="with --from-comparison: the arm (default: --method)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -100,7 +102,7 @@ def main() -> None:
                       args.out / "before" / "done.json", args.eval_tasks)
     for seed in args.seeds:
         if args.from_comparison is not None:
-            run, after = compared(args.from_comparison, args.method, seed, args.eval_tasks)
+            run, after = compared(args.from_comparison, args.arm or args.method, seed, args.eval_tasks)
         else:
             seed_dir = args.out / f"{args.method}-seed{seed}"
             finished = [p for p in seed_dir.glob("*-train-*") if (p / "summary.json").is_file()]
@@ -131,10 +133,10 @@ def main() -> None:
 
     revisit = (f"; revisited tasks {ms('revisit_first')} -> {ms('revisit_last')}"
                if all(r["revisited_tasks"] for r in rows) else "")
-    print(f"{args.method}, {rows[0]['updates']} updates, seeds {args.seeds}: training reward "
+    print(f"{args.arm or args.method}, {rows[0]['updates']} updates, seeds {args.seeds}: training reward "
           f"{ms('reward_first_quarter')} -> {ms('reward_last_quarter')}{revisit}; held-out pass@1 {before:.3f} -> "
           f"{ms('pass_at_1_after')}")
-    (args.out / "summary.json").write_text(json.dumps({"method": args.method, "updates": rows[0]["updates"],
+    (args.out / "summary.json").write_text(json.dumps({"method": args.method, "arm": args.arm, "updates": rows[0]["updates"],
                                                        "eval_tasks": args.eval_tasks, "eval_n": args.eval_n,
                                                        "seeds": rows}, indent=2) + "\n")
 
