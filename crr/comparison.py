@@ -42,8 +42,8 @@ def ordered_arms(spec: Comparison) -> list[Arm]:
 def schedule(spec: Comparison) -> list[tuple[Arm, int]]:
     """(arm, seed) in the order they run: seed by seed, every arm of a seed together, so that a comparison
     stopped part-way holds complete seeds (paired arms) rather than one arm's every seed."""
-    seeds = sorted({seed for arm in spec.arms.values() for seed in arm.seeds},
-                   key=lambda s: (s not in spec.seeds, spec.seeds.index(s) if s in spec.seeds else s))
+    extra = sorted({seed for arm in spec.arms.values() for seed in arm.seeds} - set(spec.seeds))
+    seeds = [*spec.seeds, *extra]
     return [(arm, seed) for seed in seeds for arm in ordered_arms(spec) if seed in arm.seeds]
 
 

@@ -300,6 +300,17 @@ def test_presets_and_comparison_specs():
     assert load_comparison(EXPERIMENTS / "paper-main.comparison.yaml").arms["crr"].seeds == (11, 23, 47)
 
 
+def test_a_comparison_runs_seed_by_seed_with_the_matched_arm_after_its_source():
+    from crr.comparison import schedule
+
+    spec = load_comparison(EXPERIMENTS / "cpu-main.comparison.yaml")
+    order = [(arm.name, seed) for arm, seed in schedule(spec)]
+    assert [seed for _, seed in order] == [11] * 4 + [23] * 4 + [47] * 4
+    assert order[:4] == [("grpo", 11), ("crr", 11), ("search-select", 11), ("grpo-equal-wall-clock", 11)]
+    ablations = load_comparison(EXPERIMENTS / "cpu-ablations.comparison.yaml")
+    assert {seed for _, seed in schedule(ablations)} == {11} and len(schedule(ablations)) == len(ablations.arms)
+
+
 def test_preset_base_chains_and_loops(tmp_path):
     from crr.errors import CRRError
 
