@@ -22,8 +22,6 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
 from crr.errors import CRRError
 from crr.eval.evaluate import RESULTS
 from crr.eval.passk import instance_counts
@@ -46,7 +44,7 @@ def select_band(tasks: list[Task], counts: dict[str, tuple[int, int]], low: floa
 def band_from_eval(eval_dir: Path | str, out: Path | str, low: float, high: float) -> dict:
     """Select the band from a sampled evaluation run and write it, bundles included, into `out`."""
     run = RunDir.open(eval_dir)
-    config = yaml.safe_load((run.path / "config.yaml").read_text())
+    config = run.config
     records = run.records(RESULTS)
     if not records:
         raise CRRError(f"{run.path} has no {RESULTS}: evaluate the starting policy with --samples n first")
@@ -72,7 +70,7 @@ def band_from_eval(eval_dir: Path | str, out: Path | str, low: float, high: floa
             task = replace(task, repo_src=str(target.resolve()))
         copied.append(task)
     write_tasks(copied, out / "tasks.jsonl")
-    rates = [counts[t.instance_id][1] / counts[t.instance_id][0] for t in chosen]
+    rates = [c / n for n, c in (counts[t.instance_id] for t in chosen)]
     summary = {"source_eval": run.path.name, "model": _portable(config.get("model")), "samples": samples,
                "temperature": config.get("temperature"), "low": low, "high": high,
                "pool": len(tasks), "evaluated": len(counts), "selected": len(chosen),
