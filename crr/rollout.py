@@ -2,6 +2,8 @@
 on-policy trajectories"; Method, "Implementation": rollout and fork workers in logical pools).
 
     result = rollout(tasks, backend, engine, tokenizer, RolloutConfig(group=8, seed=11), run=RunDir.create(...))
+    job = start_rollout(model_dir, "micro-test", n=4, out=Path("results/runs"))   # `crr rollout`
+    result = job.execute()
 
 It lives at the top of the package, not in crr/agent/, because it joins the agent (episodes), the
 policy (one generation backend), the fork engine, a worker pool and the run directory.
@@ -23,6 +25,7 @@ different G or other tasks in the batch samples differently.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -30,6 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 import numpy as np
@@ -37,9 +41,12 @@ from transformers import PreTrainedTokenizerBase
 
 from crr.agent.episode import Episode, EpisodeConfig, Trajectory
 from crr.errors import CRRError
-from crr.policy.backend import GenerationBackend, StepSample
+from crr.policy.backend import GenerationBackend, StepSample, TransformersBackend
+from crr.policy.model import agent_record, load_policy
+from crr.replay import get_engine
 from crr.replay.base import ForkEngine
 from crr.rundir import RunDir
+from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
 
 log = logging.getLogger(__name__)
@@ -173,6 +180,55 @@ def run_episode(task: Task, backend: GenerationBackend, engine: ForkEngine, toke
     """One trajectory: `rollout` with one task and G = 1."""
     cfg = RolloutConfig(group=1, seed=seed, episode=config or EpisodeConfig(), workers=1)
     return rollout([task], backend, engine, tokenizer, cfg).trajectories[0]
+
+
+@dataclass
+class PolicyRollout:
+    """`crr rollout`'s work, ready to run: the policy loaded, its tasks, the run directory made."""
+    run: RunDir
+    tasks: list[Task]
+    backend: GenerationBackend
+    tokenizer: PreTrainedTokenizerBase
+    config: RolloutConfig
+    engine: str
+    engine_options: dict
+
+    @property
+    def total(self) -> int:
+        return len(self.tasks) * self.config.group
+
+    def execute(self, on_trajectory: Callable[[Trajectory], None] | None = None) -> RolloutResult:
+        """`rollout` on a fork engine of its own, closed at the end."""
+        engine = get_engine(self.engine, **self.engine_options)
+        try:
+            return rollout(self.tasks, self.backend, engine, self.tokenizer, self.config, run=self.run,
+                           on_trajectory=on_trajectory)
+        finally:
+            engine.close()
+
+
+def start_rollout(model: str, tasks: str, n: int, out: Path, *, group: int = 8, seed: int = 0, workers: int = 4,
+                  engine: str = "local", mode: str | None = None, temperature: float = 0.6,
+                  max_turns: int | None = None, max_new_tokens: int = 512, agent_format: str | None = None,
+                  max_value_chars: int | None = None, time_limit: float = 3600.0) -> PolicyRollout:
+    """The policy at `model` on the first `n` of `tasks`: the episodes as it was trained to see them (its
+    recorded agent format and turn cap H, unless given), a run directory under `out` with the config."""
+    if n < 1:
+        raise CRRError(f"--n must be at least 1, got {n}")
+    task_list = load_tasks(tasks)[:n]
+    policy, tokenizer = load_policy(model)
+    record = agent_record(model)
+    # Nothing forks here, so no snapshots; the trainer keeps them.
+    config = RolloutConfig(group=group, seed=seed, workers=workers, episode=EpisodeConfig(
+        agent_format=agent_format or record.get("agent_format", "paper"),
+        max_turns=max_turns or record.get("max_turns", 50), temperature=temperature, max_new_tokens=max_new_tokens,
+        time_limit_s=time_limit, max_context_tokens=getattr(policy.config, "max_position_embeddings", None),
+        snapshots=False))
+    backend = TransformersBackend(policy, tokenizer, max_value_chars=max_value_chars)
+    run = RunDir.create("rollout", f"n{n}-g{group}-seed{seed}", root=out, seeds={"rollout": seed},
+                        config={"model": model, "tasks": tasks, "n": n, "engine": engine, "mode": mode,
+                                "max_value_chars": max_value_chars, **dataclasses.asdict(config)})
+    return PolicyRollout(run, task_list, backend, tokenizer, config, engine, {"mode": mode} if mode else {})
 
 
 def _act(pair: tuple[Episode, StepSample], seed: int, gen_s: float) -> None:

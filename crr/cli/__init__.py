@@ -3,10 +3,10 @@
 Errors of the CRRError family print as one red line and exit 2; `crr --debug ...` shows tracebacks.
 
 One module per command group (tasks, sandbox, filter, model, rollout, train, eval, report, experiment,
-doctor, demo); what they share (consoles, `friendly`/`long_command`, library output, `emit_json`) is in
-crr.cli.common. This module builds `app`, the console script's entry point (`crr = "crr.cli:app"`).
-Importing the command modules must stay cheap, so that `crr --help` is fast: torch, trl, transformers
-and datasets are imported inside the command functions that need them.
+doctor, demo); what they share (consoles, `friendly`/`long_command`, library output, `emit_json`, the
+options several commands take) is in crr.cli.common. This module builds `app`, the console script's entry
+point (`crr = "crr.cli:app"`). Importing the command modules must stay cheap, so that `crr --help` is fast:
+torch, trl, transformers and datasets are imported inside the command functions that need them.
 """
 
 from __future__ import annotations

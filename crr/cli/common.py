@@ -1,6 +1,6 @@
 """What every `crr` command shares: the consoles, `friendly` and `long_command` (a CRRError prints as one
 red line and exits 2, `crr --debug ...` shows tracebacks; SIGINT/SIGTERM close sandboxes and say how to
-resume), where library output goes, and JSON output.
+resume), where library output goes, JSON output, and the options several commands take (`engine_option()`...).
 
 Keep this module, like every crr.cli module, light at import time: `crr --help` imports all of them, so
 torch, transformers, trl and datasets are imported inside the command functions that use them.
@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -180,3 +181,66 @@ def long_command(fn: Callable) -> Callable:
 
 def emit_json(obj) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+# --- options several commands take --------------------------------------------------------------
+# One declaration of each: its flag and the help most commands give it. A command passes its default, and
+# its own help where the option means more there (what the seed drives, a default resolved later).
+
+def model_option(default: str = "the cached tiny default, built on first use",
+                 what: str = "Model directory or hub id") -> Any:
+    """--model; None stands for the command's default model, which `default` describes."""
+    return typer.Option(None, "--model", help=f"{what} (default: {default}).")
+
+
+def policy_option() -> Any:
+    """--model of the commands that load a policy through crr.eval.evaluate.resolve_policy."""
+    return model_option("the warm-started default if built, else the tiny default",
+                        what="Model or LoRA adapter directory, or hub id")
+
+
+def tasks_option(default: Any) -> Any:
+    """--tasks: anything crr.tasks.loaders.load_tasks takes (`...`: required)."""
+    return typer.Option(default, "--tasks", help="Task file (JSONL), directory, micro set or dataset.")
+
+
+ENGINE_DEFAULT_LOCAL_HELP = "Fork engine: local or docker (default local)."  # for engine_option(None, ...)
+
+
+def engine_option(default: str | None = "local", help: str = "Fork engine: local or docker.") -> Any:
+    return typer.Option(default, "--engine", help=help)
+
+
+def mode_option(default: str | None = None, help: str = "Docker engine mode: commit or overlay.") -> Any:
+    return typer.Option(default, "--mode", help=help)
+
+
+def seed_option(default: int | None = 0, help: str = "Drives every sampling seed.") -> Any:
+    return typer.Option(default, "--seed", help=help)
+
+
+def temperature_option(default: float | None = 0.6, help: str = "0 is greedy; 0.6 the paper's rollouts.") -> Any:
+    return typer.Option(default, "--temperature", help=help)
+
+
+def max_new_tokens_option(default: int | None, help: str = "Token budget of one tool call.") -> Any:
+    return typer.Option(default, "--max-new-tokens", help=help)
+
+
+def max_value_chars_option(default: int | None = None,
+                           help: str = "Bound every string argument to this many characters (complete calls "
+                                       "from untrained models; slower masks).") -> Any:
+    return typer.Option(default, "--max-value-chars", help=help)
+
+
+def threads_option() -> Any:
+    return typer.Option(None, "--threads", help="torch intra-op threads (default: torch's).")
+
+
+def out_option(default: Path = Path("results/runs")) -> Any:
+    """--out of a command that writes one run directory."""
+    return typer.Option(default, "--out", help="Where the run directory goes.")
+
+
+def json_option(what: str = "the result") -> Any:
+    return typer.Option(False, "--json", help=f"Print {what} as JSON.")

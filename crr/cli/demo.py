@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
-
-from crr.cli.common import console, friendly
+from crr.cli.common import console, engine_option, friendly, mode_option, out_option, seed_option
 
 
 @friendly
 def demo(
-    engine: str = typer.Option("local", help="Fork engine: local (overlayfs) or docker."),
-    mode: str = typer.Option("commit", help="Docker fork mode: commit or overlay."),
-    seed: int = typer.Option(0, help="Seed of the generated micro task."),
-    out: Path = typer.Option(Path("results/runs"), help="Where the run directory goes."),
+    engine: str = engine_option(),
+    mode: str = mode_option("commit"),
+    seed: int = seed_option(help="Seed of the generated micro task."),
+    out: Path = out_option(),
 ) -> None:
     """The environment demo: a scripted expert solves a generated micro task through the five tools;
     the sandbox is forked at two decision points, an alternative action is rolled forward in each

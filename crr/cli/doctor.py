@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import typer
 
-from crr.cli.common import console, emit_json, friendly
+from crr.cli.common import console, emit_json, friendly, json_option
 
 
 @friendly
-def doctor(as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON.")) -> None:
+def doctor(as_json: bool = json_option("the checks")) -> None:
     """Check Python, torch, TRL, swebench, the Docker daemon, the base image, overlayfs, network
     namespaces and free disk; print what is missing and the command that fixes it."""
     from rich.table import Table

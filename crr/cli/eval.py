@@ -11,7 +11,9 @@ from pathlib import Path
 
 import typer
 
-from crr.cli.common import _resume_with, console, emit_json, err_console, long_command
+from crr.cli.common import (ENGINE_DEFAULT_LOCAL_HELP, _resume_with, console, emit_json, engine_option, err_console,
+                            json_option, long_command, max_new_tokens_option, out_option, policy_option, seed_option,
+                            temperature_option)
 
 
 @long_command
@@ -23,28 +25,26 @@ def eval_command(
                                       "the Hugging Face hub."),
     run_dir: Path | None = typer.Option(None, "--run", help="A `crr train` run directory: evaluates its model/ "
                                         "(or --checkpoint); LoRA adapters are applied to their base model."),
-    model: str | None = typer.Option(None, "--model", help="Model or LoRA adapter directory, or hub id (default: "
-                                     "the warm-started default if built, else the tiny default)."),
+    model: str | None = policy_option(),
     checkpoint: str | None = typer.Option(None, "--checkpoint", help="With --run: N for checkpoints/checkpoint-N, "
                                           "or a checkpoint directory."),
     samples: int | None = typer.Option(None, "--samples", help="n samples per instance (default 1: greedy pass@1)."),
-    temperature: float | None = typer.Option(None, "--temperature", help="Default 0 (greedy) for one sample, 0.6 "
-                                             "for several (the paper's sampled evaluation)."),
-    seed: int | None = typer.Option(None, "--seed", help="Drives every sampling seed (default 0)."),
+    temperature: float | None = temperature_option(None, help="Default 0 (greedy) for one sample, 0.6 for several "
+                                                   "(the paper's sampled evaluation)."),
+    seed: int | None = seed_option(None, help="Drives every sampling seed (default 0)."),
     n_tasks: int | None = typer.Option(None, "--n-tasks", help="Evaluate the first N tasks (default: all)."),
     max_turns: int | None = typer.Option(None, "--max-turns", help="H: the turn cap (default 50)."),
-    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", help="Token budget of one tool call "
-                                              "(default 512)."),
+    max_new_tokens: int | None = max_new_tokens_option(None, help="Token budget of one tool call (default 512)."),
     split: str | None = typer.Option(None, "--split", help="Dataset split (default: the dataset's usual one)."),
-    engine: str | None = typer.Option(None, "--engine", help="Fork engine: local or docker (default local)."),
+    engine: str | None = engine_option(None, help=ENGINE_DEFAULT_LOCAL_HELP),
     workers: int | None = typer.Option(None, "--workers", help="Concurrent tool executions (default 4)."),
     batch: int | None = typer.Option(None, "--batch", help="Episodes run together, one sandbox each (default 32)."),
-    out: Path = typer.Option(Path("results/evals"), "--out", help="Where the run directory goes."),
+    out: Path = out_option(Path("results/evals")),
     resume: Path | None = typer.Option(None, "--resume", help="An earlier `crr eval` run directory: run only the "
                                        "samples it lacks (and its infrastructure failures)."),
     retry_infra: bool = typer.Option(True, "--retry-infra/--no-retry-infra", help="On resume, run the samples "
                                      "that met infrastructure failures again."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    as_json: bool = json_option("the summary"),
 ) -> None:
     """Evaluate a policy: greedy pass@1 with the 50-turn cap, or `--samples n` for sampled pass@1,
     pass@k (k = 1, 2, 4, 8; unbiased estimator) and all-n; per-repository pass@1 and the error taxonomy

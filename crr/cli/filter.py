@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 from rich.text import Text
 
-from crr.cli.common import _resume_with, console, emit_json, err_console, friendly, long_command
+from crr.cli.common import (ENGINE_DEFAULT_LOCAL_HELP, _resume_with, console, emit_json, engine_option, err_console,
+                            friendly, json_option, long_command, mode_option, out_option, seed_option, tasks_option)
 
 filter_app = typer.Typer(help="The three-rerun determinism filter: admit only tasks whose held-out tests "
                               "give the same outcomes in fresh, differently seeded sandboxes.")
@@ -44,17 +45,16 @@ def _filter_progress():
 @long_command
 def filter_tasks_command(
     ctx: typer.Context,
-    tasks: str | None = typer.Option(None, "--tasks", help="Task file (JSONL), directory or dataset."),
-    engine: str | None = typer.Option(None, "--engine", help="Fork engine: local (default) or docker."),
-    mode: str | None = typer.Option(None, "--mode", help="Docker engine mode: commit or overlay."),
+    tasks: str | None = tasks_option(None),
+    engine: str | None = engine_option(None, help=ENGINE_DEFAULT_LOCAL_HELP),
+    mode: str | None = mode_option(),
     reruns: int | None = typer.Option(None, "--reruns", help="Gold-patch reruns per task (default 3)."),
     workers: int = typer.Option(2, "--workers", help="Tasks checked in parallel."),
     out: Path = typer.Option(Path("results/runs"), "--out", help="Where run directories go (or a filter "
                              "run directory to resume)."),
     resume: Path | None = typer.Option(None, "--resume", help="Resume this filter-tasks run directory."),
     limit: int | None = typer.Option(None, "--limit", help="Only the first N tasks."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed of the reruns' hash seeds and test orders "
-                                    "(default 0)."),
+    seed: int | None = seed_option(None, help="Seed of the reruns' hash seeds and test orders (default 0)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per test run (default 1800)."),
     record_http: bool = typer.Option(False, "--record-http", help="First run each task with an environment "
                                      "once with the gold patch and network, recording its HTTP traffic; "
@@ -86,14 +86,14 @@ def filter_bench_command(
     n: int = typer.Option(40, "--n", help="Micro tasks to generate."),
     flaky_rate: float = typer.Option(0.25, "--flaky-rate", help="Fraction of tasks with a planted flaky "
                                      "test."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the micro tasks and of the filter."),
-    engine: str = typer.Option("local", "--engine", help="Fork engine: local or docker."),
-    mode: str | None = typer.Option(None, "--mode", help="Docker engine mode: commit or overlay."),
+    seed: int = seed_option(help="Seed of the micro tasks and of the filter."),
+    engine: str = engine_option(),
+    mode: str | None = mode_option(),
     reruns: int = typer.Option(3, "--reruns", help="Gold-patch reruns per task."),
     workers: int = typer.Option(2, "--workers", help="Tasks checked in parallel."),
     split: str = typer.Option("train", "--split", help="Micro split: train or test."),
-    out: Path = typer.Option(Path("results/runs"), "--out", help="Where the bench's run directory goes."),
-    as_json: bool = typer.Option(False, "--json", help="Print the score as JSON."),
+    out: Path = out_option(),
+    as_json: bool = json_option("the score"),
 ) -> None:
     """Score the filter on micro tasks with planted flaky tests: recall of flaky tasks, false
     discards of deterministic ones, infra errors, tasks/min."""

@@ -6,7 +6,6 @@ stays fast.
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from pathlib import Path
@@ -14,11 +13,14 @@ from pathlib import Path
 import typer
 from rich.text import Text
 
-from crr.cli.common import _resume_with, console, emit_json, err_console, friendly, long_command
+from crr.cli.common import (_resume_with, console, emit_json, engine_option, err_console, friendly, json_option,
+                            long_command, max_new_tokens_option, max_value_chars_option, model_option, out_option,
+                            policy_option, seed_option, tasks_option, temperature_option, threads_option)
 from crr.errors import CRRError
 
 model_app = typer.Typer(help="The policy model: build the tiny default, sample tool calls from a model.",
                         no_args_is_help=True)
+_EXPERT_ENGINE = "Fork engine for the expert's episodes: local or docker."
 
 
 @model_app.command("init")
@@ -26,7 +28,7 @@ model_app = typer.Typer(help="The policy model: build the tiny default, sample t
 def model_init(
     out: Path = typer.Option(..., "--out", help="New directory for the model and tokenizer."),
     size: str = typer.Option("tiny", "--size", help="tiny (~4.4M parameters) or small (~13.8M)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random initial weights."),
+    seed: int = seed_option(help="Seed of the random initial weights."),
 ) -> None:
     """Build the embedded default policy: a random Qwen3-architecture model and a byte-level BPE
     tokenizer trained offline, with a chat template TRL recognises for tool calling."""
@@ -42,17 +44,14 @@ def model_init(
 @model_app.command("generate")
 @friendly
 def model_generate(
-    model: str | None = typer.Option(None, "--model", help="Model directory or hub id (default: the cached "
-                                     "tiny default, built on first use)."),
+    model: str | None = model_option(),
     prompt: str = typer.Option(..., "--prompt", help="The user message (after the paper's system prompt)."),
-    temperature: float = typer.Option(0.6, "--temperature", help="0 is greedy; 0.6 the paper's rollouts."),
+    temperature: float = temperature_option(),
     n: int = typer.Option(4, "--n", help="Samples (one batch)."),
-    seed: int = typer.Option(0, "--seed"),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
-    max_value_chars: int | None = typer.Option(None, "--max-value-chars", help="Bound every string "
-                                               "argument to this many characters (complete calls from "
-                                               "untrained models)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the samples as JSON."),
+    seed: int = seed_option(),
+    max_new_tokens: int = max_new_tokens_option(128),
+    max_value_chars: int | None = max_value_chars_option(),
+    as_json: bool = json_option("the samples"),
 ) -> None:
     """Sample grammar-constrained tool calls and show each with its step entropy H_t and grammar
     rejections."""
@@ -96,14 +95,14 @@ def model_generate(
 @model_app.command("bench")
 @friendly
 def model_bench(
-    model: str | None = typer.Option(None, "--model", help="Model directory or hub id (default: the tiny default)."),
+    model: str | None = model_option(),
     batch: int = typer.Option(8, "--batch", help="Calls sampled together (G)."),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
-    temperature: float = typer.Option(0.6, "--temperature"),
+    max_new_tokens: int = max_new_tokens_option(64),
+    temperature: float = temperature_option(),
     repeats: int = typer.Option(3, "--repeats", help="Timed batches."),
-    max_value_chars: int | None = typer.Option(None, "--max-value-chars"),
-    threads: int | None = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    max_value_chars: int | None = max_value_chars_option(),
+    threads: int | None = threads_option(),
+    as_json: bool = json_option(),
 ) -> None:
     """Time grammar-constrained generation on the paper's prompt: tokens/s and grammar rejection rate."""
     from crr.policy.bench import generation_bench
@@ -128,13 +127,12 @@ def model_bench(
 @model_app.command("probe")
 @friendly
 def model_probe(
-    model: str | None = typer.Option(None, "--model", help="Model or LoRA adapter directory, or hub id (default: "
-                                     "the warm-started default if built, else the tiny default)."),
-    tasks: str = typer.Option("micro-test", "--tasks", help="Task file (JSONL), directory, micro set or dataset."),
+    model: str | None = policy_option(),
+    tasks: str = tasks_option("micro-test"),
     n_tasks: int = typer.Option(16, "--n-tasks", help="Expert episodes on the first N tasks."),
-    seed: int = typer.Option(0, "--seed", help="The expert's seed."),
-    engine: str = typer.Option("local", "--engine", help="Fork engine for the expert's episodes: local or docker."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    seed: int = seed_option(help="The expert's seed."),
+    engine: str = engine_option(help=_EXPERT_ENGINE),
+    as_json: bool = json_option(),
 ) -> None:
     """Where a policy departs from the exploring expert: teacher-forced loss and argmax accuracy of its
     action tokens on the expert's solved episodes, per part of the call (the tool, then each argument:
@@ -180,11 +178,10 @@ _SFT_DEFAULTS = {"tasks": "micro-train", "n_tasks": 160, "episodes": 1, "error_r
 
 @long_command
 def sft_command(
-    model: str | None = typer.Option(None, "--model", help="Model directory or hub id to warm-start (default: "
-                                     "the tiny default, built on first use; the result then becomes the cached "
-                                     "warm-started default when the recipe is the default one)."),
-    tasks: str = typer.Option(_SFT_DEFAULTS["tasks"], "--tasks",
-                              help="Task file (JSONL), directory, micro set or dataset."),
+    model: str | None = model_option("the tiny default, built on first use; the result then becomes the cached "
+                                     "warm-started default when the recipe is the default one",
+                                     what="Model directory or hub id to warm-start"),
+    tasks: str = tasks_option(_SFT_DEFAULTS["tasks"]),
     n_tasks: int | None = typer.Option(_SFT_DEFAULTS["n_tasks"], "--n-tasks", help="Use the first N tasks (micro-train is generated "
                                        "that large if N exceeds its default 32)."),
     episodes: int = typer.Option(_SFT_DEFAULTS["episodes"], "--episodes", help="Expert episodes per task."),
@@ -194,9 +191,9 @@ def sft_command(
     lr: float = typer.Option(_SFT_DEFAULTS["lr"], "--lr", help="Peak learning rate (cosine schedule)."),
     bf16: bool = typer.Option(_SFT_DEFAULTS["bf16"], "--bf16/--fp32", help="bf16 autocast (faster on CPUs with "
                               "AVX512-BF16 and on GPUs; deterministic, but not bit-equal to fp32)."),
-    seed: int = typer.Option(0, "--seed", help="Drives the expert's episodes and the trainer."),
-    engine: str = typer.Option("local", "--engine", help="Fork engine for the expert's sandboxes: local or docker."),
-    out: Path = typer.Option(Path("results/runs"), "--out", help="Where the run directory goes."),
+    seed: int = seed_option(help="Drives the expert's episodes and the trainer."),
+    engine: str = engine_option(help=_EXPERT_ENGINE),
+    out: Path = out_option(),
     resume: Path | None = typer.Option(None, "--resume", help="Continue an interrupted `crr sft` run directory "
                                        "(its config, expert data and latest checkpoint)."),
     recipe_file: Path | None = typer.Option(None, "--recipe", help="A recipe YAML (crr.policy.sft.SFTRecipe's "
@@ -210,38 +207,53 @@ def sft_command(
     real sandbox and kept only if the verifier gives it reward 1; TRL's SFTTrainer then trains on the tool
     calls (observations masked). Writes a run directory with the config, expert.jsonl, the loss curve in
     metrics.jsonl and the model in model/."""
-    from dataclasses import asdict, replace
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from crr.agent.expert import ExpertConfig
-    from crr.policy.model import default_model_dir, default_sft_model_dir
-    from crr.policy.sft import ExpertDataSettings, SFTRecipe, SFTSettings, install_default, warm_start
-    from crr.rundir import RunDir
+    from crr.policy.model import default_model_dir
+    from crr.policy.sft import (ExpertDataSettings, SFTRecipe, SFTSettings, install_if_default, resume_sft,
+                                sft_results, start_sft, trainer_command, warm_start)
 
     if resume is not None:
-        run = RunDir.open(resume, write=True)
-        recipe, model = SFTRecipe.from_dict(run.config["recipe"]), run.config["model"]
+        run, model, recipe = resume_sft(resume)
     else:
-        if recipe_file is not None:
-            recipe = SFTRecipe.from_yaml(recipe_file)
-        else:
-            recipe = SFTRecipe(tasks=tasks, n_tasks=n_tasks, seed=seed, engine=engine,
-                               data=ExpertDataSettings(episodes_per_task=episodes,
-                                                       expert=ExpertConfig(error_rate=error_rate)),
-                               train=SFTSettings(epochs=epochs, learning_rate=lr, bf16=bf16))
+        recipe = SFTRecipe.from_yaml(recipe_file) if recipe_file is not None else SFTRecipe(
+            tasks=tasks, n_tasks=n_tasks, seed=seed, engine=engine,
+            data=ExpertDataSettings(episodes_per_task=episodes, expert=ExpertConfig(error_rate=error_rate)),
+            train=SFTSettings(epochs=epochs, learning_rate=lr, bf16=bf16))
         if model is None:
             with err_console.status("loading the default tiny model (built on first use)"):
                 model = str(default_model_dir())
-        run = RunDir.create("sft", f"{Path(recipe.tasks).name}-seed{recipe.seed}", root=out, seeds={"sft": recipe.seed},
-                            config={"model": model, "recipe": asdict(recipe)})
+        run = start_sft(model, recipe, out)
     err_console.print(f"run directory: {run.path}", highlight=False)
     _resume_with(f"crr sft --resume {shlex.quote(str(run.path))}")
-    kept = {"n": 0}
+    progress, report = _sft_progress()
+    with progress:
+        model_out = warm_start(model, recipe, run, report, data_only=data_only)
+    summary, losses = sft_results(run)
+    if summary:
+        console.print(f"expert: kept [bold]{summary['kept']}/{summary['episodes']}[/] episodes "
+                      f"({summary['kept_fraction']:.0%} with reward 1), {summary['with_wrong_edit']} with a corrected "
+                      f"wrong edit, {summary['mean_steps']:.1f} steps and {summary['mean_tokens']:.0f} tokens on average",
+                      highlight=False)
+    if data_only:
+        console.print(f"expert data: {model_out}\ntrain on it with: {trainer_command(model, model_out, recipe)}",
+                      highlight=False, soft_wrap=True)
+        return
+    if losses:
+        console.print(f"SFT: {len(losses)} steps, loss {losses[0]:.3f} -> [bold]{losses[-1]:.3f}[/]", highlight=False)
+    console.print(f"model: {model_out}", highlight=False)
+    if (target := install_if_default(model, recipe, model_out)) is not None:
+        console.print(f"cached as the warm-started default: {target}", highlight=False)
+
+
+def _sft_progress():
+    """A Rich progress bar (expert episodes, then SFT steps) and the `warm_start` progress callback that drives it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.fields[note]}"), console=err_console)
     bars = {"expert": progress.add_task("expert episodes", total=None, note="", visible=False),
             "train": progress.add_task("SFT steps", total=None, note="", start=False)}
+    kept = {"n": 0}
 
     def report(stage: str, done: int, total: int, record: dict) -> None:
         if stage == "expert":
@@ -254,24 +266,4 @@ def sft_command(
         else:
             progress.update(bars["train"], note=f"loss {record['loss']:.3f}")
 
-    with progress:
-        model_out = warm_start(model, recipe, run, report, data_only=data_only)
-    summary = json.loads((run.path / "expert_summary.json").read_text()) if (run.path / "expert_summary.json").is_file() else None
-    losses = [r["loss"] for r in run.records("metrics.jsonl") if r.get("event") == "sft" and "loss" in r]
-    if summary:
-        console.print(f"expert: kept [bold]{summary['kept']}/{summary['episodes']}[/] episodes "
-                      f"({summary['kept_fraction']:.0%} with reward 1), {summary['with_wrong_edit']} with a corrected "
-                      f"wrong edit, {summary['mean_steps']:.1f} steps and {summary['mean_tokens']:.0f} tokens on average",
-                      highlight=False)
-    if data_only:
-        settings = json.dumps(asdict(replace(recipe.train, seed=recipe.seed)))
-        console.print(f"expert data: {model_out}\ntrain on it with: python -m crr.policy.sft_trainer {model} OUT_DIR "
-                      f"{model_out} --agent {recipe.data.agent_format}:{recipe.data.max_turns} "
-                      f"--settings '{settings}'", highlight=False, soft_wrap=True)
-        return
-    if losses:
-        console.print(f"SFT: {len(losses)} steps, loss {losses[0]:.3f} -> [bold]{losses[-1]:.3f}[/]", highlight=False)
-    console.print(f"model: {model_out}", highlight=False)
-    if model == str(default_model_dir()) and recipe == SFTRecipe():
-        target = install_default(model_out, default_sft_model_dir(build=False))
-        console.print(f"cached as the warm-started default: {target}", highlight=False)
+    return progress, report

@@ -10,7 +10,9 @@ from pathlib import Path
 import typer
 from rich.text import Text
 
-from crr.cli.common import console, emit_json, err_console, friendly, long_command
+from crr.cli.common import (console, emit_json, engine_option, err_console, friendly, json_option, long_command,
+                            max_new_tokens_option, max_value_chars_option, mode_option, model_option, out_option,
+                            seed_option, tasks_option, temperature_option, threads_option)
 from crr.errors import CRRError
 
 rollout_app = typer.Typer(help="Roll out a policy: G trajectories per task in sandboxes, with transcripts "
@@ -21,123 +23,106 @@ rollout_app = typer.Typer(help="Roll out a policy: G trajectories per task in sa
 @long_command
 def rollout_command(
     ctx: typer.Context,
-    model: str | None = typer.Option(None, "--model", help="Model directory or hub id (default: the shipped "
-                                     "warm-started default)."),
-    tasks: str = typer.Option("micro-test", "--tasks", help="Task file (JSONL), directory, micro set or dataset."),
+    model: str | None = model_option("the shipped warm-started default"),
+    tasks: str = tasks_option("micro-test"),
     n: int = typer.Option(1, "--n", help="Tasks to roll out (the first N)."),
     group: int = typer.Option(8, "--group", help="G: trajectories per task."),
-    engine: str = typer.Option("local", "--engine", help="Fork engine: local or docker."),
-    mode: str | None = typer.Option(None, "--mode", help="Docker engine mode: commit or overlay."),
-    temperature: float = typer.Option(0.6, "--temperature", help="0.6 the paper's rollouts; 0 greedy."),
-    seed: int = typer.Option(0, "--seed", help="Drives every sampling seed."),
+    engine: str = engine_option(),
+    mode: str | None = mode_option(),
+    temperature: float = temperature_option(),
+    seed: int = seed_option(),
     max_turns: int | None = typer.Option(None, "--max-turns", help="H: the turn cap (default: the model's "
                                          "recorded H, else 50)."),
-    max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="Token budget of one tool call."),
+    max_new_tokens: int = max_new_tokens_option(512),
     agent_format: str | None = typer.Option(None, "--agent-format", help="paper or compact (default: the "
                                             "format the model was trained with, else paper)."),
-    max_value_chars: int | None = typer.Option(None, "--max-value-chars", help="Bound every string argument "
-                                               "(complete calls from untrained models; slower masks)."),
+    max_value_chars: int | None = max_value_chars_option(),
     time_limit: float = typer.Option(3600.0, "--time-limit", help="Seconds per trajectory (wall clock)."),
     workers: int = typer.Option(4, "--workers", help="Concurrent tool executions."),
-    out: Path = typer.Option(Path("results/runs"), "--out", help="Where the run directory goes."),
-    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    out: Path = out_option(),
+    as_json: bool = json_option("the results"),
 ) -> None:
     """Run the policy on N tasks, G trajectories each; print each transcript (call, H_t, tool type, a
     short observation) and the pass rate. Trajectories go to trajectories.jsonl in a run directory."""
     if ctx.invoked_subcommand is not None:
         return
-    import dataclasses
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
-    from crr.agent.episode import EpisodeConfig
-    from crr.policy.backend import TransformersBackend
-    from crr.policy.model import agent_record, default_policy_dir, load_policy
-    from crr.replay import get_engine
-    from crr.rollout import TRAJECTORIES_FILE, RolloutConfig, rollout
-    from crr.rundir import RunDir
-    from crr.tasks.loaders import load_tasks
+    from crr.policy.model import default_policy_dir
+    from crr.rollout import TRAJECTORIES_FILE, start_rollout
 
-    if n < 1:
-        raise CRRError(f"--n must be at least 1, got {n}")
-    task_list = load_tasks(tasks)[:n]
     if model is None:
         with err_console.status("loading the default model (the random tiny one is built on first use)"):
             model = str(default_policy_dir())
-    policy, tokenizer = load_policy(model)
-    record = agent_record(model)
-    # Nothing forks here, so no snapshots; the trainer keeps them.
-    config = RolloutConfig(group=group, seed=seed, workers=workers, episode=EpisodeConfig(
-        agent_format=agent_format or record.get("agent_format", "paper"),
-        max_turns=max_turns or record.get("max_turns", 50), temperature=temperature, max_new_tokens=max_new_tokens, time_limit_s=time_limit,
-        max_context_tokens=getattr(policy.config, "max_position_embeddings", None), snapshots=False))
-    backend = TransformersBackend(policy, tokenizer, max_value_chars=max_value_chars)
-    run = RunDir.create("rollout", f"n{n}-g{group}-seed{seed}", root=out, seeds={"rollout": seed},
-                        config={"model": model, "tasks": tasks, "n": n, "engine": engine, "mode": mode,
-                                "max_value_chars": max_value_chars, **dataclasses.asdict(config)})
-    err_console.print(f"run directory: {run.path}", highlight=False)
+    job = start_rollout(model, tasks, n, out, group=group, seed=seed, workers=workers, engine=engine, mode=mode,
+                        temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens,
+                        agent_format=agent_format, max_value_chars=max_value_chars, time_limit=time_limit)
+    err_console.print(f"run directory: {job.run.path}", highlight=False)
     progress = Progress(TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err_console)
-    bar = progress.add_task("rollout", total=len(task_list) * group)
-    fork_engine = get_engine(engine, **({"mode": mode} if mode else {}))
-    try:
-        with progress:
-            result = rollout(task_list, backend, fork_engine, tokenizer, config, run=run,
-                             on_trajectory=lambda _: progress.advance(bar))
-    finally:
-        fork_engine.close()
-    summary = {**result.summary, "run_dir": str(run.path)}
-    if as_json:  # token ids and log-probabilities are in trajectories.jsonl
-        emit_json({"summary": summary, "trajectories": [
-            {**{k: v for k, v in t.to_dict().items() if k not in ("steps", "messages", "prompt_ids")},
-             "steps": [{k: getattr(s, k) for k in ("t", "action", "call", "parse_error", "observation", "is_error",
-                                                    "entropy", "tool_type", "grammar_rejections", "truncated")}
-                       for s in t.steps]} for t in result.trajectories]})
+    bar = progress.add_task("rollout", total=job.total)
+    with progress:
+        result = job.execute(on_trajectory=lambda _: progress.advance(bar))
+    summary = {**result.summary, "run_dir": str(job.run.path)}
+    if as_json:
+        emit_json(_rollout_json(summary, result.trajectories))
         return
-
-    def reward(t) -> str:
-        return f"[yellow]infra: {t.infra_error}[/]" if t.reward is None else f"R = {t.reward:g}"
-
     for t in result.trajectories:
-        table = Table(title=f"{t.task_id} #{t.group}: {reward(t)}, {t.end_reason} after {len(t.steps)} turns",
-                      title_justify="left")
-        for col, justify in (("t", "right"), ("call", "left"), ("H_t", "right"), ("type", "right"),
-                             ("observation", "left")):
-            table.add_column(col, justify=justify, overflow="fold" if col == "call" else "ellipsis")
-        for s in t.steps:
-            obs = next((line for line in s.observation.splitlines() if line.strip()), "")[:70]
-            table.add_row(str(s.t), Text(s.action[:100] + ("..." if len(s.action) > 100 else "")),
-                          f"{s.entropy:.2f}", "-" if s.tool_type is None else f"{s.tool_type:g}",
-                          Text(obs, style="red" if s.is_error else ""))
-        console.print(table)
+        console.print(_transcript(t))
     rate = "n/a" if summary["pass_rate"] is None else f"{summary['pass_rate']:.1%}"
     console.print(f"pass rate [bold]{rate}[/] ({summary['passed']}/{summary['scored']} scored; "
                   f"{summary['infra_errors']} infra errors excluded); {summary['steps']} turns, "
                   f"{summary['generated_tokens']} generated tokens ({summary['generated_tokens_per_s'] or 0:.1f}/s), "
                   f"{summary['trajectories_per_min']:.2f} trajectories/min", highlight=False, soft_wrap=True)
-    console.print(f"trajectories: {run.path / TRAJECTORIES_FILE}", highlight=False)
+    console.print(f"trajectories: {job.run.path / TRAJECTORIES_FILE}", highlight=False)
+
+
+def _rollout_json(summary: dict, trajectories: list) -> dict:
+    """The summary and each trajectory's steps (token ids and log-probabilities are in trajectories.jsonl)."""
+    return {"summary": summary, "trajectories": [
+        {**{k: v for k, v in t.to_dict().items() if k not in ("steps", "messages", "prompt_ids")},
+         "steps": [{k: getattr(s, k) for k in ("t", "action", "call", "parse_error", "observation", "is_error",
+                                                "entropy", "tool_type", "grammar_rejections", "truncated")}
+                   for s in t.steps]} for t in trajectories]}
+
+
+def _transcript(t):
+    """One trajectory as a table: call, H_t, tool type and the first line of the observation per turn."""
+    from rich.table import Table
+
+    reward = f"[yellow]infra: {t.infra_error}[/]" if t.reward is None else f"R = {t.reward:g}"
+    table = Table(title=f"{t.task_id} #{t.group}: {reward}, {t.end_reason} after {len(t.steps)} turns",
+                  title_justify="left")
+    for col, justify in (("t", "right"), ("call", "left"), ("H_t", "right"), ("type", "right"),
+                         ("observation", "left")):
+        table.add_column(col, justify=justify, overflow="fold" if col == "call" else "ellipsis")
+    for s in t.steps:
+        obs = next((line for line in s.observation.splitlines() if line.strip()), "")[:70]
+        table.add_row(str(s.t), Text(s.action[:100] + ("..." if len(s.action) > 100 else "")),
+                      f"{s.entropy:.2f}", "-" if s.tool_type is None else f"{s.tool_type:g}",
+                      Text(obs, style="red" if s.is_error else ""))
+    return table
 
 
 @rollout_app.command("bench")
 @friendly
 def rollout_bench_command(
-    model: str | None = typer.Option(None, "--model", help="Model directory or hub id (default: the tiny default)."),
+    model: str | None = model_option(),
     group: int = typer.Option(8, "--group", help="G: trajectories of the one micro task."),
     max_turns: int = typer.Option(4, "--max-turns", help="Turn cap of the throughput run."),
-    max_new_tokens: int = typer.Option(96, "--max-new-tokens"),
-    max_value_chars: int = typer.Option(16, "--max-value-chars", help="Bound every string argument to this many "
-                                        "characters (the untrained default model rambles); 0: unbounded, as a "
-                                        "trained policy runs."),
-    engine: str = typer.Option("local", "--engine", help="Fork engine: local or docker."),
-    mode: str | None = typer.Option(None, "--mode", help="Docker engine mode: commit or overlay (fork bench)."),
+    max_new_tokens: int = max_new_tokens_option(96),
+    max_value_chars: int = max_value_chars_option(16, help="Bound every string argument to this many characters "
+                                                  "(the untrained default model rambles); 0: unbounded, as a "
+                                                  "trained policy runs."),
+    engine: str = engine_option(),
+    mode: str | None = mode_option(help="Docker engine mode: commit or overlay (fork bench)."),
     fork_steps: int = typer.Option(45, "--fork-steps", help="Length of the scripted trajectory forked."),
     repeats: int = typer.Option(5, "--repeats", help="Timed forks per index and strategy."),
     only: str | None = typer.Option(None, "--only", help="throughput or fork (default: both)."),
-    threads: int | None = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's)."),
+    threads: int | None = threads_option(),
     prefix_cache: str = typer.Option("on", "--prefix-cache", help="Throughput with prefix KV reuse across turns "
                                      "(on), without (off), or both in one run (both: prints the speed-up)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    as_json: bool = json_option(),
 ) -> None:
     """Rollout throughput (generated tokens/s, trajectories/min at G) and fork-by-index latency at t=5
     and t=40: restore of the per-step snapshot vs replay of the prefix verified by tree digest."""

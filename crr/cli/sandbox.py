@@ -9,7 +9,8 @@ from pathlib import Path
 import typer
 from rich.text import Text
 
-from crr.cli.common import console, emit_json, err_console, friendly
+from crr.cli.common import (console, emit_json, engine_option, err_console, friendly, json_option, mode_option,
+                            tasks_option)
 from crr.errors import CRRError
 
 fork_app = typer.Typer(help="Fork engines: benchmark snapshot/restore latency.", no_args_is_help=True)
@@ -18,11 +19,11 @@ fork_app = typer.Typer(help="Fork engines: benchmark snapshot/restore latency.",
 @fork_app.command("bench")
 @friendly
 def fork_bench_cmd(
-    engine: str = typer.Option("local", "--engine", help="Fork engine: local or docker."),
-    mode: str = typer.Option(None, "--mode", help="local: overlay|copy; docker: overlay|commit; or both."),
+    engine: str = engine_option(),
+    mode: str = mode_option(help="local: overlay|copy; docker: overlay|commit; or both."),
     files: int = typer.Option(5000, "--files", help="Files in the synthetic repository."),
     repeats: int = typer.Option(20, "--repeats", help="Timed forks."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    as_json: bool = json_option(),
 ) -> None:
     """Time snapshot, restore and fork (snapshot + restore + `true` in the fork) on a synthetic repo."""
     from rich.table import Table
@@ -51,16 +52,16 @@ def fork_bench_cmd(
 # --- tool -------------------------------------------------------------------------------------
 @friendly
 def tool_command(
-    tasks: str = typer.Option(..., "--tasks", help="A JSONL file, a directory, micro-train, a dataset."),
+    tasks: str = tasks_option(...),
     instance: str = typer.Option(..., "--instance", help="instance_id of the task to open."),
-    engine: str = typer.Option("local", "--engine", help="Fork engine: local or docker."),
-    mode: str | None = typer.Option(None, "--mode", help="Docker engine mode: commit or overlay."),
+    engine: str = engine_option(),
+    mode: str | None = mode_option(),
     call: str | None = typer.Option(None, "--call", help='One tool call, e.g. \'{"name": "view_file", '
                                     '"arguments": {"path": "setup.py"}}\'.'),
     script: Path | None = typer.Option(None, "--script", exists=True, dir_okay=False,
                                        help="A JSON list or JSONL file of tool calls."),
     run_verifier: bool = typer.Option(False, "--verify", help="Run the held-out tests at the end."),
-    as_json: bool = typer.Option(False, "--json", help="Print observations (and the verdict) as JSON."),
+    as_json: bool = json_option("observations (and the verdict)"),
 ) -> None:
     """Run tool calls in a fresh sandbox of one task and show each observation."""
     from rich.markup import escape

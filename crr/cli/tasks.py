@@ -14,9 +14,12 @@ from crr.cli.common import (
     _same_command,
     console,
     emit_json,
+    engine_option,
     err_console,
     friendly,
+    json_option,
     long_command,
+    seed_option,
 )
 
 tasks_app = typer.Typer(help="Task sets: generate the embedded micro set; validate and inspect task files "
@@ -27,7 +30,7 @@ tasks_app = typer.Typer(help="Task sets: generate the embedded micro set; valida
 @friendly
 def tasks_micro(
     n: int = typer.Option(32, "--n", help="Number of tasks."),
-    seed: int = typer.Option(0, "--seed", help="Same seed, same tasks, byte for byte."),
+    seed: int = seed_option(help="Same seed, same tasks, byte for byte."),
     split: str = typer.Option("train", "--split", help="train or test (disjoint templates; for nano, disjoint "
                               "vocabularies)."),
     tier: str = typer.Option("default", "--tier", help="default (templates, fillers, decoys: 3-20 modules) or nano "
@@ -77,13 +80,13 @@ def tasks_micro(
 @friendly
 def tasks_bench(
     n: int = typer.Option(200, "--n", help="Tasks to generate (into a throw-away directory)."),
-    seed: int = typer.Option(0, "--seed", help="Generator seed."),
+    seed: int = seed_option(help="Generator seed."),
     split: str = typer.Option("train", "--split", help="train or test."),
     tier: str = typer.Option("nano", "--tier", help="default or nano."),
     workers: int = typer.Option(1, "--workers", help="Generating processes."),
     warm: bool = typer.Option(True, "--warm-pytest/--fresh-pytest", help="Warm pytest worker or a fresh "
                               "interpreter per pytest run."),
-    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    json_out: bool = json_option(),
 ) -> None:
     """Time task generation (tasks/s) and describe what it made: bug families, file sizes, issue length."""
     from rich.table import Table
@@ -122,10 +125,10 @@ def tasks_synth(
     n: int = typer.Option(2, "--n", help="Tasks per package (at most)."),
     out: Path = typer.Option(..., "--out", help="New (or empty) directory for tasks.jsonl; an interrupted "
                              "run's directory resumes."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the order bugs are tried in and of the issue texts."),
+    seed: int = seed_option(help="Seed of the order bugs are tried in and of the issue texts."),
     requires: list[str] = typer.Option([], "--requires", help="Extra test requirement for --package, e.g. "
                                        "hypothesis==6.100.0 (repeatable)."),
-    engine: str = typer.Option("local", "--engine", help="Sandbox engine for the test runs: local or docker."),
+    engine: str = engine_option(help="Sandbox engine for the test runs: local or docker."),
     max_candidates: int = typer.Option(30, "--max-candidates", help="Candidate bugs run per package."),
 ) -> None:
     """Tasks from real packages: the sdist becomes a git repository, its own test suite runs in a
@@ -170,7 +173,7 @@ def tasks_show(
     adapter: str | None = typer.Option(None, "--adapter", help="Dataset adapter for local copies: swe-bench, "
                                        "swe-gym, swe-rebench, swe-bench-live, generic."),
     limit: int | None = typer.Option(None, "--limit", help="Show at most this many tasks."),
-    as_json: bool = typer.Option(False, "--json", help="Print the validated rows as JSON."),
+    as_json: bool = json_option("the validated rows"),
 ) -> None:
     """Validate a task set and list its tasks (bad rows exit 2 with FILE:LINE and the field)."""
     from rich.table import Table

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import typer
 
-from crr.cli.common import _resume_with, console, emit_json, err_console, friendly, long_command
+from crr.cli.common import (_resume_with, console, emit_json, err_console, friendly, json_option, long_command,
+                            out_option, seed_option)
 
 
 @long_command
@@ -18,8 +19,8 @@ def train_command(
     overrides: list[str] = typer.Argument(None, help="Config overrides key=value (e.g. k=2 crr.cf_temperature=0.5)."),
     method: str | None = typer.Option(None, "--method", help="grpo | crr | search-select (default: the config's)."),
     config: Path | None = typer.Option(None, "--config", help="A preset YAML (default: experiments/cpu-crr.yaml)."),
-    seed: int | None = typer.Option(None, "--seed", help="Drives rollouts, selector, proposals and the learner."),
-    out: Path = typer.Option(Path("results/runs"), "--out", help="Where the run directory goes."),
+    seed: int | None = seed_option(None, help="Drives rollouts, selector, proposals and the learner."),
+    out: Path = out_option(),
     max_trajectories: int | None = typer.Option(None, "--max-trajectories", help="Stop after N on-policy trajectories."),
     max_updates: int | None = typer.Option(None, "--max-updates", help="Stop after N optimizer updates."),
     budget_hours: float | None = typer.Option(None, "--budget-hours", help="Stop after H hours of ledger wall clock."),
@@ -114,8 +115,8 @@ replay_app = typer.Typer(help="Replay recorded counterfactual tuples.", no_args_
 def replay_verify_command(
     run_dir: Path = typer.Argument(..., help="A `crr train` run directory with tuples/."),
     sample: int = typer.Option(10, "--sample", help="How many tuples to replay."),
-    seed: int = typer.Option(0, "--seed", help="Which tuples are sampled."),
-    as_json: bool = typer.Option(False, "--json", help="Print every replayed tuple as JSON."),
+    seed: int = seed_option(help="Which tuples are sampled."),
+    as_json: bool = json_option("every replayed tuple"),
 ) -> None:
     """Re-execute sampled counterfactual suffixes from a fresh sandbox (prefix replayed) and report the
     fraction whose verifier returns reproduce."""

@@ -31,7 +31,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import datasets
@@ -46,7 +46,12 @@ from crr.agent.prompt import DEFAULT_MAX_TURNS, agent_format
 from crr.errors import CRRError, SandboxError
 from crr.policy.curriculum import curriculum_rows
 from crr.policy.grammar import ToolCallGrammar
-from crr.policy.model import SFT_RECIPE_VERSION, load_policy  # noqa: F401  (re-exported)
+from crr.policy.model import (
+    SFT_RECIPE_VERSION,  # noqa: F401  (re-exported)
+    default_model_dir,
+    default_sft_model_dir,
+    load_policy,
+)
 from crr.policy.rows import sft_row
 from crr.policy.sft_trainer import SFTSettings, quiet_hf, sft
 from crr.replay import get_engine
@@ -259,6 +264,18 @@ class SFTRecipe:
         return cls.from_dict(d)
 
 
+def start_sft(model: str, recipe: SFTRecipe, out: Path) -> RunDir:
+    """A new `crr sft` run directory under `out`: the model to warm-start and the recipe in its config."""
+    return RunDir.create("sft", f"{Path(recipe.tasks).name}-seed{recipe.seed}", root=out, seeds={"sft": recipe.seed},
+                         config={"model": model, "recipe": asdict(recipe)})
+
+
+def resume_sft(path: Path) -> tuple[RunDir, str, SFTRecipe]:
+    """An interrupted `crr sft` run directory, with the model and recipe it was started with."""
+    run = RunDir.open(path, write=True)
+    return run, run.config["model"], SFTRecipe.from_dict(run.config["recipe"])
+
+
 Progress = Callable[[str, int, int, dict], None]  # (stage "expert" | "train", done, total, last record)
 
 
@@ -323,6 +340,29 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
                 checkpoints=checkpoints, resume=checkpoints.is_dir(), on_log=on_log, progress=on_step)
         model_dir = out
     return model_dir
+
+
+def sft_results(run: RunDir) -> tuple[dict | None, list[float]]:
+    """A run's expert data summary (None before the data is made) and its SFT loss at each logged step."""
+    path = run.path / "expert_summary.json"
+    summary = json.loads(path.read_text()) if path.is_file() else None
+    return summary, [r["loss"] for r in run.records("metrics.jsonl") if r.get("event") == "sft" and "loss" in r]
+
+
+def trainer_command(model: str, data_dir: Path, recipe: SFTRecipe) -> str:
+    """The command that trains on expert data saved by `warm_start(..., data_only=True)` elsewhere (e.g. a GPU
+    node) as the recipe would: crr.policy.sft_trainer, OUT_DIR left to fill in."""
+    settings = json.dumps(asdict(replace(recipe.train, seed=recipe.seed)))
+    return (f"python -m crr.policy.sft_trainer {model} OUT_DIR {data_dir} --agent "
+            f"{recipe.data.agent_format}:{recipe.data.max_turns} --settings '{settings}'")
+
+
+def install_if_default(model: str, recipe: SFTRecipe, model_out: Path) -> Path | None:
+    """The tiny default warm-started by the default recipe becomes the cached warm-started default
+    (`default_sft_model_dir`): where it is cached, or None for any other model or recipe."""
+    if model != str(default_model_dir()) or recipe != SFTRecipe():
+        return None
+    return install_default(model_out, default_sft_model_dir(build=False))
 
 
 def install_default(model: Path, target: Path) -> Path:
