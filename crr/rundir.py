@@ -95,6 +95,18 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def relative_to_cwd(path: Path | str) -> str | None:
+    """How a command or a committed file should name `path`: relative to the working directory, so that it
+    works from a fresh clone and names no machine; None when it lies outside (a relative path is as given)."""
+    path = Path(path)
+    if not path.is_absolute():
+        return str(path)
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return None
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 

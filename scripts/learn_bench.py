@@ -26,6 +26,7 @@ import statistics
 from pathlib import Path
 
 from crr.eval.evaluate import EvalConfig, benchmark, evaluate, resolve_policy, start_eval
+from crr.report.runs import load_runs
 from crr.rundir import RunDir
 from crr.train.config import load_config, parse_overrides
 from crr.train.trainer import resolve_model, start_run, train
@@ -68,15 +69,14 @@ def revisits(run: RunDir) -> tuple[float | None, float | None, int]:
 
 def compared(out: Path, arm: str, seed: int, eval_tasks: str) -> tuple[RunDir, float]:
     """The finished run of `arm` and `seed` in a comparison directory and its final greedy pass@1."""
-    runs = [p for p in sorted((out / "runs" / arm).glob(f"*-train-*-seed{seed}"))
-            if (p / "summary.json").is_file()]
-    if not runs:
+    runs = load_runs([out / "runs" / arm, out / "evals" / arm])
+    done = sorted((r for r in runs.train if r.seed == seed and r.complete), key=lambda r: r.path.name)
+    if not done:
         raise SystemExit(f"no finished {arm} run of seed {seed} under {out / 'runs' / arm}")
-    for e in sorted((out / "evals" / arm).glob(f"*-eval-{eval_tasks}-{runs[-1].name}")):
-        summary = json.loads((e / "summary.json").read_text()) if (e / "summary.json").is_file() else {}
-        if summary.get("samples") == 1:
-            return RunDir.open(runs[-1]), summary["pass_at_1"]
-    raise SystemExit(f"no finished greedy {eval_tasks} evaluation of {runs[-1]}")
+    greedy = runs.evals_of(done[-1], eval_tasks, samples=1)
+    if greedy is None:
+        raise SystemExit(f"no finished greedy {eval_tasks} evaluation of {done[-1].path}")
+    return RunDir.open(done[-1].path), greedy.summary["pass_at_1"]
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from crr.errors import CRRError
 from crr.eval.evaluate import RESULTS
 from crr.eval.passk import instance_counts
-from crr.rundir import RunDir, atomic_write_text
+from crr.rundir import RunDir, atomic_write_text, relative_to_cwd
 from crr.tasks.loaders import load_tasks, write_tasks
 from crr.tasks.schema import Task
 
@@ -71,7 +71,10 @@ def band_from_eval(eval_dir: Path | str, out: Path | str, low: float, high: floa
         copied.append(task)
     write_tasks(copied, out / "tasks.jsonl")
     rates = [c / n for n, c in (counts[t.instance_id] for t in chosen)]
-    summary = {"source_eval": run.path.name, "model": _portable(config.get("model")), "samples": samples,
+    model = config.get("model")
+    if model is not None:  # committed sets carry no machine's paths
+        model = relative_to_cwd(model) or Path(model).name
+    summary = {"source_eval": run.path.name, "model": model, "samples": samples,
                "temperature": config.get("temperature"), "low": low, "high": high,
                "pool": len(tasks), "evaluated": len(counts), "selected": len(chosen),
                "mean_solve_rate": sum(rates) / len(rates),
@@ -80,12 +83,3 @@ def band_from_eval(eval_dir: Path | str, out: Path | str, low: float, high: floa
     atomic_write_text(out / BAND_FILE, json.dumps(summary, indent=1) + "\n")
     return summary
 
-
-def _portable(path: str | None) -> str | None:
-    """A path inside the working directory as a relative one (committed sets carry no machine's paths)."""
-    if path is None or not Path(path).is_absolute():
-        return path
-    try:
-        return str(Path(path).relative_to(Path.cwd()))
-    except ValueError:
-        return Path(path).name

@@ -21,6 +21,7 @@ import pandas as pd
 from crr.agent.tools import ToolCallError, parse_tool_call
 from crr.experiments import Comparison, EvalSpec
 from crr.report.runs import ArmRef, EvalRun, Runs, TrainRun
+from crr.rundir import relative_to_cwd
 from crr.train.ledger import PHASES
 from crr.train.tuples import read_tuples
 
@@ -124,12 +125,8 @@ class Needs:
 
 
 def shown(path: Path) -> str:
-    """A run's path as a command should name it: relative to the working directory when under it, so a
-    report's commands work from a fresh clone rather than naming the machine that made the runs."""
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
+    """A run's path as a report's commands name it: relative to the working directory when under it."""
+    return relative_to_cwd(path) or str(path)
 
 
 def _main_spec(runs: Runs) -> Comparison | None:
