@@ -1,0 +1,219 @@
+"""The ray:local fork engine on a real two-node Ray cluster (ray.cluster_utils.Cluster: two raylets on this
+machine with their own resources): the same observations, forks and verdicts as the local engine, forks on
+the parent's node, and a node that dies mid-episode is an infrastructure error, not a hang or a reward."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from agent_tasks import calc_task
+from conftest import git_repo
+
+from crr.agent.tools import ToolCall, execute
+from crr.agent.verifier import verify
+from crr.errors import CRRError, SandboxError
+from crr.replay import ENGINES, get_engine
+from crr.replay.base import ForkEngine, Sandbox, tree_digest
+from crr.replay.local import gc_leftovers
+from crr.replay.overlay import process_start
+from crr.tasks.loaders import load_tasks
+from crr.tasks.schema import Task
+
+ray = pytest.importorskip("ray", reason="the ray extra (pip install -e '.[ray]')")
+from ray.cluster_utils import Cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+CALLS = [ToolCall("view_file", {"path": "calc.py"}),
+         ToolCall("run_shell", {"command": "ls -la --time-style=+ . | awk '{print $1, $NF}'; pwd; echo $HOME"}),
+         ToolCall("edit_file", {"path": "calc.py", "start": 2, "end": 2, "replacement": "    return a + b"}),
+         ToolCall("run_shell", {"command": "git diff"}),
+         ToolCall("view_file", {"path": "../etc/passwd"}),          # an error observation
+         ToolCall("run_tests", {"test_filter": ""})]
+EDITS = "echo new > new.txt && rm README.md && mkdir -p d/e && echo deep > d/e/f.py && chmod 755 calc.py"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head raylet and a worker raylet, one CPU and two sandbox slots each."""
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"crr_sandbox": 2, "head": 1},
+                                                      "include_dashboard": False})
+    c.add_node(num_cpus=1, resources={"crr_sandbox": 2, "worker": 1})
+    try:
+        ray.init(address=c.address, configure_logging=False)
+        c.wait_for_nodes()
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def engine(cluster):
+    eng = get_engine("ray:local", address=cluster.address, cpus_per_sandbox=0.5)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def local():
+    eng = get_engine("local")
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def calc(tmp_path_factory) -> Task:
+    root = tmp_path_factory.mktemp("ray-calc")
+
+    def make(files: dict[str, str], instance_id: str = "t1", **fields) -> Task:
+        repo = Path(tempfile.mkdtemp(dir=root, prefix=f"repo-{instance_id}-"))
+        commit = git_repo(repo, files)
+        return Task(**{"instance_id": instance_id, "repo": f"local/{instance_id}", "base_commit": commit,
+                       "problem_statement": "", "patch": "", "test_patch": "", "FAIL_TO_PASS": (),
+                       "PASS_TO_PASS": (), "version": "0", "repo_src": str(repo), **fields})
+
+    return calc_task(make)
+
+
+def test_ray_stays_out_of_light_imports():
+    """Naming the engines and `crr --help` import no ray: the factory defers it to `get_engine("ray:...")`."""
+    code = ("import sys\nfrom typer.testing import CliRunner\nfrom crr.cli import app\nfrom crr.replay import ENGINES\n"
+            "assert {'ray:local', 'ray:docker'} <= set(ENGINES)\n"
+            "assert CliRunner().invoke(app, ['--help']).exit_code == 0\n"
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_hosts_one_per_sandbox_node(engine, cluster):
+    assert isinstance(engine, ForkEngine) and engine.name == "ray:local" and "ray:docker" in ENGINES
+    hosts = engine.hosts()
+    assert {h["node"] for h in hosts} == {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    assert all(h["capacity"] == 2 and h["dead"] is None and h["pid"] != os.getpid() for h in hosts)
+
+
+def test_tool_calls_give_the_local_engines_observations(engine, local, calc):
+    with local.start(calc) as here, engine.start(calc) as there:
+        assert isinstance(there, Sandbox) and there.repo_dir == here.repo_dir
+        for call in CALLS:
+            want, got = execute(here, call), execute(there, call)
+            assert got == want, call
+        assert there.read_file("calc.py") == here.read_file("calc.py")
+        there.write_file("x/y.txt", b"\x00bytes")
+        assert there.exec("cat x/y.txt | od -c | head -1").output.split()[1:3] == ["\\0", "b"]
+        with pytest.raises(CRRError, match="outside the repository"):
+            there.read_file("../../etc/passwd")  # the host's error comes back as itself
+        res = there.exec("sleep 5", timeout=0.5)
+        assert res.timed_out and res.exit_code == 124
+
+
+def test_starts_spread_and_forks_stay_on_the_parents_node(engine, local, calc):
+    with local.start(calc) as ref:
+        assert ref.exec(EDITS).exit_code == 0
+        want = tree_digest(ref)
+    parents = [engine.start(calc), engine.start(calc)]
+    try:
+        assert {p.node for p in parents} == {h["node"] for h in engine.hosts()}  # one on each node
+        for parent in parents:
+            assert parent.exec(EDITS).exit_code == 0
+            snap = parent.snapshot()
+            assert snap.engine == "ray:local" and snap.handle["node"] == parent.node
+            forks = [engine.restore(snap), engine.restore(snap)]
+            assert all(f.node == parent.node for f in forks)
+            assert {tree_digest(f) for f in forks} == {tree_digest(parent)} == {want}
+            forks[0].exec("echo mine > new.txt")
+            assert parent.read_file("new.txt") == forks[1].read_file("new.txt") == b"new\n"
+            for f in forks:
+                f.close()
+            engine.release(snap)
+            with pytest.raises(CRRError, match="not held"):
+                engine.restore(snap)
+    finally:
+        for p in parents:
+            p.close()
+    assert all(h["live"] == 0 for h in engine.hosts())
+
+
+def test_gold_patch_scores_1_through_ray_as_locally(engine, local):
+    tasks = load_tasks("nano-band")[:2]
+    verdicts = {}
+    for name, eng in (("local", local), ("ray", engine)):
+        for task in tasks:
+            with eng.start(task) as sb:
+                sb.write_file("gold.patch", task.patch.encode())
+                assert sb.exec("git apply gold.patch && rm gold.patch").exit_code == 0
+                result = verify(sb, task, timeout=120)
+            verdicts[name, task.instance_id] = (result.reward, result.infra_error, result.statuses)
+    for task in tasks:
+        assert verdicts["ray", task.instance_id] == verdicts["local", task.instance_id]
+        assert verdicts["ray", task.instance_id][:2] == (1.0, None)
+
+
+def test_a_node_dying_mid_command_is_an_infra_error(cluster, calc):
+    """Kill the node of a sandbox while it runs a command: that call and every later one on its sandboxes
+    and snapshots raise SandboxError within seconds; new sandboxes go to the nodes still alive; what the
+    dead host left on this machine is ordinary local-engine leftovers, which gc_leftovers reclaims."""
+    victim = cluster.add_node(num_cpus=1, resources={"crr_sandbox": 1})
+    cluster.wait_for_nodes()
+    eng = get_engine("ray:local", address=cluster.address, cpus_per_sandbox=0.5, exec_margin_s=10)
+    try:
+        host = next(h for h in eng.hosts() if h["node"] == victim.node_id)
+        sandboxes = [eng.start(calc) for _ in range(3)]  # the victim's one slot is the emptiest at the third
+        sb = next(s for s in sandboxes if s.node == victim.node_id)
+        snap = sb.snapshot()
+        raised: list[BaseException] = []
+
+        def long_command():
+            try:
+                sb.exec("sleep 37.25", timeout=60)
+            except BaseException as e:  # noqa: BLE001 (kept for the assertion below)
+                raised.append(e)
+
+        t = threading.Thread(target=long_command)
+        t.start()
+        time.sleep(1.0)  # the command is running on the victim
+        t0 = time.monotonic()
+        cluster.remove_node(victim)
+        t.join(30)
+        assert not t.is_alive() and time.monotonic() - t0 < 30
+        assert len(raised) == 1 and isinstance(raised[0], SandboxError), raised
+        with pytest.raises(SandboxError, match="died|gone"):
+            sb.exec("true", timeout=5)
+        with pytest.raises(SandboxError, match="gone"):
+            eng.restore(snap)
+        eng.release(snap)  # nothing to free: no error
+        sb.close()
+        with eng.start(calc) as again:  # new sandboxes avoid the dead node
+            assert again.node != victim.node_id and again.exec("true").exit_code == 0
+        assert next(h for h in eng.hosts() if h["node"] == victim.node_id)["dead"]
+        for s in sandboxes:
+            s.close()
+    finally:
+        eng.close()
+    deadline = time.monotonic() + 20
+    while process_start(host["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not process_start(host["pid"]), "the dead node's sandbox host process lives on"
+    gc_leftovers()  # what `crr sandbox gc` runs on this machine
+    assert not Path(host["engine_dir"]).exists()
+    assert not _procs_with("sleep", "37.25")
+
+
+def _procs_with(*argv: str) -> list[int]:
+    want = "\0".join(argv).encode() + b"\0"
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and (d / "cmdline").read_bytes() == want:
+                pids.append(int(d.name))
+        except OSError:
+            pass
+    return pids
