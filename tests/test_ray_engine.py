@@ -21,6 +21,7 @@ from crr.agent.verifier import verify
 from crr.errors import CRRError, SandboxError
 from crr.replay import ENGINES, get_engine
 from crr.replay.base import ForkEngine, Sandbox, tree_digest
+from crr.replay.bench import ray_bench
 from crr.replay.local import gc_leftovers
 from crr.replay.overlay import process_start
 from crr.tasks.loaders import load_tasks
@@ -157,53 +158,71 @@ def test_gold_patch_scores_1_through_ray_as_locally(engine, local):
         assert verdicts["ray", task.instance_id][:2] == (1.0, None)
 
 
-def test_a_node_dying_mid_command_is_an_infra_error(cluster, calc):
-    """Kill the node of a sandbox while it runs a command: that call and every later one on its sandboxes
-    and snapshots raise SandboxError within seconds; new sandboxes go to the nodes still alive; what the
-    dead host left on this machine is ordinary local-engine leftovers, which gc_leftovers reclaims."""
+def test_ray_bench_times_both_engines_in_one_run(cluster):
+    r = ray_bench(cluster.address, n_files=20, repeats=2)
+    assert r["nodes"] == 2 and r["direct"].keys() == r["ray"].keys()
+    for key in ("exec", "read", "fork"):
+        for label in ("direct", "ray"):
+            assert 0 < r[label][f"{key}_ms_p50"] <= r[label][f"{key}_ms_p95"]
+        assert r[f"{key}_overhead_ms_p50"] == pytest.approx(r["ray"][f"{key}_ms_p50"] - r["direct"][f"{key}_ms_p50"])
+    assert not [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("crr-fork-bench-")]
+
+
+def test_a_node_lost_mid_episode_is_an_infra_failure(cluster, calc):
+    """Kill the node of an episode's sandbox while it runs a command: the episode ends as an infrastructure
+    failure (reward None, never 0) within seconds, its snapshots' restores raise SandboxError, new sandboxes
+    go to the nodes still alive, and what the dead host left on this machine is ordinary local-engine
+    leftovers, which gc_leftovers (`crr sandbox gc`) reclaims."""
+    from transformers import AutoTokenizer
+
+    from crr.agent.conversation import action_text
+    from crr.agent.episode import Episode, EpisodeConfig
+    from crr.policy.model import SHIPPED_DEFAULT
+
+    tokenizer = AutoTokenizer.from_pretrained(SHIPPED_DEFAULT)
     victim = cluster.add_node(num_cpus=1, resources={"crr_sandbox": 1})
     cluster.wait_for_nodes()
     eng = get_engine("ray:local", address=cluster.address, cpus_per_sandbox=0.5, exec_margin_s=10)
     try:
         host = next(h for h in eng.hosts() if h["node"] == victim.node_id)
-        sandboxes = [eng.start(calc) for _ in range(3)]  # the victim's one slot is the emptiest at the third
-        sb = next(s for s in sandboxes if s.node == victim.node_id)
-        snap = sb.snapshot()
-        raised: list[BaseException] = []
-
-        def long_command():
-            try:
-                sb.exec("sleep 37.25", timeout=60)
-            except BaseException as e:  # noqa: BLE001 (kept for the assertion below)
-                raised.append(e)
-
-        t = threading.Thread(target=long_command)
-        t.start()
+        episodes = []
+        for _ in range(3):  # spread: one sandbox on each of the three nodes
+            episodes.append(Episode(calc, eng, tokenizer, EpisodeConfig(max_turns=5)))
+            episodes[-1].start()
+        episode = next(e for e in episodes if e.sandbox.node == victim.node_id)
+        assert episode.act(action_text(ToolCall("view_file", {"path": "calc.py"}))) is not None
+        snap = episode.sandbox.snapshot()
+        ended: list = []
+        mid = threading.Thread(target=lambda: ended.append(
+            episode.act(action_text(ToolCall("run_shell", {"command": "sleep 37.25"})))))
+        mid.start()
         time.sleep(1.0)  # the command is running on the victim
         t0 = time.monotonic()
         cluster.remove_node(victim)
-        t.join(30)
-        assert not t.is_alive() and time.monotonic() - t0 < 30
-        assert len(raised) == 1 and isinstance(raised[0], SandboxError), raised
-        with pytest.raises(SandboxError, match="died|gone"):
-            sb.exec("true", timeout=5)
+        mid.join(30)
+        assert not mid.is_alive() and time.monotonic() - t0 < 30 and ended == [None] and episode.done
+        traj = episode.finish()
+        assert traj.reward is None and traj.end_reason == "infra_error" and "died" in traj.infra_error
         with pytest.raises(SandboxError, match="gone"):
             eng.restore(snap)
         eng.release(snap)  # nothing to free: no error
-        sb.close()
+        traj.release()
         with eng.start(calc) as again:  # new sandboxes avoid the dead node
             assert again.node != victim.node_id and again.exec("true").exit_code == 0
         assert next(h for h in eng.hosts() if h["node"] == victim.node_id)["dead"]
-        for s in sandboxes:
-            s.close()
+        for e in episodes:
+            if e is not episode:
+                e.sandbox.close()
+                e.traj.release()
     finally:
         eng.close()
     deadline = time.monotonic() + 20
     while process_start(host["pid"]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not process_start(host["pid"]), "the dead node's sandbox host process lives on"
-    gc_leftovers()  # what `crr sandbox gc` runs on this machine
-    assert not Path(host["engine_dir"]).exists()
+    left = Path(host["engine_dir"]).exists()  # SIGKILLed with its raylet: its engine never closed
+    removed = gc_leftovers()  # what `crr sandbox gc` runs on this machine
+    assert not Path(host["engine_dir"]).exists() and (not left or host["engine_dir"] in removed)
     assert not _procs_with("sleep", "37.25")
 
 
