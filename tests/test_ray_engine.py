@@ -158,6 +158,59 @@ def test_gold_patch_scores_1_through_ray_as_locally(engine, local):
         assert verdicts["ray", task.instance_id][:2] == (1.0, None)
 
 
+def test_the_determinism_filter_runs_unchanged_on_ray(cluster, tmp_path):
+    """filter_tasks with engine ray:local (and a second, recording engine beside it, as --record-http makes):
+    the shipped nano tasks are admitted, as on the local engine."""
+    from crr.filter.determinism import ADMITTED, RESULTS, FilterConfig, filter_tasks
+    from crr.rundir import RunDir
+
+    tasks = load_tasks("nano-band")[:2]
+    config = FilterConfig(engine="ray:local", engine_opts={"address": cluster.address}, reruns=2, timeout=120,
+                          record_http=True)
+    run = RunDir.create("filter-tasks", "ray", root=tmp_path / "runs")
+    summary = filter_tasks(tasks, run, config, workers=2)
+    assert summary.admitted == 2 and summary.infra_errors == 0, run.records(RESULTS)
+    assert {r["verdict"] for r in run.records(RESULTS)} == {ADMITTED}
+
+
+def test_a_node_lost_mid_filter_is_an_infra_error_and_resume_finishes(cluster, tmp_path, monkeypatch):
+    """Kill a node while the filter has a sandbox on it: that task is recorded as an infra error (never
+    discarded: a lost node is not nondeterminism), the others are decided, and resuming decides it."""
+    from crr.filter.determinism import ADMITTED, INFRA_ERROR, RESULTS, FilterConfig, filter_tasks
+    from crr.rundir import RunDir
+
+    victim = cluster.add_node(num_cpus=2, resources={"crr_sandbox": 4})  # the emptiest: sandboxes go there first
+    cluster.wait_for_nodes()
+    made = []
+    make = ENGINES["ray:local"]
+    monkeypatch.setitem(ENGINES, "ray:local", lambda **opts: made.append(make(**opts)) or made[-1])
+
+    def kill_when_busy():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            hosts = [h for eng in made for h in eng.hosts() if h["node"] == victim.node_id]
+            if any(h["live"] for h in hosts):
+                cluster.remove_node(victim)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_when_busy)
+    killer.start()
+    tasks = load_tasks("nano-band")[:3]
+    config = FilterConfig(engine="ray:local", engine_opts={"address": cluster.address, "cpus_per_sandbox": 0.5},
+                          reruns=2, timeout=120)
+    run = RunDir.create("filter-tasks", "ray-kill", root=tmp_path / "runs")
+    try:
+        first = filter_tasks(tasks, run, config, workers=2)
+    finally:
+        killer.join()
+    verdicts = [r["verdict"] for r in run.records(RESULTS)]
+    assert victim.node_id not in {n["NodeID"] for n in ray.nodes() if n["Alive"]}, "the victim was never busy"
+    assert first.infra_errors >= 1 and set(verdicts) <= {ADMITTED, INFRA_ERROR}, run.records(RESULTS)
+    again = filter_tasks(tasks, run, config, workers=2)  # resume: infra errors are tried again
+    assert again.admitted == 3 and again.infra_errors == 0
+
+
 def test_ray_bench_times_both_engines_in_one_run(cluster):
     r = ray_bench(cluster.address, n_files=20, repeats=2)
     assert r["nodes"] == 2 and r["direct"].keys() == r["ray"].keys()

@@ -32,12 +32,12 @@ def _docker(**opts) -> ForkEngine:
 
 def _on_ray(inner: str) -> Callable[..., ForkEngine]:
     """The factory of `ray:<inner>`: sandboxes on a Ray cluster's nodes, each node running `inner`
-    (crr.replay.ray_engine). Options: address ("auto", as ray.init takes it), cpus_per_sandbox, resource,
-    timeouts; the rest go to the inner engine on every node."""
+    (crr.replay.ray_engine). Options: address ("auto", as ray.init takes it; "local": a one-node Ray on
+    this machine), cpus_per_sandbox, resource, timeouts; the rest go to the inner engine on every node."""
 
     def make(**opts) -> ForkEngine:
-        # deferred: importing ray costs about a second and starts nothing useful for `crr --help` and the
-        # light commands; only an engine named ray:... pays it (ray is the optional `ray` extra).
+        # deferred: importing ray costs ~0.3 s (more on a busy machine) that `crr --help` and the light
+        # commands need not pay; only an engine named ray:... does (ray is the optional `ray` extra).
         try:
             from crr.replay.ray_engine import RayEngine
         except ImportError as e:

@@ -86,7 +86,7 @@ class SandboxHost:
 
     def info(self) -> dict:
         return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
-                "hostname": socket.gethostname(), "engine_dir": str(getattr(self.engine, "dir", "") or "")}
+                "hostname": socket.gethostname(), "engine_dir": str(getattr(self.engine, "dir", None) or getattr(self.engine, "root", None) or "")}
 
     def start(self, task: TaskSpec) -> tuple[int, str]:
         return self._add(self.engine.start(task))
@@ -165,7 +165,8 @@ class RayEngine:
 
     inner: the engine each node runs (`local`, `docker`, or any registered name whose factory the
     nodes can import); inner_opts: its options. address: as ray.init takes it ("auto": the cluster
-    this machine belongs to); used only when this process has not connected to Ray yet.
+    this machine belongs to; "local": a one-node Ray started here, every CPU a sandbox slot); used only
+    when this process has not connected to Ray yet.
     """
 
     def __init__(self, inner: str = "local", *, factory: Callable[..., ForkEngine], address: str | None = "auto",
@@ -214,7 +215,10 @@ class RayEngine:
                           what=f"restoring a snapshot of {snapshot.task_id}")
 
     def release(self, snapshot: Snapshot) -> None:
-        host = self._holder(snapshot)
+        try:
+            host = self._holder(snapshot)
+        except CRRError:
+            return  # not this engine's: nothing of it to free (as the local engine does)
         if host.dead:
             return  # what it held went with it (crr sandbox gc on its node reclaims the rest)
         try:
@@ -248,6 +252,12 @@ class RayEngine:
         self.close()
 
     # --- placement --------------------------------------------------------------------------------
+    @property
+    def slots(self) -> int:
+        """Commands that can run at once over the live hosts: a fitting number of rollout/filter workers."""
+        with self._lock:
+            return sum(h.capacity for h in self._hosts.values() if not h.dead)
+
     def hosts(self) -> list[dict]:
         """One row per sandbox host: node, pid, hostname, capacity, live sandboxes, and why it died."""
         with self._lock:
@@ -423,11 +433,14 @@ def _kill(actor) -> None:
 
 
 def _connect(address: str | None) -> None:
-    """Join the Ray cluster at `address` unless this process already has."""
+    """Join the Ray cluster at `address` unless this process already has; "local" starts a one-node Ray on
+    this machine whose every CPU is a sandbox slot (ended with this process)."""
     if ray.is_initialized():
         return
+    opts = {"resources": {RESOURCE: os.cpu_count() or 1}, "include_dashboard": False} if address == "local" else {}
     try:
-        ray.init(address=address, logging_level=logging.WARNING, configure_logging=False)
+        ray.init(address=address, configure_logging=False, **opts)
     except (ConnectionError, RuntimeError, ValueError) as e:
-        raise CRRError(f"cannot connect to a Ray cluster at {address!r}: {e}. Start one (`ray start --head "
-                       f"--resources='{{\"{RESOURCE}\": 8}}'`) or pass its address") from None
+        raise CRRError(f"cannot connect to a Ray cluster at {address!r}: {str(e).rstrip('.')}. Start one "
+                       f"(`ray start --head --resources='{{\"{RESOURCE}\": 8}}'`), pass its address, or pass "
+                       "address='local' for a one-node Ray on this machine") from None
