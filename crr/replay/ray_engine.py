@@ -49,6 +49,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -57,7 +58,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 import ray
-from ray.exceptions import GetTimeoutError, RayError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from crr.errors import CRRError, SandboxError
@@ -210,6 +211,7 @@ class RayEngine:
     def restore(self, snapshot: Snapshot) -> RaySandbox:
         host = self._holder(snapshot)
         with self._lock:
+            self._check_open()
             host.live += 1
         return self._open(host, "restore", snapshot.id, timeout=self.call_timeout_s, task=snapshot.handle["task"],
                           what=f"restoring a snapshot of {snapshot.task_id}")
@@ -297,7 +299,10 @@ class RayEngine:
                 _kill(host.actor)
                 continue
             with self._lock:
-                self._hosts[host.node] = host
+                if not self._closed:
+                    self._hosts[host.node] = host
+                    continue
+            _kill(host.actor)  # the engine closed while this host started
         if new:
             log.info("%s: sandbox hosts on %d nodes (%s)", self.name, len(self._hosts),
                      ", ".join(f"{h.node[:8]}x{h.capacity}" for h in self._hosts.values()))
@@ -305,8 +310,7 @@ class RayEngine:
     def _pick(self) -> _Host:
         """The live host with the fewest sandboxes per slot; ties go round-robin."""
         with self._lock:
-            if self._closed:
-                raise CRRError(f"this {self.name} engine is closed; make a new one")
+            self._check_open()
             alive = [h for h in self._hosts.values() if not h.dead]
             if not alive:
                 raise SandboxError(f"every sandbox host of this {self.name} engine is gone: "
@@ -316,6 +320,10 @@ class RayEngine:
             host = min(order, key=lambda h: h.live / h.capacity)
             host.live += 1  # claimed now, so concurrent starts spread too
             return host
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CRRError(f"this {self.name} engine is closed; make a new one")
 
     def _holder(self, snapshot: Snapshot) -> _Host:
         if snapshot.engine != self.name:
@@ -364,8 +372,7 @@ class RayEngine:
             raise SandboxError(f"{what}: the sandbox host on node {host.node} did not answer within "
                                f"{timeout:.0f} s") from None
         except RayError as e:  # the actor or its node died
-            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            host.dead = f"{type(e).__name__}: {why}"
+            host.dead = _why(e)
             raise SandboxError(f"{what}: the sandbox host on node {host.node} died ({host.dead})") from None
 
 
@@ -423,6 +430,16 @@ class RaySandbox:
     def _check_open(self) -> None:
         if self._closed:
             raise CRRError(f"sandbox of {self.task.instance_id} is closed")
+
+
+def _why(e: RayError) -> str:
+    """One line on why a host died: the exception its engine raised at start-up, or Ray's reason."""
+    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(e)).splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    if isinstance(e, RayActorError) and e.actor_init_failed:
+        return f"its engine failed to start: {lines[-1]}"
+    return f"{type(e).__name__}: {lines[0]}" + (f" {lines[-1]}" if len(lines) > 1 else "")
 
 
 def _kill(actor) -> None:
