@@ -5,6 +5,7 @@ the parent's node, and a node that dies mid-episode is an infrastructure error, 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,7 @@ def cluster():
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"crr_sandbox": 2, "head": 1},
                                                       "include_dashboard": False})
     c.add_node(num_cpus=1, resources={"crr_sandbox": 2, "worker": 1})
+    session = c.head_node.get_session_dir_path()
     try:
         ray.init(address=c.address, configure_logging=False)
         c.wait_for_nodes()
@@ -53,6 +55,7 @@ def cluster():
     finally:
         ray.shutdown()
         c.shutdown()
+        shutil.rmtree(session, ignore_errors=True)  # its logs: a few hundred KB a run
 
 
 @pytest.fixture(scope="module")

@@ -195,8 +195,10 @@ def ray_bench(address: str | None = None, inner: str = "local", n_files: int = 1
         return out
     finally:
         if cluster is not None:
+            session = cluster.head_node.get_session_dir_path()
             ray.shutdown()
             cluster.shutdown()
+            shutil.rmtree(session, ignore_errors=True)  # the throwaway cluster's logs
 
 
 def _call_latencies(engines: dict, task: Task, n_files: int, repeats: int) -> dict[str, dict[str, list[float]]]:
