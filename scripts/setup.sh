@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-time set-up for a fresh machine, idempotent; both `make main` and `make test` run it.
-#  - the Python environment (.venv) with crr, its dev tools and the synth extra (SWE-smith; torch
-#    2.13.0 is the CPU build);
+#  - the Python environment (.venv) with crr, its dev tools, the synth extra (SWE-smith) and the ray
+#    extra (the ray:local / ray:docker engines and their tests); torch 2.13.0 is the CPU build;
 #  - Docker (Debian's docker.io) with dockerd running, when we are root and it is missing;
 #  - crr's sandbox base image, built without a registry (scripts/build-base-image.sh).
 # Set CRR_SKIP_DOCKER=1 to skip the Docker parts (the local fork engine needs none of them).
@@ -13,10 +13,10 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv"; "$PY" -m venv .venv
 fi
 stamp=.venv/.crr-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
   echo "[setup] installing crr and its dependencies into .venv (first time: a few minutes)"
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[dev,synth]'
+  .venv/bin/pip install -q -e '.[dev,synth,ray]'
   touch "$stamp"
 fi
 

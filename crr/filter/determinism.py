@@ -245,8 +245,8 @@ def filter_config(settings: dict) -> FilterConfig:
     if settings["engine"] not in ENGINES:
         raise CRRError(f"unknown fork engine {settings['engine']!r}; choose one of {', '.join(ENGINES)}")
     mode = settings["mode"]
-    if mode is not None and (settings["engine"] != "docker" or mode not in ("commit", "overlay")):
-        raise CRRError("--mode is commit or overlay, and applies to --engine docker only")
+    if mode is not None and (settings["engine"] not in ("docker", "ray:docker") or mode not in ("commit", "overlay")):
+        raise CRRError("--mode is commit or overlay, and applies to --engine docker (or ray:docker) only")
     if settings["limit"] is not None and settings["limit"] < 1:
         raise CRRError(f"--limit must be at least 1, got {settings['limit']}")
     return FilterConfig(engine=settings["engine"], engine_opts={"mode": mode} if mode else {},

@@ -1,4 +1,5 @@
-"""Sandboxes and fork engines, chosen by name: `get_engine("local")`, `get_engine("docker", mode=...)`.
+"""Sandboxes and fork engines, chosen by name: `get_engine("local")`, `get_engine("docker", mode=...)`,
+`get_engine("ray:local", address="auto")` (sandboxes on a Ray cluster's nodes, crr.replay.ray_engine).
 
 A fork engine (the ForkEngine protocol of crr.replay.base) is registered under a name with a factory that
 takes the engine's options; a new one is
@@ -29,7 +30,25 @@ def _docker(**opts) -> ForkEngine:
     return DockerEngine(**opts)
 
 
-ENGINES: dict[str, Callable[..., ForkEngine]] = {"local": _local, "docker": _docker}
+def _on_ray(inner: str) -> Callable[..., ForkEngine]:
+    """The factory of `ray:<inner>`: sandboxes on a Ray cluster's nodes, each node running `inner`
+    (crr.replay.ray_engine). Options: address ("auto", as ray.init takes it; "local": a one-node Ray on
+    this machine), cpus_per_sandbox, resource, timeouts; the rest go to the inner engine on every node."""
+
+    def make(**opts) -> ForkEngine:
+        # deferred: importing ray costs ~0.3 s (more on a busy machine) that `crr --help` and the light
+        # commands need not pay; only an engine named ray:... does (ray is the optional `ray` extra).
+        try:
+            from crr.replay.ray_engine import RayEngine
+        except ImportError as e:
+            raise CRRError(f"engine ray:{inner} needs Ray: pip install -e '.[ray]' ({e})") from None
+        return RayEngine(inner, factory=ENGINES[inner], **opts)
+
+    return make
+
+
+ENGINES: dict[str, Callable[..., ForkEngine]] = {"local": _local, "docker": _docker,
+                                                 "ray:local": _on_ray("local"), "ray:docker": _on_ray("docker")}
 
 
 def register_engine(name: str, factory: Callable[..., ForkEngine]) -> None:

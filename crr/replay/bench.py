@@ -141,3 +141,95 @@ def _measure(engine_name: str, mode: str | None, task: Task, n_files: int, n_edi
         out[f"{key}_ms_p95"] = round(float(np.percentile(xs, 95)), 3)
     log.info("fork bench %s/%s: fork p50 %.1f ms", engine_name, out["mode"], out["fork_ms_p50"])
     return out
+
+
+def ray_bench(address: str | None = None, inner: str = "local", n_files: int = 1000, repeats: int = 50,
+              nodes: int = 2) -> dict:
+    """Tool-call and fork latency p50/p95 (ms) through `ray:<inner>` against `<inner>` directly, in one run.
+
+    Per round, on one sandbox of each engine (rounds alternate between the two, so that load on the
+    machine falls on both alike): `exec` (a shell tool call: `true`), `read` (a view tool call: read_file
+    of a small file) and `fork` (snapshot + restore + `true` in the fork, as fork_bench). address: a Ray
+    cluster's address; None starts a throwaway ray.cluster_utils.Cluster of `nodes` raylets on this
+    machine (one CPU and two sandbox slots each) and shuts it down after, so the difference is Ray's own
+    dispatch cost (driver -> host actor -> the same local engine), with no network in it.
+    """
+    # deferred: ray is the optional `ray` extra, and `crr fork bench` imports this module without needing it
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if repeats < 1 or n_files < 10:
+        raise CRRError("the ray benchmark needs at least 10 files and 1 repeat")
+    cluster = None
+    if address is None:
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"crr_sandbox": 2},
+                                                                "include_dashboard": False})
+        for _ in range(nodes - 1):
+            cluster.add_node(num_cpus=1, resources={"crr_sandbox": 2})
+        address = cluster.address
+    try:
+        if not ray.is_initialized():
+            ray.init(address=address, configure_logging=False)
+        if cluster is not None:
+            cluster.wait_for_nodes()
+        with tempfile.TemporaryDirectory(prefix="crr-fork-bench-") as tmp:
+            task = synthetic_task(Path(tmp) / "repo", n_files)
+            checkout = base_checkout(task)
+            engines = {}
+            try:
+                engines["direct"] = get_engine(inner)
+                engines["ray"] = get_engine(f"ray:{inner}", address=address)
+                times = _call_latencies(engines, task, n_files, repeats)
+            finally:
+                for engine in engines.values():
+                    engine.close()
+                shutil.rmtree(checkout, ignore_errors=True)
+        out = {"inner": inner, "n_files": n_files, "repeats": repeats, "address": address,
+               "nodes": sum(n["Alive"] for n in ray.nodes()), "direct": {}, "ray": {}}
+        for label, per_key in times.items():
+            for key, xs in per_key.items():
+                out[label][f"{key}_ms_p50"] = round(float(np.percentile(xs, 50)), 3)
+                out[label][f"{key}_ms_p95"] = round(float(np.percentile(xs, 95)), 3)
+        for key in ("exec", "read", "fork"):
+            out[f"{key}_overhead_ms_p50"] = round(out["ray"][f"{key}_ms_p50"] - out["direct"][f"{key}_ms_p50"], 3)
+        return out
+    finally:
+        if cluster is not None:
+            session = cluster.head_node.get_session_dir_path()
+            ray.shutdown()
+            cluster.shutdown()
+            shutil.rmtree(session, ignore_errors=True)  # the throwaway cluster's logs
+
+
+def _call_latencies(engines: dict, task: Task, n_files: int, repeats: int) -> dict[str, dict[str, list[float]]]:
+    """{engine label: {exec|read|fork: [ms per round]}}, the engines' rounds interleaved."""
+    times = {label: {"exec": [], "read": [], "fork": []} for label in engines}
+    sandboxes = {label: engine.start(task) for label, engine in engines.items()}
+    path = _file_name(0, n_files)
+    try:
+        for sb in sandboxes.values():
+            if sb.exec(_edit_script(n_files, 7), timeout=60).exit_code != 0:
+                raise SandboxError("ray bench: editing the synthetic repo failed")
+        for i in range(repeats + 1):  # round 0 warms up, untimed
+            for label, sb in sandboxes.items():
+                engine = engines[label]
+                t0 = time.perf_counter()
+                if sb.exec("true", timeout=60).exit_code != 0:
+                    raise SandboxError("ray bench: `true` failed")
+                t1 = time.perf_counter()
+                sb.read_file(path)
+                t2 = time.perf_counter()
+                snap = sb.snapshot()
+                fork = engine.restore(snap)
+                fork.exec("true", timeout=60)
+                t3 = time.perf_counter()
+                fork.close()
+                engine.release(snap)
+                if i:
+                    times[label]["exec"].append((t1 - t0) * 1e3)
+                    times[label]["read"].append((t2 - t1) * 1e3)
+                    times[label]["fork"].append((t3 - t2) * 1e3)
+    finally:
+        for sb in sandboxes.values():
+            sb.close()
+    return times
