@@ -34,9 +34,13 @@ def train_command(
     directory with config.yaml, manifest.json, metrics.jsonl, ledger.json, tuples/ and checkpoints/."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from crr.errors import CRRError
     from crr.train.config import load_config, parse_overrides
+    from crr.train.distributed import is_main, launched_processes
     from crr.train.trainer import resolve_model, resume_run, start_run, train
 
+    if eval_tasks is not None and launched_processes() > 1:
+        raise CRRError("--eval runs in one process: train across processes without it, then `crr eval` the run")
     checkpoint = None
     if resume is not None:
         cfg, run, checkpoint = resume_run(resume)
@@ -65,7 +69,7 @@ def train_command(
             f"traj {cum['trajectories']} tok {cum['generated_tokens_all']}", highlight=False, soft_wrap=True)
 
     progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("updates"),
-                        TimeElapsedColumn(), console=err_console)
+                        TimeElapsedColumn(), console=err_console, disable=not is_main())
     bar = progress.add_task("train", total=None)
 
     def update(r: dict) -> None:
@@ -74,6 +78,8 @@ def train_command(
 
     with progress:
         summary = train(cfg, run, checkpoint, on_iteration=update)
+    if not is_main():   # across processes (accelerate launch) the main one reports
+        return
     c = summary["cumulative"]
     console.print(f"done: {summary['updates']} updates, {c['trajectories']} trajectories, {c['forks']} forks, "
                   f"{c['wall_s']:.0f} s; model: {summary['model']}", highlight=False, soft_wrap=True)

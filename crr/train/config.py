@@ -21,6 +21,7 @@ from trl import GRPOConfig
 
 from crr.errors import CRRError
 from crr.experiments import EXPERIMENTS, read_preset
+from crr.train.distributed import launched_processes
 
 DEFAULT_PRESET = EXPERIMENTS / "cpu-crr.yaml"
 METHODS = {"grpo": "grpo", "crr": "crr", "search-select": "search_select"}   # method -> advantage estimator
@@ -83,14 +84,23 @@ class CRRConfig(GRPOConfig):
             raise CRRError(f"fork_cost_multiplier (m) must be >= 1, got {self.fork_cost_multiplier}")
         if not all(0 < f <= 1 for f in self.checkpoint_fractions):
             raise CRRError(f"checkpoint_fractions must lie in (0, 1], got {self.checkpoint_fractions}")
-        # One generation batch = one update: tasks_per_iteration x G rows, no gradient accumulation.
-        self.per_device_train_batch_size = self.tasks_per_iteration * self.num_generations
+        # One generation batch = one update: tasks_per_iteration x G rows, no gradient accumulation. Across
+        # N processes (crr.train.distributed) each rolls out tasks_per_iteration / N whole groups.
+        processes = launched_processes()
+        if self.tasks_per_iteration % processes:
+            raise CRRError(f"tasks_per_iteration={self.tasks_per_iteration} is not a multiple of the {processes} "
+                           "processes: each process rolls out whole groups (all G siblings of its tasks)")
+        self.per_device_train_batch_size = self.tasks_per_iteration * self.num_generations // processes
         self.gradient_accumulation_steps = 1
         self.steps_per_generation = None
+        self.generation_batch_size = None      # derived: per-process batch x processes
         if self.max_trajectories is not None:
-            updates = math.ceil(self.max_trajectories / self.per_device_train_batch_size)
+            updates = math.ceil(self.max_trajectories / (self.tasks_per_iteration * self.num_generations))
             self.max_steps = updates if self.max_steps is None or self.max_steps <= 0 else min(self.max_steps, updates)
         super().__post_init__()
+        if self.world_size != processes:
+            raise CRRError(f"launched as {processes} processes, but they did not join one process group "
+                           f"(world size {self.world_size}): without GPUs set use_cpu=true (gloo on CPU)")
 
     @property
     def estimator(self) -> str:

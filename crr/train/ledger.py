@@ -16,6 +16,12 @@ iteration in `metrics.jsonl`:
   of the rows trained on) and forks.
 
 On resume the ledger is cut back to the iterations the checkpoint holds (`truncate`).
+
+Across N processes (crr.train.distributed) every process keeps its own iteration record and `end`
+combines them (`merge`): counts are summed (updates aside: the processes take each one together), each phase is the mean over the processes (the seconds of the
+average device, so the phases still partition an iteration), wall_s is the slowest process's, and the
+record says `processes: N` (absent: one process; device time is wall_s x processes). Every process holds
+the merged ledger (budget stops agree); only the writer (the main process) saves it.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from crr.errors import CRRError
@@ -37,10 +43,10 @@ COUNTS = ("trajectories", "updates", "generated_tokens_on_policy", "generated_to
 
 
 class Ledger:
-    def __init__(self, run: RunDir, fork_cost_multiplier: float = 1.0):
+    def __init__(self, run: RunDir, fork_cost_multiplier: float = 1.0, *, writer: bool = True):
         if fork_cost_multiplier < 1:
             raise CRRError(f"the fork-cost multiplier m must be >= 1, got {fork_cost_multiplier}")
-        self.run, self.m = run, fork_cost_multiplier
+        self.run, self.m, self.writer = run, fork_cost_multiplier, writer
         path = run.path / LEDGER_FILE
         self.iterations: list[dict] = json.loads(path.read_text())["iterations"] if path.is_file() else []
         self.current: dict | None = None
@@ -85,14 +91,18 @@ class Ledger:
     def add(self, key: str, n: int) -> None:
         self.current[key] += n
 
-    def end(self) -> dict:
-        """Close the iteration: record it, rewrite ledger.json, log it to metrics.jsonl."""
+    def end(self, combine: Callable[[dict], dict] | None = None) -> dict:
+        """Close the iteration: record it (`combine`d with the other processes' records), rewrite
+        ledger.json, log it to metrics.jsonl."""
         it = self.current
         it["wall_s"] = time.monotonic() - self._start
+        if combine is not None:
+            it = combine(it)
         self.iterations.append(it)
         self.current = None
-        self.save()
-        self.run.log_metrics({"event": "ledger", **it, "cumulative": self.cumulative})
+        if self.writer:
+            self.save()
+            self.run.log_metrics({"event": "ledger", **it, "cumulative": self.cumulative})
         return it
 
     def truncate(self, iterations: int) -> None:
@@ -101,5 +111,21 @@ class Ledger:
         self.save()
 
     def save(self) -> None:
+        if not self.writer:
+            raise CRRError("this ledger is not its run's writer (only the main process writes the run)")
         self.run.write_json(LEDGER_FILE, {"fork_cost_multiplier": self.m, "phases": list(PHASES),
                                           "cumulative": self.cumulative, "iterations": self.iterations})
+
+
+def merge(records: list[dict]) -> dict:
+    """One iteration's record from every process's (in process order): see the module docstring."""
+    if len(records) == 1:
+        return records[0]
+    if len({r["iteration"] for r in records}) != 1:
+        raise CRRError(f"processes closed different iterations: {[r['iteration'] for r in records]}")
+    return {"iteration": records[0]["iteration"],
+            **{k: sum(r[k] for r in records) / len(records) for k in PHASES},
+            "wall_s": max(r["wall_s"] for r in records),
+            **{k: sum(r[k] for r in records) for k in COUNTS},
+            "updates": max(r["updates"] for r in records),   # one optimizer update, taken by all together
+            "processes": len(records)}

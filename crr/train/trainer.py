@@ -18,6 +18,11 @@ One iteration = one TRL generation batch = one optimizer update:
      infrastructure failure are masked out of the loss entirely.
   3. TRL's clipped surrogate + beta KL with the paper's settings (config.paper_loss_settings); then the
      callback closes the ledger iteration, logs, checkpoints and enforces the budget.
+
+Across N processes (`accelerate launch --num_processes N -m crr train`, crr.train.distributed) each process
+runs steps 1-3 on its tasks_per_iteration / N whole groups with its own engine; the tuples, the iteration's
+statistics, the ledger and the advantage credits are gathered so that every process holds the whole
+iteration, and only the main process writes the run directory.
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ from crr.train.advantages import RowCredit, estimate, search_select_choice, toke
 from crr.train.config import CRRConfig, load_config, paper_loss_settings
 from crr.train.counterfactual import Branch, run_branches
 from crr.train.diagnostics import advantage_snr, bucket_covariance, prefix_signature
-from crr.train.ledger import Ledger
+from crr.train.distributed import barrier, broadcast, gather, gather_one, is_main
+from crr.train.ledger import Ledger, merge
 from crr.train.replay_noise import RerunOutputs
 from crr.train.selectors import SelectorParams, select
 from crr.train.tuples import drop_parts_from, write_part
@@ -77,7 +83,7 @@ class CRRTrainer(GRPOTrainer):
             if key not in ("adam_beta1", "adam_beta2") and getattr(cfg, key) != value:
                 log.warning("config sets %s=%r; the paper's loss uses %r", key, getattr(cfg, key), value)
         self.cfg, self.run, self.engine, self.tasks = cfg, run, engine, {t.instance_id: t for t in tasks}
-        self.ledger = Ledger(run, cfg.fork_cost_multiplier)
+        self.ledger = Ledger(run, cfg.fork_cost_multiplier, writer=is_main())
         self.pool = ThreadWorkerPool(cfg.workers)
         self.episode = EpisodeConfig(max_turns=cfg.max_turns, temperature=cfg.rollout_temperature,
                                      max_new_tokens=cfg.max_new_tokens, time_limit_s=cfg.episode_time_limit_s,
@@ -98,9 +104,13 @@ class CRRTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ 1. rollouts and forks
     def _rollout(self, prompts: list[str], trainer: GRPOTrainer) -> dict:
         cfg, G = self.cfg, self.num_generations
-        step = self.state.global_step
-        seed = int(np.random.SeedSequence([cfg.seed, step]).generate_state(1)[0])
+        step, rank = self.state.global_step, self.accelerator.process_index
+        # process 0 (the only one of a plain run) draws from (seed, step); process r > 0 from (seed, step, r)
+        seed = int(np.random.SeedSequence([cfg.seed, step] + ([rank] if rank else [])).generate_state(1)[0])
+        if len(prompts) % G or any(p != prompts[i - i % G] for i, p in enumerate(prompts)):
+            raise CRRError(f"this process got {len(prompts)} prompts that are not whole groups of G={G}")
         tasks = [self.tasks[p] for p in prompts[::G]]
+        offset = rank * len(tasks)   # this process's first task in the iteration (its groups' global index)
         model = self.accelerator.unwrap_model(self.model)
         was_training = model.training
         if self.backend is None:   # the live policy (LoRA weights update in place)
@@ -121,13 +131,15 @@ class CRRTrainer(GRPOTrainer):
                                     tokenizer=self.processing_class, episode=self.episode, proposal=cfg.proposal,
                                     cf_temperature=cfg.cf_temperature, seed=seed + 1, horizon=cfg.horizon,
                                     pool=self.pool, ledger=self.ledger, noise=noise) if cfg.forks else []
-            tuples = [self._tuple(trajs[b.row], b, step) for b in branches if b.sample is not None]
-            write_part(self.run.path, step, tuples)
+            tuples = [self._tuple(trajs[b.row], b, step, offset) for b in branches if b.sample is not None]
         finally:
             model.train(was_training)
-        out = self._rows(trajs, picks, branches)
+        out = self._rows(trajs, picks, branches, offset)
         result.release()
-        self._record_iteration(trajs, picks, branches, tuples)
+        shared = self._gather_iteration(trajs, picks, branches, tuples)
+        if self.accelerator.is_main_process:
+            write_part(self.run.path, step, shared["tuples"])
+        self._record_iteration(shared)
         self._update_start = time.perf_counter()
         return out
 
@@ -137,7 +149,7 @@ class CRRTrainer(GRPOTrainer):
         return {i: select(self.cfg.selector, t.steps, params, rng)
                 for i, t in enumerate(trajs) if t.reward is not None}
 
-    def _rows(self, trajs: list[Trajectory], picks: dict, branches: list[Branch]) -> dict:
+    def _rows(self, trajs: list[Trajectory], picks: dict, branches: list[Branch], offset: int = 0) -> dict:
         cfg = self.cfg
         out = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward", "policy_logprobs",
                                "crr_credit")}
@@ -154,7 +166,7 @@ class CRRTrainer(GRPOTrainer):
                 for b in mine:
                     if b.reward is not None:
                         counterfactuals.setdefault(b.t, []).append(b.reward)
-            credit = RowCredit(group=traj.task_index, reward=traj.reward, spans=row["step_spans"],
+            credit = RowCredit(group=offset + traj.task_index, reward=traj.reward, spans=row["step_spans"],
                                selected=[s.t for s in picks.get(i, [])] if cfg.method == "crr" else [],
                                counterfactuals=counterfactuals)
             for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward"):
@@ -163,11 +175,11 @@ class CRRTrainer(GRPOTrainer):
             out["crr_credit"].append(dataclasses.asdict(credit))
         return out
 
-    def _tuple(self, traj: Trajectory, b: Branch, step: int) -> dict:
+    def _tuple(self, traj: Trajectory, b: Branch, step: int, offset: int = 0) -> dict:
         snap = traj.snapshots.get(b.t)
         branch_steps = b.traj.steps[b.t:] if b.traj is not None else []
         return {"task_id": traj.task_id, "policy_seed": self.cfg.seed, "policy_version": step, "iteration": step,
-                "row": traj.task_index * self.num_generations + traj.group, "t": b.t, "steps": len(traj.steps),
+                "row": (offset + traj.task_index) * self.num_generations + traj.group, "t": b.t, "steps": len(traj.steps),
                 "snapshot_id": None if snap is None else snap.id, "realised_action": traj.steps[b.t].action,
                 "counterfactual_action": b.sample.text, "prefix_actions": [s.action for s in traj.steps[:b.t]],
                 "realised_suffix": [s.action for s in traj.steps[b.t:]],
@@ -178,7 +190,10 @@ class CRRTrainer(GRPOTrainer):
                 "proposal_logprob": b.sample.proposal_logprob, "selector_score": b.selection.score,
                 "k_index": b.k_index, "prefix_signature": prefix_signature([s.call for s in traj.steps[:b.t]])}
 
-    def _record_iteration(self, trajs: list[Trajectory], picks: dict, branches: list[Branch], tuples: list[dict]):
+    def _gather_iteration(self, trajs: list[Trajectory], picks: dict, branches: list[Branch], tuples: list[dict]) -> dict:
+        """What the iteration's record needs of this process's trajectories, branches and tuples, joined
+        with every other process's in process order (the batch's row order); the ledger counts stay local
+        until the iteration ends (Ledger.end merges them)."""
         led = self.ledger
         on_policy = sum(t.generated_tokens for t in trajs)
         branch_tokens = sum(len(b.sample.action_ids) if b.traj is None else
@@ -188,31 +203,47 @@ class CRRTrainer(GRPOTrainer):
         led.add("generated_tokens_all", on_policy + branch_tokens)
         led.add("effective_tokens", sum(t.generated_tokens for t in trajs if t.reward is not None))
         led.add("forks", sum(b.sample is not None for b in branches))
-        scored = [t.reward for t in trajs if t.reward is not None]
+        mine = {"trajs": [(t.task_id, t.reward, len(t.steps)) for t in trajs],
+                "picks": [len(v) for v in picks.values()],
+                "branches": [(b.sample is not None, b.reward) for b in branches],
+                "replaced": [getattr(self, "replaced", 0)],
+                "noise": [(sum(s.resampled for s in b.traj.steps[b.t:]), len(b.traj.steps) - b.t)
+                          for b in branches if b.traj],
+                "tuples": tuples}
+        every = gather_one(mine)
+        return {k: [x for part in every for x in part[k]] for k in mine}
+
+    def _record_iteration(self, shared: dict) -> None:
+        trajs, picks, branches, tuples = shared["trajs"], shared["picks"], shared["branches"], shared["tuples"]
+        scored = [r for _, r, _ in trajs if r is not None]
+        cf = [r for _, r in branches if r is not None]
         self.iteration = {
             "reward_mean": float(np.mean(scored)) if scored else None, "scored": len(scored),
-            "group_rewards": {t.task_id: [s.reward for s in trajs if s.task_id == t.task_id] for t in trajs},
-            "infra_errors": len(trajs) - len(scored), "mean_turns": float(np.mean([len(t.steps) for t in trajs])),
-            "selected": sum(len(v) for v in picks.values()),
-            "selector_hits": sum(bool(v) for v in picks.values()),
-            "branches": len(branches), "proposal_skips": sum(b.sample is None for b in branches),
-            "branch_infra_errors": sum(b.sample is not None and b.reward is None for b in branches),
-            "cf_reward_mean": float(np.mean([b.reward for b in branches if b.reward is not None]))
-            if any(b.reward is not None for b in branches) else None,
-            "replaced": getattr(self, "replaced", 0) if self.cfg.method == "search-select" else None,
-            "replay_noise_injected": sum(s.resampled for b in branches if b.traj for s in b.traj.steps[b.t:]),
-            "replay_noise_steps": sum(len(b.traj.steps) - b.t for b in branches if b.traj),
+            "group_rewards": {tid: [r for other, r, _ in trajs if other == tid] for tid, _, _ in trajs},
+            "infra_errors": len(trajs) - len(scored), "mean_turns": float(np.mean([n for _, _, n in trajs])),
+            "selected": sum(picks), "selector_hits": sum(bool(n) for n in picks),
+            "branches": len(branches), "proposal_skips": sum(not sampled for sampled, _ in branches),
+            "branch_infra_errors": sum(sampled and r is None for sampled, r in branches),
+            "cf_reward_mean": float(np.mean(cf)) if cf else None,
+            "replaced": sum(shared["replaced"]) if self.cfg.method == "search-select" else None,
+            "replay_noise_injected": sum(n for n, _ in shared["noise"]),
+            "replay_noise_steps": sum(n for _, n in shared["noise"]),
             "covariance": bucket_covariance(pd.DataFrame(tuples)) if tuples else None,
         }
 
     # ------------------------------------------------------------------ 2. (B, T) advantages
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict:
         out = super()._generate_and_score_completions(inputs)
-        rows = [RowCredit(**{**x["crr_credit"], "spans": [tuple(s) for s in x["crr_credit"]["spans"]]})
-                for x in inputs]
-        step_adv = estimate(self.cfg.estimator, rows)
+        local = [RowCredit(**{**x["crr_credit"], "spans": [tuple(s) for s in x["crr_credit"]["spans"]]})
+                 for x in inputs]
+        # as TRL does with its rewards: the whole batch's rows (every process's; groups carry global ids),
+        # advantages within complete groups, then this process's slice (the batches are equal in size)
+        rows = gather(local)
+        every_adv = estimate(self.cfg.estimator, rows)
+        start = self.accelerator.process_index * len(local)
+        step_adv = every_adv[start:start + len(local)]
         B, T = out["completion_ids"].shape
-        out["advantages"] = token_advantages(rows, step_adv, T).to(out["completion_ids"].device)
+        out["advantages"] = token_advantages(local, step_adv, T).to(out["completion_ids"].device)
         excluded = torch.tensor([a is None for a in step_adv], device=out["completion_mask"].device)
         out["completion_mask"] = out["completion_mask"] * (~excluded).unsqueeze(1).to(out["completion_mask"].dtype)
         if self.cfg.method == "search-select":   # ratio against the behaviour policy that generated each row
@@ -221,32 +252,34 @@ class CRRTrainer(GRPOTrainer):
                 lps = x["policy_logprobs"][:T]
                 old[i, :len(lps)] = torch.tensor(lps)
             out["old_per_token_logps"] = old
-        flat = [a for adv in step_adv if adv is not None for a in adv]
-        selected = [adv[t] for r, adv in zip(rows, step_adv) if adv is not None for t in r.selected
+        flat = [a for adv in every_adv if adv is not None for a in adv]
+        selected = [adv[t] for r, adv in zip(rows, every_adv) if adv is not None for t in r.selected
                     if r.counterfactuals.get(t)]
         self.iteration.update({
             "adv_mean": float(np.mean(flat)) if flat else None, "adv_std": float(np.std(flat)) if flat else None,
             "adv_nonzero": float(np.mean([a != 0 for a in flat])) if flat else None,
             "contrast_mean": float(np.mean(selected)) if selected else None, "contrasts": len(selected),
-            "advantage_snr": advantage_snr([a for a in step_adv if a is not None])})
+            "advantage_snr": advantage_snr([a for a in every_adv if a is not None])})
         return out
 
 
 class _IterationCallback(TrainerCallback):
-    """Closes each iteration: update time, ledger, metrics, checkpoints at budget fractions, budget stop."""
+    """Closes each iteration: update time, ledger, metrics, checkpoints at budget fractions, budget stop.
+    Every process takes the same decisions from the merged ledger; the main one writes and reports."""
 
     def __init__(self, trainer: CRRTrainer, on_iteration: Callable[[dict], None] | None):
         self.trainer, self.on_iteration = trainer, on_iteration
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        self.trainer.run.log_metrics({"event": "trl", "step": state.global_step, **(logs or {})})
+        if self.trainer.accelerator.is_main_process:   # TRL's logs are already reduced over the processes
+            self.trainer.run.log_metrics({"event": "trl", "step": state.global_step, **(logs or {})})
 
     def on_step_end(self, args, state, control, **kwargs):
         tr, cfg = self.trainer, self.trainer.cfg
         led = tr.ledger
         led.current["update_s"] += time.perf_counter() - tr._update_start
         led.add("updates", 1)
-        it = led.end()
+        it = led.end(combine=lambda mine: merge(gather_one(mine)))
         record = {"event": "iteration", "step": state.global_step, **tr.iteration,
                   # fork/materialisation alone, and everything counterfactual (fork + rollout + tests)
                   "fork_share": it["fork_s"] / it["wall_s"] if it["wall_s"] else 0.0,
@@ -254,9 +287,10 @@ class _IterationCallback(TrainerCallback):
                   "ledger": {k: it[k] for k in it if k != "iteration"}}
         if state.global_step % cfg.diagnostics_every:
             record.pop("advantage_snr"), record.pop("covariance")
-        tr.run.log_metrics(record)
-        if self.on_iteration is not None:
-            self.on_iteration({**record, "max_steps": state.max_steps, "cumulative": led.cumulative})
+        if tr.accelerator.is_main_process:
+            tr.run.log_metrics(record)
+            if self.on_iteration is not None:
+                self.on_iteration({**record, "max_steps": state.max_steps, "cumulative": led.cumulative})
         wall_h = led.cumulative["wall_s"] / 3600
         marks = {max(1, math.ceil(f * state.max_steps)) for f in cfg.checkpoint_fractions}
         if cfg.budget_hours is not None:
@@ -273,26 +307,35 @@ class _IterationCallback(TrainerCallback):
 
 
 def start_run(cfg: CRRConfig, out: Path | str) -> RunDir:
+    """A fresh run directory for `cfg`: made (and locked, and config.yaml written) by the main process; the
+    other processes of a multi-process run get its path and never write it."""
     if cfg.agent_format is None:  # the format the model was trained with, recorded in the run's config
         cfg.agent_format = agent_record(resolve_model(cfg)).get("agent_format", "paper")
-    run = RunDir.create("train", f"{cfg.method}-seed{cfg.seed}", root=out, seeds={"train": cfg.seed})
+    run = (RunDir.create("train", f"{cfg.method}-seed{cfg.seed}", root=out, seeds={"train": cfg.seed})
+           if is_main() else None)
+    run = RunDir(Path(broadcast(None if run is None else str(run.path))))
     cfg.output_dir = str(run.path / CHECKPOINTS)
-    run.write_text("config.yaml", yaml.safe_dump(cfg.resolved(), sort_keys=False))
+    if is_main():
+        run.write_text("config.yaml", yaml.safe_dump(cfg.resolved(), sort_keys=False))
     return run
 
 
 def resume_run(path: Path | str) -> tuple[CRRConfig, RunDir, str | None]:
     """The config, run directory and latest checkpoint of an interrupted run; the ledger and tuples are
-    cut back to what the checkpoint holds (the iteration in flight when it stopped is redone)."""
-    run = RunDir.open(path, write=True)
-    cfg = load_config(run.path / "config.yaml")
+    cut back to what the checkpoint holds (the iteration in flight when it stopped is redone). Only the
+    main process locks and rewrites the run; the others wait for it."""
+    run = RunDir.open(path)
+    cfg = load_config(run.path / "config.yaml")   # (sets up the processes' group, which is_main() asks)
     cfg.output_dir = str(run.path / CHECKPOINTS)   # the run may have moved, or config.yaml holds a relative path
     ckpt = get_last_checkpoint(str(run.path / CHECKPOINTS)) if (run.path / CHECKPOINTS).is_dir() else None
     done = int(Path(ckpt).name.split("-")[-1]) if ckpt else 0
-    Ledger(run, cfg.fork_cost_multiplier).truncate(done)
-    dropped = drop_parts_from(run.path, done)
-    run.log_metrics({"event": "resume", "checkpoint": ckpt, "from_step": done, "dropped_tuple_parts": dropped})
-    log.info("resuming %s from %s", run.path, ckpt or "the start")
+    if is_main():
+        run.lock()
+        Ledger(run, cfg.fork_cost_multiplier).truncate(done)
+        dropped = drop_parts_from(run.path, done)
+        run.log_metrics({"event": "resume", "checkpoint": ckpt, "from_step": done, "dropped_tuple_parts": dropped})
+        log.info("resuming %s from %s", run.path, ckpt or "the start")
+    barrier()   # the ledger is cut back before any process reads it
     return cfg, run, ckpt
 
 
@@ -312,8 +355,11 @@ def train(cfg: CRRConfig, run: RunDir, checkpoint: str | None = None, *,
         finally:
             trainer.pool.close()
         final = run.path / "model"
-        trainer.save_model(str(final))
-        write_agent_record(final, trainer.episode.agent_format, cfg.max_turns)
+        trainer.save_model(str(final))   # the main process's (TRL/transformers save on it only)
+        if is_main():
+            write_agent_record(final, trainer.episode.agent_format, cfg.max_turns)
     summary = {"cumulative": trainer.ledger.cumulative, "updates": trainer.state.global_step, "model": str(final)}
-    run.write_json("summary.json", summary)
+    if is_main():
+        run.write_json("summary.json", summary)
+    barrier()   # every process returns once the run directory is complete
     return summary

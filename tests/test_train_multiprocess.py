@@ -1,0 +1,108 @@
+"""`crr train` across processes (data parallel, crr.train.distributed): a real `accelerate launch` of two CPU
+processes (gloo), each rolling out its whole groups with its own local engine, against the same config in
+one process: one run directory, the same trajectories count and tasks per update, one record per update,
+no duplicate ledger or tuple rows, a finite logged loss; then resume after an interrupted update."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import ran_task
+from crr.cli import app
+from crr.policy.model import default_model_dir
+from crr.tasks.loaders import write_tasks
+from crr.train.tuples import read_tuples
+
+ROOT = Path(__file__).resolve().parents[1]
+# test_trainer.py's SMALL on two run-the-tests tasks: the random tiny model's returns differ between siblings
+# there, so the updates carry real advantages and forks (on nano-band's tasks it scores 0 within 2 turns)
+ARGS = ["--method", "crr", "--max-updates", "2", "n_tasks=2", "tasks_per_iteration=2", "num_generations=2",
+        "max_turns=2", "max_new_tokens=40", "k=2", "eta=0.0", "workers=2", "warmup_steps=0",
+        f"model={default_model_dir()}", "agent_format=paper"]
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]   # ~1-2 min on 2 cores
+
+
+@pytest.fixture(scope="module")
+def two_tasks(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("ran-tasks")
+    return write_tasks([ran_task(root, "ran-1"), ran_task(root, "ran-2")], root / "tasks.jsonl")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args: list[str], processes: int = 2) -> str:
+    """`accelerate launch --num_processes N -m crr ARGS` on CPU (--multi_gpu: accelerate's torchrun path,
+    which the CPU preset's use_cpu turns into gloo processes) on this source tree."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(free_port()), "-m", "crr", *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    return out.stdout
+
+
+def records(run: Path, event: str) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == event]
+
+
+def test_two_processes_match_one_and_resume(two_tasks, tmp_path):
+    start = time.monotonic()
+    single = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "one"), f"tasks={two_tasks}", *ARGS])
+    assert single.exit_code == 0, single.output + repr(single.exception)
+    one = next((tmp_path / "one").glob("*-train-*"))
+
+    out = launch(["train", "--out", str(tmp_path / "two"), f"tasks={two_tasks}", *ARGS])
+    runs = list((tmp_path / "two").glob("*-train-*"))
+    assert len(runs) == 1, runs                          # one run directory, made by the main process
+    run = runs[0]
+    assert out.count("2/2 R") == 1 and out.count("done:") == 1   # the main process reports, once
+    assert sorted(p.name for p in (run / "checkpoints" / "checkpoint-2").glob("rng_state_*")) == \
+        ["rng_state_0.pth", "rng_state_1.pth"]          # two processes trained it
+
+    ledger, ledger1 = (json.loads((r / "ledger.json").read_text()) for r in (run, one))
+    assert [it["iteration"] for it in ledger["iterations"]] == [0, 1]
+    assert all(it["processes"] == 2 and it["updates"] == 1 for it in ledger["iterations"])
+    assert ledger["cumulative"]["trajectories"] == ledger1["cumulative"]["trajectories"] == 2 * 2 * 2
+    assert ledger["cumulative"]["updates"] == 2
+    iters, iters1 = records(run, "iteration"), records(one, "iteration")
+    assert [r["step"] for r in iters] == [1, 2] and [r["iteration"] for r in records(run, "ledger")] == [0, 1]
+    # the same tasks in each update, every group whole (G returns each)
+    assert [sorted(r["group_rewards"]) for r in iters] == [sorted(r["group_rewards"]) for r in iters1]
+    assert all(len(v) == 2 for r in iters for v in r["group_rewards"].values())
+    assert sum(r["branches"] for r in iters) > 0
+    trl = [r for r in records(run, "trl") if "loss" in r]
+    assert [r["step"] for r in trl] == [1, 2] and all(math.isfinite(r["loss"]) for r in trl)
+
+    tuples = read_tuples(run)
+    assert len(tuples) == ledger["cumulative"]["forks"] > 0
+    assert not tuples.duplicated(["iteration", "row", "t", "k_index"]).any()
+    assert set(tuples["row"]) <= set(range(4))           # rows numbered across the processes' groups
+
+    # An interruption during update 2: its checkpoint never written; two processes redo only that update.
+    shutil.rmtree(run / "checkpoints" / "checkpoint-2")
+    out2 = launch(["train", "--resume", str(run)])
+    assert "2/2 R" in out2 and "1/2 R" not in out2
+    assert list((tmp_path / "two").glob("*-train-*")) == [run]
+    ledger = json.loads((run / "ledger.json").read_text())
+    assert [it["iteration"] for it in ledger["iterations"]] == [0, 1] and ledger["cumulative"]["trajectories"] == 8
+    assert [r["step"] for r in records(run, "iteration")] == [1, 2, 2] and len(records(run, "resume")) == 1
+    assert (run / "checkpoints" / "checkpoint-2").is_dir() and (run / "model" / "adapter_model.safetensors").is_file()
+    assert len(read_tuples(run)) == ledger["cumulative"]["forks"]
+    print(f"one process + two processes + resume: {time.monotonic() - start:.0f} s")
