@@ -43,6 +43,7 @@ from peft import LoraConfig
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
+from trl.models import unwrap_model_for_generation
 
 from crr.agent.episode import EpisodeConfig, Trajectory
 from crr.errors import CRRError
@@ -111,29 +112,34 @@ class CRRTrainer(GRPOTrainer):
             raise CRRError(f"this process got {len(prompts)} prompts that are not whole groups of G={G}")
         tasks = [self.tasks[p] for p in prompts[::G]]
         offset = rank * len(tasks)   # this process's first task in the iteration (its groups' global index)
-        model = self.accelerator.unwrap_model(self.model)
-        was_training = model.training
-        if self.backend is None:   # the live policy (LoRA weights update in place)
-            self.backend = TransformersBackend(model, self.processing_class, device=str(self.accelerator.device))
-        model.eval()
         self.ledger.begin(step)
-        try:
-            with self.ledger.phase("rollout_s"):
-                result = rollout(tasks, self.backend, self.engine, self.processing_class,
-                                 RolloutConfig(group=G, seed=seed, workers=cfg.workers, episode=self.episode),
-                                 pool=self.pool)
-            trajs = result.trajectories
-            self.ledger.move(sum((s.snapshot_ms or 0.0) for t in trajs for s in t.steps) / 1e3, "rollout_s", "fork_s")
-            picks = self._select(trajs, seed) if cfg.method != "grpo" else {}
-            # injected replay noise rho draws from this iteration's realised outputs (none to gather at rho = 0)
-            noise = RerunOutputs(trajs, cfg.replay_noise, seed + 2) if cfg.replay_noise else None
-            branches = run_branches(trajs, picks, cf_samples=cfg.cf_samples, backend=self.backend, engine=self.engine,
-                                    tokenizer=self.processing_class, episode=self.episode, proposal=cfg.proposal,
-                                    cf_temperature=cfg.cf_temperature, seed=seed + 1, horizon=cfg.horizon,
-                                    pool=self.pool, ledger=self.ledger, noise=noise) if cfg.forks else []
-            tuples = [self._tuple(trajs[b.row], b, step, offset) for b in branches if b.sample is not None]
-        finally:
-            model.train(was_training)
+        # the bare policy (the same module as the DDP-wrapped one's; under DeepSpeed ZeRO-3 its parameters
+        # gathered whole, so each process generates on its own, as TRL's own generation does)
+        with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                         gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model:
+            was_training = model.training
+            if self.backend is None:   # the live policy (LoRA weights update in place)
+                self.backend = TransformersBackend(model, self.processing_class, device=str(self.accelerator.device))
+            model.eval()
+            try:
+                with self.ledger.phase("rollout_s"):
+                    result = rollout(tasks, self.backend, self.engine, self.processing_class,
+                                     RolloutConfig(group=G, seed=seed, workers=cfg.workers, episode=self.episode),
+                                     pool=self.pool)
+                trajs = result.trajectories
+                self.ledger.move(sum((s.snapshot_ms or 0.0) for t in trajs for s in t.steps) / 1e3, "rollout_s",
+                                 "fork_s")
+                picks = self._select(trajs, seed) if cfg.method != "grpo" else {}
+                # injected replay noise rho draws from this iteration's realised outputs (none to gather at rho = 0)
+                noise = RerunOutputs(trajs, cfg.replay_noise, seed + 2) if cfg.replay_noise else None
+                branches = run_branches(trajs, picks, cf_samples=cfg.cf_samples, backend=self.backend,
+                                        engine=self.engine, tokenizer=self.processing_class, episode=self.episode,
+                                        proposal=cfg.proposal, cf_temperature=cfg.cf_temperature, seed=seed + 1,
+                                        horizon=cfg.horizon, pool=self.pool, ledger=self.ledger,
+                                        noise=noise) if cfg.forks else []
+                tuples = [self._tuple(trajs[b.row], b, step, offset) for b in branches if b.sample is not None]
+            finally:
+                model.train(was_training)
         out = self._rows(trajs, picks, branches, offset)
         result.release()
         shared = self._gather_iteration(trajs, picks, branches, tuples)
