@@ -31,7 +31,7 @@ ARGS = ["--method", "crr", "--max-updates", "2", "n_tasks=2", "tasks_per_iterati
         "max_turns=2", "max_new_tokens=40", "k=2", "eta=0.0", "workers=2", "warmup_steps=0",
         f"model={default_model_dir()}", "agent_format=paper"]
 
-pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]   # ~1-2 min on 2 cores
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,7 @@ def records(run: Path, event: str) -> list[dict]:
     return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == event]
 
 
+@pytest.mark.slow   # ~2 min on 2 busy cores: one run in this process, two launches of two processes
 def test_two_processes_match_one_and_resume(two_tasks, tmp_path):
     start = time.monotonic()
     single = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "one"), f"tasks={two_tasks}", *ARGS])
@@ -98,6 +99,7 @@ def test_two_processes_match_one_and_resume(two_tasks, tmp_path):
 
     # An interruption during update 2: its checkpoint never written; two processes redo only that update.
     shutil.rmtree(run / "checkpoints" / "checkpoint-2")
+    before = read_tuples(run)
     out2 = launch(["train", "--resume", str(run)])
     assert "2/2 R" in out2 and "1/2 R" not in out2
     assert list((tmp_path / "two").glob("*-train-*")) == [run]
@@ -105,5 +107,30 @@ def test_two_processes_match_one_and_resume(two_tasks, tmp_path):
     assert [it["iteration"] for it in ledger["iterations"]] == [0, 1] and ledger["cumulative"]["trajectories"] == 8
     assert [r["step"] for r in records(run, "iteration")] == [1, 2, 2] and len(records(run, "resume")) == 1
     assert (run / "checkpoints" / "checkpoint-2").is_dir() and (run / "model" / "adapter_model.safetensors").is_file()
-    assert len(read_tuples(run)) == ledger["cumulative"]["forks"]
+    after = read_tuples(run)
+    assert len(after) == ledger["cumulative"]["forks"]
+    cols = ["iteration", "row", "t", "realised_action", "counterfactual_action", "reward", "cf_reward"]
+    assert before[cols].equals(after[cols])              # same seeds, restored weights: the same update again
     print(f"one process + two processes + resume: {time.monotonic() - start:.0f} s")
+
+
+def test_processes_must_split_tasks_into_whole_groups(monkeypatch):
+    from crr.errors import CRRError
+    from crr.train.config import load_config
+
+    monkeypatch.setenv("WORLD_SIZE", "2")   # as a launcher sets it; the error comes before any process group
+    with pytest.raises(CRRError, match="not a multiple of the 2 processes"):
+        load_config(None, {"tasks_per_iteration": 3})
+
+
+def test_ledger_merge_sums_counts_and_keeps_one_update():
+    from crr.train.ledger import COUNTS, PHASES, merge
+
+    def rec(wall, n):
+        return {"iteration": 4, **{k: wall / 2 for k in PHASES}, "wall_s": wall, **{k: n for k in COUNTS}, "updates": 1}
+
+    one = rec(3.0, 5)
+    assert merge([one]) is one                             # one process: its record, untouched
+    both = merge([rec(2.0, 4), rec(4.0, 6)])
+    assert both["trajectories"] == 10 and both["forks"] == 10 and both["updates"] == 1 and both["processes"] == 2
+    assert both["wall_s"] == 4.0 and both["rollout_s"] == 1.5  # the slowest wall clock, the mean device's phases
