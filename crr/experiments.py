@@ -47,7 +47,7 @@ ABLATION_KEYS = ("k", "selector", "horizon", "cf_temperature", "zero_contrast", 
                  "fork_cost_multiplier", "replay_noise")
 BENCHMARKS = ("micro-test", "nano-test", "verified", "live", "rebench", "gym")   # `crr eval NAME` (crr.eval.evaluate.BENCHMARKS)
 EVAL_SETTINGS = ("samples", "temperature", "seed", "n_tasks", "max_turns", "max_new_tokens", "split", "engine",
-                 "workers", "batch")                                 # crr.eval.EvalConfig fields a spec may set
+                 "ray", "workers", "batch")                          # crr.eval.EvalConfig fields a spec may set
 
 
 def read_preset(path: Path | str, _seen: tuple[Path, ...] = ()) -> dict:

@@ -43,7 +43,7 @@ from crr.agent.episode import Episode, EpisodeConfig, Trajectory
 from crr.errors import CRRError
 from crr.policy.backend import GenerationBackend, StepSample, TransformersBackend
 from crr.policy.model import agent_record, load_policy
-from crr.replay import get_engine
+from crr.replay import engine_options, engine_workers, get_engine
 from crr.replay.base import ForkEngine
 from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks
@@ -78,11 +78,20 @@ class ThreadWorkerPool:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
 
+DEFAULT_WORKERS = 4   # concurrent tool executions, unless given (a Ray engine: its sandbox slots)
+
+
+def rollout_pool(engine: ForkEngine, workers: int | None = None) -> ThreadWorkerPool:
+    """The worker pool of rollouts (and forks) on `engine`: `workers` threads, or when not given the
+    engine's sandbox slots (a Ray engine: the cluster's), else DEFAULT_WORKERS."""
+    return ThreadWorkerPool(engine_workers(engine, workers, DEFAULT_WORKERS))
+
+
 @dataclass
 class RolloutConfig:
     group: int = 8                 # G: trajectories per task
     seed: int = 0
-    workers: int = 4               # concurrent tool executions
+    workers: int | None = None     # concurrent tool executions (None: DEFAULT_WORKERS, or a Ray engine's slots)
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
 
     def __post_init__(self) -> None:
@@ -112,7 +121,7 @@ def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngin
     """Run G trajectories of every task; write each to `run` as it finishes; return them and a summary.
 
     The trajectories keep their snapshots (for `fork_at`) until `release()`; the engine and pool are the
-    caller's (a pool is made and closed here when none is given).
+    caller's (when none is given, `rollout_pool(engine, config.workers)` is made here and closed).
     """
     config = config or RolloutConfig()
     tasks = list(tasks)
@@ -125,7 +134,7 @@ def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngin
     # function of its seed and the weights alone, whatever the backend generated before.
     backend.clear_cache()
     own_pool = pool is None
-    pool = pool or ThreadWorkerPool(config.workers)
+    pool = pool or rollout_pool(engine, config.workers)
     finished: dict[int, Trajectory] = {}
     start = time.monotonic()
     gen_s = 0.0
@@ -207,14 +216,16 @@ class PolicyRollout:
             engine.close()
 
 
-def start_rollout(model: str, tasks: str, n: int, out: Path, *, group: int = 8, seed: int = 0, workers: int = 4,
-                  engine: str = "local", mode: str | None = None, temperature: float = 0.6,
+def start_rollout(model: str, tasks: str, n: int, out: Path, *, group: int = 8, seed: int = 0,
+                  workers: int | None = None, engine: str = "local", mode: str | None = None,
+                  ray: str | None = None, temperature: float = 0.6,
                   max_turns: int | None = None, max_new_tokens: int = 512, agent_format: str | None = None,
                   max_value_chars: int | None = None, time_limit: float = 3600.0) -> PolicyRollout:
     """The policy at `model` on the first `n` of `tasks`: the episodes as it was trained to see them (its
     recorded agent format and turn cap H, unless given), a run directory under `out` with the config."""
     if n < 1:
         raise CRRError(f"--n must be at least 1, got {n}")
+    opts = engine_options(engine, ray=ray, mode=mode)
     task_list = load_tasks(tasks)[:n]
     policy, tokenizer = load_policy(model)
     record = agent_record(model)
@@ -226,9 +237,9 @@ def start_rollout(model: str, tasks: str, n: int, out: Path, *, group: int = 8, 
         snapshots=False))
     backend = TransformersBackend(policy, tokenizer, max_value_chars=max_value_chars)
     run = RunDir.create("rollout", f"n{n}-g{group}-seed{seed}", root=out, seeds={"rollout": seed},
-                        config={"model": model, "tasks": tasks, "n": n, "engine": engine, "mode": mode,
+                        config={"model": model, "tasks": tasks, "n": n, "engine": engine, "mode": mode, "ray": ray,
                                 "max_value_chars": max_value_chars, **dataclasses.asdict(config)})
-    return PolicyRollout(run, task_list, backend, tokenizer, config, engine, {"mode": mode} if mode else {})
+    return PolicyRollout(run, task_list, backend, tokenizer, config, engine, opts)
 
 
 def _act(pair: tuple[Episode, StepSample], seed: int, gen_s: float) -> None:

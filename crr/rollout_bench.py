@@ -93,7 +93,7 @@ def fork_bench(engine: str = "local", steps: int = 45, at: tuple[int, ...] = (5,
 def throughput_bench(model: str | None = None, group: int = 8, max_turns: int = 4, max_new_tokens: int = 96,
                      max_value_chars: int | None = 16, temperature: float = 0.6, seed: int = 0,
                      engine: str = "local", workers: int = 4, threads: int | None = None,
-                     prefix_cache: bool = True) -> dict:
+                     prefix_cache: bool = True, engine_opts: dict | None = None) -> dict:
     """One micro task, G trajectories of the policy with a short turn cap: generated tokens per second
     (of generation time) and trajectories per minute (of wall time). `threads` sets torch's intra-op
     threads (on 2 busy cores one thread is several times faster than two spinning against each other);
@@ -106,7 +106,8 @@ def throughput_bench(model: str | None = None, group: int = 8, max_turns: int = 
                                   **({} if prefix_cache else {"prefix_cache_bytes": 0}))
     config = RolloutConfig(group=group, seed=seed, workers=workers, episode=EpisodeConfig(
         max_turns=max_turns, temperature=temperature, max_new_tokens=max_new_tokens, snapshots=False))
-    with tempfile.TemporaryDirectory(prefix="crr-rollout-bench-") as tmp, get_engine(engine) as eng:
+    with (tempfile.TemporaryDirectory(prefix="crr-rollout-bench-") as tmp,
+          get_engine(engine, **(engine_opts or {})) as eng):
         task = _micro_task(seed, Path(tmp))
         result = rollout([task], backend, eng, tokenizer, config)
     s = result.summary

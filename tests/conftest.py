@@ -47,6 +47,31 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    """A two-node Ray cluster on this machine (ray.cluster_utils.Cluster: a head raylet and a worker raylet,
+    one CPU and two `crr_sandbox` slots each), this process connected to it; shut down, and its session
+    logs removed, after the module."""
+    ray = pytest.importorskip("ray", reason="the ray extra (pip install -e '.[ray]')")
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"crr_sandbox": 2, "head": 1},
+                                                      "include_dashboard": False})
+    c.add_node(num_cpus=1, resources={"crr_sandbox": 2, "worker": 1})
+    session = c.head_node.get_session_dir_path()
+    try:
+        ray.init(address=c.address, configure_logging=False)
+        c.wait_for_nodes()
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        shutil.rmtree(session, ignore_errors=True)  # its logs: a few hundred KB a run
+        latest = Path(session).parent / "session_latest"
+        if latest.is_symlink() and os.readlink(latest) == session:
+            latest.unlink()  # left pointing at nothing
+
+
 def git_repo(path: Path, files: dict[str, str]) -> str:
     """Make a git repository at `path` holding `files` in one commit; returns the commit sha."""
     for rel, text in files.items():

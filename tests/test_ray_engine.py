@@ -5,7 +5,6 @@ the parent's node, and a node that dies mid-episode is an infrastructure error, 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
 
 ray = pytest.importorskip("ray", reason="the ray extra (pip install -e '.[ray]')")
-from ray.cluster_utils import Cluster
+# `cluster` (tests/conftest.py): a head and a worker raylet on this machine, two sandbox slots each
 
 ROOT = Path(__file__).resolve().parents[1]
 CALLS = [ToolCall("view_file", {"path": "calc.py"}),
@@ -39,23 +38,6 @@ CALLS = [ToolCall("view_file", {"path": "calc.py"}),
          ToolCall("view_file", {"path": "../etc/passwd"}),          # an error observation
          ToolCall("run_tests", {"test_filter": ""})]
 EDITS = "echo new > new.txt && rm README.md && mkdir -p d/e && echo deep > d/e/f.py && chmod 755 calc.py"
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """A head raylet and a worker raylet, one CPU and two sandbox slots each."""
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"crr_sandbox": 2, "head": 1},
-                                                      "include_dashboard": False})
-    c.add_node(num_cpus=1, resources={"crr_sandbox": 2, "worker": 1})
-    session = c.head_node.get_session_dir_path()
-    try:
-        ray.init(address=c.address, configure_logging=False)
-        c.wait_for_nodes()
-        yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
-        shutil.rmtree(session, ignore_errors=True)  # its logs: a few hundred KB a run
 
 
 @pytest.fixture(scope="module")

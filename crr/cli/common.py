@@ -204,14 +204,23 @@ def tasks_option(default: Any) -> Any:
     return typer.Option(default, "--tasks", help="Task file (JSONL), directory, micro set or dataset.")
 
 
-ENGINE_DEFAULT_LOCAL_HELP = "Fork engine: local or docker (default local)."  # for engine_option(None, ...)
+ENGINES_HELP = "local, docker, ray:local or ray:docker (sandboxes on a Ray cluster's nodes, see --ray)"
+ENGINE_DEFAULT_LOCAL_HELP = f"Fork engine: {ENGINES_HELP} (default local)."  # for engine_option(None, ...)
 
 
-def engine_option(default: str | None = "local", help: str = "Fork engine: local or docker.") -> Any:
+def engine_option(default: str | None = "local", help: str = f"Fork engine: {ENGINES_HELP}.") -> Any:
     return typer.Option(default, "--engine", help=help)
 
 
-def mode_option(default: str | None = None, help: str = "Docker engine mode: commit or overlay.") -> Any:
+def ray_option() -> Any:
+    """--ray, beside every --engine: the Ray cluster of a ray:... engine (crr.replay.engine_options)."""
+    return typer.Option(None, "--ray", metavar="ADDRESS",
+                        help="Ray cluster address, as ray.init takes it (default auto: the cluster this machine "
+                             "belongs to; local: a one-node Ray here). Only with --engine ray:local|ray:docker.")
+
+
+def mode_option(default: str | None = None,
+                help: str = "Docker engine mode (docker, ray:docker): commit or overlay.") -> Any:
     return typer.Option(default, "--mode", help=help)
 
 

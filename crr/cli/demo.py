@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from crr.cli.common import console, engine_option, friendly, mode_option, out_option, seed_option
+from crr.cli.common import console, engine_option, friendly, mode_option, out_option, ray_option, seed_option
 
 
 @friendly
 def demo(
     engine: str = engine_option(),
-    mode: str = mode_option("commit"),
+    ray: str | None = ray_option(),
+    mode: str | None = mode_option(help="Docker engine mode (docker, ray:docker): commit (default) or overlay."),
     seed: int = seed_option(help="Seed of the generated micro task."),
     out: Path = out_option(),
 ) -> None:
@@ -20,16 +21,16 @@ def demo(
     from rich.table import Table
 
     from crr.demo import run_demo
-    from crr.replay import get_engine
+    from crr.replay import engine_options, get_engine
     from crr.rundir import RunDir
     from crr.tasks.micro import generate_micro
 
-    run = RunDir.create("demo", f"seed{seed}", root=out, config={"engine": engine, "mode": mode, "seed": seed},
-                        seeds={"task": seed})
+    opts = engine_options(engine, ray=ray, mode=mode)  # a bad setting fails before anything is written
+    run = RunDir.create("demo", f"seed{seed}", root=out, seeds={"task": seed},
+                        config={"engine": engine, "mode": mode, "ray": ray, "seed": seed})
     with console.status("generating a micro task (its FAIL_TO_PASS/PASS_TO_PASS come from real pytest runs)"):
         task = generate_micro(run.path / "tasks", n=1, seed=seed, split="train")[0]
     console.print(f"[bold]task[/] {task.instance_id}: {task.problem_statement.splitlines()[0]}")
-    opts = {"mode": mode} if engine == "docker" else {}
     fork_engine = get_engine(engine, **opts)
     try:
         with console.status(f"episode and forks on the {engine} engine"):

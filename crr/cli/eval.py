@@ -12,8 +12,8 @@ from pathlib import Path
 import typer
 
 from crr.cli.common import (ENGINE_DEFAULT_LOCAL_HELP, _resume_with, console, emit_json, engine_option, err_console,
-                            json_option, long_command, max_new_tokens_option, out_option, policy_option, seed_option,
-                            temperature_option)
+                            json_option, long_command, max_new_tokens_option, out_option, policy_option, ray_option,
+                            seed_option, temperature_option)
 
 
 @long_command
@@ -37,7 +37,9 @@ def eval_command(
     max_new_tokens: int | None = max_new_tokens_option(None, help="Token budget of one tool call (default 512)."),
     split: str | None = typer.Option(None, "--split", help="Dataset split (default: the dataset's usual one)."),
     engine: str | None = engine_option(None, help=ENGINE_DEFAULT_LOCAL_HELP),
-    workers: int | None = typer.Option(None, "--workers", help="Concurrent tool executions (default 4)."),
+    ray: str | None = ray_option(),
+    workers: int | None = typer.Option(None, "--workers", help="Concurrent tool executions (default 4; on a Ray "
+                                       "engine, the cluster's sandbox slots)."),
     batch: int | None = typer.Option(None, "--batch", help="Episodes run together, one sandbox each (default 32)."),
     out: Path = out_option(Path("results/evals")),
     resume: Path | None = typer.Option(None, "--resume", help="An earlier `crr eval` run directory: run only the "
@@ -54,10 +56,13 @@ def eval_command(
 
     from crr.eval.evaluate import (SAMPLED_TEMPERATURE, EvalConfig, benchmark, evaluate, load_eval_tasks,
                                    resolve_policy, resume_eval, start_eval)
+    from crr.replay import engine_options
 
+    if resume is None:  # a --ray the engine does not take fails before the policy loads (resume: resume_eval)
+        engine_options(engine or "local", ray=ray)
     settings = {"samples": samples, "temperature": temperature, "seed": seed, "n_tasks": n_tasks,
                 "max_turns": max_turns, "max_new_tokens": max_new_tokens, "split": split, "engine": engine,
-                "workers": workers, "batch": batch}
+                "ray": ray, "workers": workers, "batch": batch}
     if resume is not None:
         if dataset is not None:
             settings.update(zip(("dataset", "tasks", "adapter"), benchmark(dataset, file)))

@@ -9,7 +9,8 @@ import typer
 from rich.text import Text
 
 from crr.cli.common import (ENGINE_DEFAULT_LOCAL_HELP, _resume_with, console, emit_json, engine_option, err_console,
-                            friendly, json_option, long_command, mode_option, out_option, seed_option, tasks_option)
+                            friendly, json_option, long_command, mode_option, out_option, ray_option, seed_option,
+                            tasks_option)
 
 filter_app = typer.Typer(help="The three-rerun determinism filter: admit only tasks whose held-out tests "
                               "give the same outcomes in fresh, differently seeded sandboxes.")
@@ -47,9 +48,11 @@ def filter_tasks_command(
     ctx: typer.Context,
     tasks: str | None = tasks_option(None),
     engine: str | None = engine_option(None, help=ENGINE_DEFAULT_LOCAL_HELP),
+    ray: str | None = ray_option(),
     mode: str | None = mode_option(),
     reruns: int | None = typer.Option(None, "--reruns", help="Gold-patch reruns per task (default 3)."),
-    workers: int = typer.Option(2, "--workers", help="Tasks checked in parallel."),
+    workers: int | None = typer.Option(None, "--workers", help="Tasks checked in parallel (default 2; on a Ray "
+                                       "engine, the cluster's sandbox slots)."),
     out: Path = typer.Option(Path("results/runs"), "--out", help="Where run directories go (or a filter "
                              "run directory to resume)."),
     resume: Path | None = typer.Option(None, "--resume", help="Resume this filter-tasks run directory."),
@@ -66,8 +69,8 @@ def filter_tasks_command(
         return
     from crr.filter import filter_config, filter_tasks, open_run
 
-    run, settings, candidates = open_run({"tasks": tasks, "engine": engine, "mode": mode, "reruns": reruns,
-                                          "limit": limit, "seed": seed, "timeout": timeout,
+    run, settings, candidates = open_run({"tasks": tasks, "engine": engine, "mode": mode, "ray": ray,
+                                          "reruns": reruns, "limit": limit, "seed": seed, "timeout": timeout,
                                           "record_http": record_http or None}, out, resume)
     err_console.print(f"run directory: {run.path}", highlight=False, soft_wrap=True)
     _resume_with(f"crr filter-tasks --resume {shlex.quote(str(run.path))}")
@@ -88,6 +91,7 @@ def filter_bench_command(
                                      "test."),
     seed: int = seed_option(help="Seed of the micro tasks and of the filter."),
     engine: str = engine_option(),
+    ray: str | None = ray_option(),
     mode: str | None = mode_option(),
     reruns: int = typer.Option(3, "--reruns", help="Gold-patch reruns per task."),
     workers: int = typer.Option(2, "--workers", help="Tasks checked in parallel."),
@@ -105,7 +109,7 @@ def filter_bench_command(
     err_console.print(f"generating {n} micro tasks (flaky rate {flaky_rate}), then filtering them",
                       highlight=False)
     with progress:
-        result = filter_bench(n, flaky_rate, seed, engine=engine, mode=mode, reruns=reruns, workers=workers,
+        result = filter_bench(n, flaky_rate, seed, engine=engine, mode=mode, ray=ray, reruns=reruns, workers=workers,
                               out=out, split=split, on_start=on_start, on_result=on_result)
     if as_json:
         emit_json(result)

@@ -13,14 +13,15 @@ from pathlib import Path
 import typer
 from rich.text import Text
 
-from crr.cli.common import (_resume_with, console, emit_json, engine_option, err_console, friendly, json_option,
-                            long_command, max_new_tokens_option, max_value_chars_option, model_option, out_option,
-                            policy_option, seed_option, tasks_option, temperature_option, threads_option)
+from crr.cli.common import (ENGINES_HELP, _resume_with, console, emit_json, engine_option, err_console, friendly,
+                            json_option, long_command, max_new_tokens_option, max_value_chars_option, model_option,
+                            out_option, policy_option, ray_option, seed_option, tasks_option, temperature_option,
+                            threads_option)
 from crr.errors import CRRError
 
 model_app = typer.Typer(help="The policy model: build the tiny default, sample tool calls from a model.",
                         no_args_is_help=True)
-_EXPERT_ENGINE = "Fork engine for the expert's episodes: local or docker."
+_EXPERT_ENGINE = f"Fork engine for the expert's episodes: {ENGINES_HELP}."
 
 
 @model_app.command("init")
@@ -132,6 +133,7 @@ def model_probe(
     n_tasks: int = typer.Option(16, "--n-tasks", help="Expert episodes on the first N tasks."),
     seed: int = seed_option(help="The expert's seed."),
     engine: str = engine_option(help=_EXPERT_ENGINE),
+    ray: str | None = ray_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Where a policy departs from the exploring expert: teacher-forced loss and argmax accuracy of its
@@ -143,17 +145,18 @@ def model_probe(
     from crr.eval.evaluate import load_eval_policy, resolve_policy
     from crr.policy.model import agent_record
     from crr.policy.sft import ExpertDataSettings, action_field_stats, build_sft_dataset
-    from crr.replay import get_engine
+    from crr.replay import engine_options, get_engine
     from crr.tasks.loaders import load_tasks
 
     if n_tasks < 1:
         raise CRRError(f"--n-tasks must be at least 1, got {n_tasks}")
+    opts = engine_options(engine, ray=ray)
     policy = resolve_policy(model)
     policy_model, tokenizer = load_eval_policy(policy)
     task_list = load_tasks(tasks)[:n_tasks]
     record = agent_record(policy.model, policy.base_model)  # the episodes as this model was trained to see them
     settings = ExpertDataSettings(**{k: record[k] for k in ("agent_format", "max_turns") if k in record})
-    with err_console.status(f"expert episodes on {len(task_list)} tasks"), get_engine(engine) as fork_engine:
+    with err_console.status(f"expert episodes on {len(task_list)} tasks"), get_engine(engine, **opts) as fork_engine:
         rows = build_sft_dataset(task_list, fork_engine, seed, tokenizer, settings)
     with err_console.status(f"scoring {len(rows)} expert episodes"):
         stats = action_field_stats(policy_model, tokenizer, rows)
@@ -193,6 +196,7 @@ def sft_command(
                               "AVX512-BF16 and on GPUs; deterministic, but not bit-equal to fp32)."),
     seed: int = seed_option(help="Drives the expert's episodes and the trainer."),
     engine: str = engine_option(help=_EXPERT_ENGINE),
+    ray: str | None = ray_option(),
     out: Path = out_option(),
     resume: Path | None = typer.Option(None, "--resume", help="Continue an interrupted `crr sft` run directory "
                                        "(its config, expert data and latest checkpoint)."),
@@ -207,6 +211,8 @@ def sft_command(
     real sandbox and kept only if the verifier gives it reward 1; TRL's SFTTrainer then trains on the tool
     calls (observations masked). Writes a run directory with the config, expert.jsonl, the loss curve in
     metrics.jsonl and the model in model/."""
+    from dataclasses import replace
+
     from crr.agent.expert import ExpertConfig
     from crr.policy.model import default_model_dir
     from crr.policy.sft import (ExpertDataSettings, SFTRecipe, SFTSettings, install_if_default, resume_sft,
@@ -214,11 +220,15 @@ def sft_command(
 
     if resume is not None:
         run, model, recipe = resume_sft(resume)
+        if ray is not None:  # where the expert's sandboxes run, not what the recipe is: a resume may move
+            recipe = replace(recipe, ray=ray)
     else:
         recipe = SFTRecipe.from_yaml(recipe_file) if recipe_file is not None else SFTRecipe(
             tasks=tasks, n_tasks=n_tasks, seed=seed, engine=engine,
             data=ExpertDataSettings(episodes_per_task=episodes, expert=ExpertConfig(error_rate=error_rate)),
             train=SFTSettings(epochs=epochs, learning_rate=lr, bf16=bf16))
+        if ray is not None:  # also on a --recipe file's engine
+            recipe = replace(recipe, ray=ray)
         if model is None:
             with err_console.status("loading the default tiny model (built on first use)"):
                 model = str(default_model_dir())

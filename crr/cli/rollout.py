@@ -12,7 +12,7 @@ from rich.text import Text
 
 from crr.cli.common import (console, emit_json, engine_option, err_console, friendly, json_option, long_command,
                             max_new_tokens_option, max_value_chars_option, mode_option, model_option, out_option,
-                            seed_option, tasks_option, temperature_option, threads_option)
+                            ray_option, seed_option, tasks_option, temperature_option, threads_option)
 from crr.errors import CRRError
 
 rollout_app = typer.Typer(help="Roll out a policy: G trajectories per task in sandboxes, with transcripts "
@@ -28,6 +28,7 @@ def rollout_command(
     n: int = typer.Option(1, "--n", help="Tasks to roll out (the first N)."),
     group: int = typer.Option(8, "--group", help="G: trajectories per task."),
     engine: str = engine_option(),
+    ray: str | None = ray_option(),
     mode: str | None = mode_option(),
     temperature: float = temperature_option(),
     seed: int = seed_option(),
@@ -38,7 +39,8 @@ def rollout_command(
                                             "format the model was trained with, else paper)."),
     max_value_chars: int | None = max_value_chars_option(),
     time_limit: float = typer.Option(3600.0, "--time-limit", help="Seconds per trajectory (wall clock)."),
-    workers: int = typer.Option(4, "--workers", help="Concurrent tool executions."),
+    workers: int | None = typer.Option(None, "--workers", help="Concurrent tool executions (default 4; on a Ray "
+                                       "engine, the cluster's sandbox slots)."),
     out: Path = out_option(),
     as_json: bool = json_option("the results"),
 ) -> None:
@@ -55,7 +57,7 @@ def rollout_command(
         with err_console.status("loading the default model (the random tiny one is built on first use)"):
             model = str(default_policy_dir())
     job = start_rollout(model, tasks, n, out, group=group, seed=seed, workers=workers, engine=engine, mode=mode,
-                        temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens,
+                        ray=ray, temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens,
                         agent_format=agent_format, max_value_chars=max_value_chars, time_limit=time_limit)
     err_console.print(f"run directory: {job.run.path}", highlight=False)
     progress = Progress(TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -115,7 +117,8 @@ def rollout_bench_command(
                                                   "(the untrained default model rambles); 0: unbounded, as a "
                                                   "trained policy runs."),
     engine: str = engine_option(),
-    mode: str | None = mode_option(help="Docker engine mode: commit or overlay (fork bench)."),
+    ray: str | None = ray_option(),
+    mode: str | None = mode_option(help="Docker engine mode (docker, ray:docker): commit or overlay (fork bench)."),
     fork_steps: int = typer.Option(45, "--fork-steps", help="Length of the scripted trajectory forked."),
     repeats: int = typer.Option(5, "--repeats", help="Timed forks per index and strategy."),
     only: str | None = typer.Option(None, "--only", help="throughput or fork (default: both)."),
@@ -128,23 +131,26 @@ def rollout_bench_command(
     and t=40: restore of the per-step snapshot vs replay of the prefix verified by tree digest."""
     from rich.table import Table
 
+    from crr.replay import engine_options
     from crr.rollout_bench import fork_bench, throughput_bench
 
     if only not in (None, "throughput", "fork"):
         raise CRRError(f"--only takes throughput or fork, got {only!r}")
     if prefix_cache not in ("on", "off", "both"):
         raise CRRError(f"--prefix-cache takes on, off or both, got {prefix_cache!r}")
+    opts = engine_options(engine, ray=ray, mode=mode)
     result: dict = {}
     if only in (None, "fork"):
         with err_console.status(f"fork bench: a {fork_steps}-step scripted trajectory on the {engine} engine"):
-            result["fork"] = fork_bench(engine, steps=fork_steps, repeats=repeats, **({"mode": mode} if mode else {}))
+            result["fork"] = fork_bench(engine, steps=fork_steps, repeats=repeats, **opts)
     if only in (None, "throughput"):
         for reuse in {"on": [True], "off": [False], "both": [False, True]}[prefix_cache]:
             with err_console.status(f"throughput bench: G={group}, {max_turns}-turn cap, prefix cache "
                                     f"{'on' if reuse else 'off'}"):
                 result["throughput" if reuse else "throughput_no_prefix_cache"] = throughput_bench(
                     model, group=group, max_turns=max_turns, max_new_tokens=max_new_tokens,
-                    max_value_chars=max_value_chars or None, engine=engine, threads=threads, prefix_cache=reuse)
+                    max_value_chars=max_value_chars or None, engine=engine, threads=threads, prefix_cache=reuse,
+                    engine_opts=opts)
     if as_json:
         emit_json(result)
         return

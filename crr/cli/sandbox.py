@@ -10,7 +10,7 @@ import typer
 from rich.text import Text
 
 from crr.cli.common import (console, emit_json, engine_option, err_console, friendly, json_option, mode_option,
-                            tasks_option)
+                            ray_option, tasks_option)
 from crr.errors import CRRError
 
 fork_app = typer.Typer(help="Fork engines: benchmark snapshot/restore latency.", no_args_is_help=True)
@@ -20,7 +20,8 @@ fork_app = typer.Typer(help="Fork engines: benchmark snapshot/restore latency.",
 @friendly
 def fork_bench_cmd(
     engine: str = engine_option(),
-    mode: str = mode_option(help="local: overlay|copy; docker: overlay|commit; or both."),
+    ray: str | None = ray_option(),
+    mode: str = mode_option(help="local, ray:local: overlay|copy; docker, ray:docker: overlay|commit; or both."),
     files: int = typer.Option(5000, "--files", help="Files in the synthetic repository."),
     repeats: int = typer.Option(20, "--repeats", help="Timed forks."),
     as_json: bool = json_option(),
@@ -31,7 +32,7 @@ def fork_bench_cmd(
     from crr.replay.bench import fork_bench
 
     with err_console.status(f"fork bench: {engine} engine, {files} files, {repeats} repeats"):
-        result = fork_bench(engine, mode, n_files=files, repeats=repeats)
+        result = fork_bench(engine, mode, n_files=files, repeats=repeats, ray=ray)
     if as_json:
         emit_json(result)
         return
@@ -55,6 +56,7 @@ def tool_command(
     tasks: str = tasks_option(...),
     instance: str = typer.Option(..., "--instance", help="instance_id of the task to open."),
     engine: str = engine_option(),
+    ray: str | None = ray_option(),
     mode: str | None = mode_option(),
     call: str | None = typer.Option(None, "--call", help='One tool call, e.g. \'{"name": "view_file", '
                                     '"arguments": {"path": "setup.py"}}\'.'),
@@ -70,19 +72,18 @@ def tool_command(
 
     from crr.agent.tools import ToolCallError, execute, parse_tool_call, script_calls
     from crr.agent.verifier import verify
-    from crr.replay import get_engine
+    from crr.replay import engine_options, get_engine
     from crr.tasks.loaders import load_tasks
 
     if (call is None) == (script is None):
         raise CRRError("give exactly one of --call JSON or --script FILE")
-    if mode is not None and engine != "docker":
-        raise CRRError("--mode applies to --engine docker only")
+    opts = engine_options(engine, ray=ray, mode=mode)
     texts = [call] if call is not None else script_calls(script.read_text())
     by_id = {t.instance_id: t for t in load_tasks(tasks)}
     if instance not in by_id:
         raise CRRError(f"no task {instance!r} in {tasks}; it has e.g. {', '.join(list(by_id)[:5]) or 'none'}")
     task = by_id[instance]
-    fork_engine = get_engine(engine, **({"mode": mode} if mode else {}))
+    fork_engine = get_engine(engine, **opts)
     records = []
     try:
         with fork_engine.start(task) as sb:

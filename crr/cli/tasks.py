@@ -10,6 +10,7 @@ import typer
 from rich.text import Text
 
 from crr.cli.common import (
+    ENGINES_HELP,
     _resume_with,
     _same_command,
     console,
@@ -19,6 +20,7 @@ from crr.cli.common import (
     friendly,
     json_option,
     long_command,
+    ray_option,
     seed_option,
 )
 
@@ -128,7 +130,8 @@ def tasks_synth(
     seed: int = seed_option(help="Seed of the order bugs are tried in and of the issue texts."),
     requires: list[str] = typer.Option([], "--requires", help="Extra test requirement for --package, e.g. "
                                        "hypothesis==6.100.0 (repeatable)."),
-    engine: str = engine_option(help="Sandbox engine for the test runs: local or docker."),
+    engine: str = engine_option(help=f"Sandbox engine for the test runs: {ENGINES_HELP}."),
+    ray: str | None = ray_option(),
     max_candidates: int = typer.Option(30, "--max-candidates", help="Candidate bugs run per package."),
 ) -> None:
     """Tasks from real packages: the sdist becomes a git repository, its own test suite runs in a
@@ -137,9 +140,11 @@ def tasks_synth(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from crr.replay import engine_options
     from crr.tasks.synth import curated as curated_packages
     from crr.tasks.synth import parse_package, synthesise
 
+    opts = engine_options(engine, ray=ray)
     specs = [parse_package(p, tuple(requires)) for p in package] + (curated_packages() if curated else [])
     _resume_with(_same_command())  # its --out resumes
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
@@ -152,8 +157,8 @@ def tasks_synth(
             bar.update(jobs[state.package], completed=state.tasks,
                        note=f"{state.candidates} candidate bugs tried")
 
-        tasks = synthesise(specs, out, n=n, seed=seed, engine=engine, max_candidates=max_candidates,
-                           progress=progress)
+        tasks = synthesise(specs, out, n=n, seed=seed, engine=engine, engine_opts=opts,
+                           max_candidates=max_candidates, progress=progress)
     table = Table(title=f"{len(tasks)} tasks from {len(specs)} package(s)")
     for col in ("instance_id", "bug", "#F2P", "#P2P"):
         table.add_column(col, justify="right" if col.startswith("#") else "left")

@@ -16,7 +16,8 @@ from crr.cli.common import (_resume_with, console, emit_json, err_console, frien
 
 @long_command
 def train_command(
-    overrides: list[str] = typer.Argument(None, help="Config overrides key=value (e.g. k=2 crr.cf_temperature=0.5)."),
+    overrides: list[str] = typer.Argument(None, help="Config overrides key=value (e.g. k=2 "
+                                  "crr.cf_temperature=0.5; engine=ray:local ray=auto: sandboxes on a Ray cluster)."),
     method: str | None = typer.Option(None, "--method", help="grpo | crr | search-select (default: the config's)."),
     config: Path | None = typer.Option(None, "--config", help="A preset YAML (default: experiments/cpu-crr.yaml)."),
     seed: int | None = seed_option(None, help="Drives rollouts, selector, proposals and the learner."),
@@ -104,7 +105,7 @@ def _held_out_pass(tasks: str, n: int | None, cfg, run, when: str, model: str | 
     label, source, adapter = benchmark(tasks) if tasks in {**BENCHMARKS, **ALIASES} else benchmark("tasks", tasks)
     config = EvalConfig.make(label, source, adapter, resolve_policy(model, run_dir), n_tasks=n,
                              max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, engine=cfg.engine,
-                             agent_format=cfg.agent_format, workers=cfg.workers)
+                             ray=cfg.ray, agent_format=cfg.agent_format, workers=cfg.workers)
     eval_run = start_eval(config, run.path / f"eval-{when}")
     with err_console.status(f"evaluating the policy {when} training on {tasks}"):
         summary = evaluate(config, eval_run)

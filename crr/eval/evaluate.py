@@ -43,6 +43,7 @@ import yaml
 from crr.errors import CRRError
 from crr.eval.passk import summarise_samples
 from crr.eval.taxonomy import audit, error_mode, held_out_counts, summarise_modes
+from crr.replay import engine_options
 from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
@@ -194,7 +195,8 @@ class EvalConfig:
     max_turns: int = 50             # H
     max_new_tokens: int = 512
     engine: str = "local"
-    workers: int = 4
+    ray: str | None = None          # a ray:... engine's cluster address (None: auto)
+    workers: int | None = None      # concurrent tool executions (None: 4, or a Ray engine's sandbox slots)
     batch: int = 32                 # episodes run together
     agent_format: str = "paper"     # crr.agent.prompt.FORMATS (EvalConfig.make: the model's recorded one)
 
@@ -207,10 +209,11 @@ class EvalConfig:
             raise CRRError(f"--samples {self.samples} at temperature 0 gives {self.samples} copies of the greedy "
                            f"sample; pass --temperature (the paper samples at {SAMPLED_TEMPERATURE})")
         for name in ("max_turns", "max_new_tokens", "workers", "batch"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise CRRError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.n_tasks is not None and self.n_tasks < 1:
             raise CRRError(f"--n-tasks must be at least 1, got {self.n_tasks}")
+        engine_options(self.engine, ray=self.ray)  # a setting the engine does not take fails here
 
     @classmethod
     def make(cls, dataset: str, tasks: str, adapter: str | None, policy: Policy, **settings) -> EvalConfig:
@@ -228,8 +231,8 @@ class EvalConfig:
         return cls(dataset=dataset, tasks=tasks, adapter=adapter, **asdict(policy), **settings)
 
 
-# Settings a resumed evaluation may change: how it runs, and a larger task set.
-_RESUMABLE = ("workers", "batch", "n_tasks")
+# Settings a resumed evaluation may change: how and where it runs, and a larger task set.
+_RESUMABLE = ("workers", "batch", "ray", "n_tasks")
 
 
 def start_eval(config: EvalConfig, out: Path | str = DEFAULT_OUT) -> RunDir:
@@ -242,7 +245,7 @@ def start_eval(config: EvalConfig, out: Path | str = DEFAULT_OUT) -> RunDir:
 
 def resume_eval(path: Path | str, overrides: dict | None = None) -> tuple[EvalConfig, RunDir]:
     """The config and run directory of an earlier evaluation. `overrides` (None: not given) must agree
-    with its config, except workers, batch and a larger n_tasks."""
+    with its config, except workers, batch, ray and a larger n_tasks."""
     run = RunDir.open(path)
     if run.manifest.get("command") != "eval":
         raise CRRError(f"{path} is a `crr {run.manifest.get('command')}` run, not an evaluation; --resume takes "
@@ -260,6 +263,7 @@ def resume_eval(path: Path | str, overrides: dict | None = None) -> tuple[EvalCo
             raise CRRError(f"{path} was made with {key}={current!r}, not {value!r}; drop the option to resume it, "
                            "or start a new evaluation without --resume")
         setattr(config, key, value)
+    engine_options(config.engine, ray=config.ray)  # a --ray the run's engine does not take fails here
     run.write_text("config.yaml", yaml.safe_dump(asdict(config), sort_keys=False))
     return config, run
 
@@ -317,7 +321,7 @@ def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]
                             max_new_tokens=config.max_new_tokens, snapshots=False, agent_format=config.agent_format,
                             max_context_tokens=getattr(model.config, "max_position_embeddings", None))
     finished = 0
-    with get_engine(config.engine) as engine:
+    with get_engine(config.engine, **engine_options(config.engine, ray=config.ray)) as engine:
         for c, start in enumerate(range(0, len(pending), config.batch)):
             chunk = pending[start:start + config.batch]
             seed = chunk_seed(config.seed, pass_index, c)

@@ -44,7 +44,7 @@ import pandas as pd
 from crr.agent.tools import SCRATCH_DIR
 from crr.agent.verifier import MAX_HASH_SEED, VERIFY_TIMEOUT_S, VerifierResult, verify
 from crr.errors import CRRError
-from crr.replay import ENGINES, get_engine
+from crr.replay import ENGINES, engine_options, engine_workers, get_engine
 from crr.replay.base import ForkEngine
 from crr.replay.http import Traffic, collect
 from crr.rundir import RunDir, atomic_write_text
@@ -65,6 +65,7 @@ FAILS_UNDER_GOLD = "fails_under_gold"
 HTTP_NOT_RECORDED = "http_request_not_recorded"
 CASSETTES = "cassettes"
 MAX_RERUNS = 100
+DEFAULT_WORKERS = 2   # tasks checked at once, unless given (a Ray engine: its sandbox slots)
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class FilterConfig:
     """Everything that decides a verdict; stored in the run directory so a resume reuses it."""
 
     engine: str = "local"
-    engine_opts: dict = field(default_factory=dict)  # e.g. {"mode": "overlay"} for docker
+    engine_opts: dict = field(default_factory=dict)  # crr.replay.engine_options: {"mode": "overlay"} for docker...
     reruns: int = 3
     seed: int = 0                      # run seeds derive from (seed, instance_id)
     timeout: float = VERIFY_TIMEOUT_S  # per test run
@@ -202,8 +203,10 @@ def _misses(traffic: Traffic, where: str) -> str:
 
 COMMAND = "filter-tasks"
 # What a run is made of, stored in its config.yaml; None in `open_run`'s settings means "not given".
-DEFAULTS = {"tasks": None, "limit": None, "engine": "local", "mode": None, "reruns": 3, "seed": 0,
+DEFAULTS = {"tasks": None, "limit": None, "engine": "local", "mode": None, "ray": None, "reruns": 3, "seed": 0,
             "timeout": VERIFY_TIMEOUT_S, "record_http": False}
+# Where the sandboxes run, not what decides a verdict: a resume may name another Ray cluster.
+_RESUMABLE = ("ray",)
 
 
 def open_run(settings: dict, out: Path | str, resume: Path | str | None = None
@@ -224,6 +227,7 @@ def open_run(settings: dict, out: Path | str, resume: Path | str | None = None
             raise CRRError(f"{run.path} was made by `crr {run.manifest.get('command')}`, not `crr {COMMAND}`")
         run.lock()
         stored = {**DEFAULTS, **run.config}
+        stored.update({k: settings[k] for k in _RESUMABLE if settings.get(k) is not None})
         changed = {k: (stored[k], v) for k, v in settings.items() if v is not None and v != stored.get(k)}
         if changed:
             what = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
@@ -244,12 +248,10 @@ def filter_config(settings: dict) -> FilterConfig:
     """The FilterConfig of a run's settings (DEFAULTS' keys), checked."""
     if settings["engine"] not in ENGINES:
         raise CRRError(f"unknown fork engine {settings['engine']!r}; choose one of {', '.join(ENGINES)}")
-    mode = settings["mode"]
-    if mode is not None and (settings["engine"] not in ("docker", "ray:docker") or mode not in ("commit", "overlay")):
-        raise CRRError("--mode is commit or overlay, and applies to --engine docker (or ray:docker) only")
+    opts = engine_options(settings["engine"], ray=settings.get("ray"), mode=settings["mode"])
     if settings["limit"] is not None and settings["limit"] < 1:
         raise CRRError(f"--limit must be at least 1, got {settings['limit']}")
-    return FilterConfig(engine=settings["engine"], engine_opts={"mode": mode} if mode else {},
+    return FilterConfig(engine=settings["engine"], engine_opts=opts,
                         reruns=settings["reruns"], seed=settings["seed"], timeout=settings["timeout"],
                         record_http=settings["record_http"])
 
@@ -282,30 +284,31 @@ class Summary:
                 f"(discard rate {rate}), infra errors {self.infra_errors}{pending}, {speed} tasks/min")
 
 
-def filter_tasks(tasks: Iterable[Task], run: RunDir, config: FilterConfig, workers: int = 2,
+def filter_tasks(tasks: Iterable[Task], run: RunDir, config: FilterConfig, workers: int | None = None,
                  on_start: Callable[[int, int], None] | None = None,
                  on_result: Callable[[dict], None] | None = None) -> Summary:
     """Filter `tasks` into `run`, skipping those it already decided; returns the summary.
 
-    Tasks it recorded as infra errors are tried again (the machine, not the task, failed). Workers
-    run tasks in parallel; each record is appended as its task finishes. On Ctrl-C the engine is
-    closed (killing the sandboxes in flight, whose tasks are not recorded) and the interrupt is
-    re-raised; `resume` later picks up where it stopped. `on_start(total, already_done)` and
+    Tasks it recorded as infra errors are tried again (the machine, not the task, failed). `workers`
+    run tasks in parallel (None: DEFAULT_WORKERS, or a Ray engine's sandbox slots); each record is
+    appended as its task finishes. On Ctrl-C the engine is closed (killing the sandboxes in flight,
+    whose tasks are not recorded) and the interrupt is re-raised; `resume` later picks up where it stopped. `on_start(total, already_done)` and
     `on_result(record)` are called from the calling thread.
     """
-    if workers < 1:
+    if workers is not None and workers < 1:
         raise CRRError(f"--workers must be at least 1, got {workers}")
     tasks = _unique(tasks)
     decided = {r["instance_id"] for r in run.records(RESULTS) if r["verdict"] != INFRA_ERROR}
     todo = sorted((t for t in tasks if t.instance_id not in decided), key=lambda t: t.instance_id)
     if on_start:
         on_start(len(tasks), len(tasks) - len(todo))
-    log.info("filtering %d tasks (%d already decided) with %d workers on the %s engine",
-             len(todo), len(tasks) - len(todo), workers, config.engine)
     start, finished = time.monotonic(), 0
     if todo:
         engine = get_engine(config.engine, **config.engine_opts)
         recorder = get_engine(config.engine, **config.engine_opts, record_http=True) if config.record_http else None
+        workers = engine_workers(engine, workers, DEFAULT_WORKERS)
+        log.info("filtering %d tasks (%d already decided) with %d workers on the %s engine",
+                 len(todo), len(tasks) - len(todo), workers, config.engine)
         pool = ThreadPoolExecutor(workers, thread_name_prefix="crr-filter")
         try:
             futures = [pool.submit(check_task, engine, task, config, recorder, run.path / CASSETTES)

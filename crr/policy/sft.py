@@ -54,7 +54,7 @@ from crr.policy.model import (
 )
 from crr.policy.rows import sft_row
 from crr.policy.sft_trainer import SFTSettings, quiet_hf, sft
-from crr.replay import get_engine
+from crr.replay import engine_options, get_engine
 from crr.replay.base import ForkEngine
 from crr.rundir import RunDir
 from crr.tasks.loaders import MICRO_DEFAULT_N, MICRO_SETS, load_micro, load_tasks
@@ -222,7 +222,8 @@ class SFTRecipe:
     tasks: str = "micro-train"         # anything crr.tasks.loaders.load_tasks takes
     n_tasks: int | None = 160          # the first N tasks (a micro set is generated that large if need be)
     seed: int = 0                      # the expert's episodes and the trainer
-    engine: str = "local"
+    engine: str = "local"              # local, docker, ray:local, ray:docker (crr.replay.ENGINES)
+    ray: str | None = None             # a ray:... engine's cluster address, as ray.init takes it (None: auto)
     data: ExpertDataSettings = field(default_factory=ExpertDataSettings)
     train: SFTSettings = field(default_factory=SFTSettings)
     # Synthetic lookup-and-repair rows (crr.policy.curriculum) for the stages that use them.
@@ -243,6 +244,7 @@ class SFTRecipe:
             replace(self.train, **{k: v for k, v in stage.items() if k != "data"})  # unknown keys: TypeError
         if self.n_tasks is not None and self.n_tasks < 1:
             raise CRRError(f"n_tasks must be at least 1, got {self.n_tasks}")
+        engine_options(self.engine, ray=self.ray)  # a setting the engine does not take fails here
 
     @classmethod
     def from_dict(cls, d: dict) -> SFTRecipe:
@@ -298,7 +300,7 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
             tasks = load_tasks(recipe.tasks)[:recipe.n_tasks]
         with quiet_hf():
             _, tokenizer = load_policy(model_dir)
-        engine = get_engine(recipe.engine)
+        engine = get_engine(recipe.engine, **engine_options(recipe.engine, ray=recipe.ray))
         total = len(tasks) * recipe.data.episodes_per_task
         counter = iter(range(1, total + 1))
         try:

@@ -5,6 +5,13 @@ A fork engine (the ForkEngine protocol of crr.replay.base) is registered under a
 takes the engine's options; a new one is
 
     register_engine("firecracker", FirecrackerEngine)      # get_engine("firecracker", **opts) -> FirecrackerEngine(**opts)
+
+Commands and configs name an engine with a few settings (`--engine`, `--ray`, `--mode`, or the same config
+keys); `engine_options` is the one place that turns them into get_engine's options, and `engine_workers`
+sizes a driver's worker threads to the engine (a Ray engine's sandbox slots):
+
+    engine = get_engine(name, **engine_options(name, ray=address, mode=mode))
+    workers = engine_workers(engine, workers, default=4)
 """
 
 from __future__ import annotations
@@ -47,6 +54,10 @@ def _on_ray(inner: str) -> Callable[..., ForkEngine]:
     return make
 
 
+RAY_PREFIX = "ray:"                      # ray:<inner engine>: sandboxes on a Ray cluster's nodes
+DOCKER_ENGINES = ("docker", "ray:docker")  # the engines that take the Docker engine's `mode`
+DOCKER_MODES = ("commit", "overlay")
+
 ENGINES: dict[str, Callable[..., ForkEngine]] = {"local": _local, "docker": _docker,
                                                  "ray:local": _on_ray("local"), "ray:docker": _on_ray("docker")}
 
@@ -61,6 +72,39 @@ def get_engine(name: str, **opts) -> ForkEngine:
     if name not in ENGINES:
         raise CRRError(f"unknown fork engine {name!r}; choose one of {', '.join(ENGINES)}")
     return ENGINES[name](**opts)
+
+
+def engine_options(engine: str, *, ray: str | None = None, mode: str | None = None) -> dict:
+    """get_engine's options for an engine's settings as commands and configs give them: `ray`, a Ray
+    cluster's address as ray.init takes it, for a `ray:...` engine (None there: "auto", the cluster this
+    machine belongs to); `mode` (commit or overlay) for docker and ray:docker. A setting the engine does
+    not take is a CRRError, which a command prints as one line (exit 2)."""
+    opts: dict = {}
+    if engine.startswith(RAY_PREFIX):
+        opts["address"] = "auto" if ray is None else ray
+    elif ray is not None:
+        raise CRRError(f"a Ray address (--ray {ray}) applies to --engine ray:local or ray:docker only, not to "
+                       f"{engine!r}")
+    if mode is not None:
+        if engine not in DOCKER_ENGINES:
+            raise CRRError(f"--mode applies to --engine docker or ray:docker only, not to {engine!r}")
+        if mode not in DOCKER_MODES:
+            raise CRRError(f"--mode is commit or overlay, got {mode!r}")
+        opts["mode"] = mode
+    return opts
+
+
+def engine_workers(engine: ForkEngine, workers: int | None, default: int) -> int:
+    """How many worker threads a driver (the rollout's pool, the filter, an evaluation) runs on `engine`:
+    `workers` when the user set it; else the engine's `slots` where it has them (a Ray engine: the commands
+    its cluster runs at once), else `default`."""
+    if workers is not None:
+        return workers
+    slots = getattr(engine, "slots", None)
+    if isinstance(slots, int) and slots > 0:
+        log.info("%d workers: the sandbox slots of the %s engine", slots, getattr(engine, "name", "fork"))
+        return slots
+    return default
 
 
 def reclaim_leftovers() -> list[str]:

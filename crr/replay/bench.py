@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from crr.errors import CRRError, SandboxError
-from crr.replay import get_engine
+from crr.replay import RAY_PREFIX, engine_options, get_engine
 from crr.replay.base import tree_digest
 from crr.replay.checkout import base_checkout
 from crr.tasks.schema import Task
@@ -34,17 +34,21 @@ _GIT_ENV = {"GIT_AUTHOR_NAME": "crr", "GIT_AUTHOR_EMAIL": "bench@crr.invalid", "
 
 
 def fork_bench(engine_name: str, mode: str | None = None, n_files: int = 5000, n_edited: int = 7,
-               repeats: int = 20) -> dict:
+               repeats: int = 20, ray: str | None = None) -> dict:
     """p50/p95 latencies (ms) of snapshot, restore and fork, and whether a fork is exact.
 
-    mode: the engine's mode (local: overlay|copy, docker: overlay|commit), None for its default,
-    or "both" to measure the two and add e.g. `commit_over_overlay_fork_ratio`.
+    mode: the engine's mode (local: overlay|copy, docker: overlay|commit; ray:local and ray:docker: their
+    inner engine's), None for its default, or "both" to measure the two and add e.g.
+    `commit_over_overlay_fork_ratio`. ray: a ray:... engine's cluster address (None: auto).
     """
-    if engine_name not in MODES:
-        raise CRRError(f"unknown fork engine {engine_name!r}; choose one of {', '.join(MODES)}")
-    if mode not in (None, "both", *MODES[engine_name]):
-        raise CRRError(f"engine {engine_name} has modes {', '.join(MODES[engine_name])} (or both); "
+    inner = engine_name.removeprefix(RAY_PREFIX)
+    if inner not in MODES:
+        raise CRRError(f"unknown fork engine {engine_name!r}; choose one of "
+                       f"{', '.join([*MODES, *(RAY_PREFIX + m for m in MODES)])}")
+    if mode not in (None, "both", *MODES[inner]):
+        raise CRRError(f"engine {engine_name} has modes {', '.join(MODES[inner])} (or both); "
                        f"got {mode!r}")
+    engine_options(engine_name, ray=ray)  # a --ray the engine does not take fails before any work
     if n_files < 10 or repeats < 1:
         raise CRRError("the fork benchmark needs at least 10 files and 1 repeat")
     with tempfile.TemporaryDirectory(prefix="crr-fork-bench-") as tmp:
@@ -53,9 +57,9 @@ def fork_bench(engine_name: str, mode: str | None = None, n_files: int = 5000, n
         os.sync()  # and so that writing back the fresh trees to disk does not land in the timings
         try:
             if mode != "both":
-                return _measure(engine_name, mode, task, n_files, n_edited, repeats)
-            a, b = MODES[engine_name]
-            runs = {m: _measure(engine_name, m, task, n_files, n_edited, repeats) for m in (a, b)}
+                return _measure(engine_name, mode, task, n_files, n_edited, repeats, ray)
+            a, b = MODES[inner]
+            runs = {m: _measure(engine_name, m, task, n_files, n_edited, repeats, ray) for m in (a, b)}
             return {"engine": engine_name, "mode": "both", "n_files": n_files, "repeats": repeats,
                     "modes": runs,
                     f"{b}_over_{a}_fork_ratio": runs[b]["fork_ms_p50"] / runs[a]["fork_ms_p50"]}
@@ -101,11 +105,11 @@ def _edit_script(n_files: int, n_edited: int) -> str:
 
 
 def _measure(engine_name: str, mode: str | None, task: Task, n_files: int, n_edited: int,
-             repeats: int) -> dict:
-    if mode is None:
-        opts = {}
-    else:
-        opts = {"overlay": mode == "overlay"} if engine_name == "local" else {"mode": mode}
+             repeats: int, ray: str | None = None) -> dict:
+    local = engine_name.removeprefix(RAY_PREFIX) == "local"   # the local engine's modes: overlay=True|False
+    opts = engine_options(engine_name, ray=ray, mode=None if local else mode)
+    if local and mode is not None:
+        opts["overlay"] = mode == "overlay"
     engine = get_engine(engine_name, **opts)
     try:
         with engine.start(task) as parent:
@@ -178,7 +182,7 @@ def ray_bench(address: str | None = None, inner: str = "local", n_files: int = 1
             engines = {}
             try:
                 engines["direct"] = get_engine(inner)
-                engines["ray"] = get_engine(f"ray:{inner}", address=address)
+                engines["ray"] = get_engine(f"ray:{inner}", **engine_options(f"ray:{inner}", ray=address))
                 times = _call_latencies(engines, task, n_files, repeats)
             finally:
                 for engine in engines.values():

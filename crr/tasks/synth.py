@@ -34,6 +34,7 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -41,7 +42,7 @@ import yaml
 from unidiff import PatchSet
 
 from crr.errors import CRRError
-from crr.replay import get_engine, mirror
+from crr.replay import engine_workers, get_engine, mirror
 from crr.replay.base import SCRATCH_DIR, ForkEngine, Sandbox
 from crr.replay.checkout import cached_repo
 from crr.rundir import atomic_write_text
@@ -131,16 +132,31 @@ def synthesise(specs: list[PackageSpec], out: Path | str, n: int, seed: int = 0,
                        "(nothing was written)")
     sdists = {spec: find(spec.name, spec.version) for spec in specs}
     atomic_write_text(out / SETTINGS_FILE, json.dumps(settings, indent=2, sort_keys=True) + "\n")
-    parts = []
+    parts = {spec: out / "packages" / f"{sdists[spec].name}-{spec.version}.jsonl" for spec in specs}
+    todo = [spec for spec in parts if not parts[spec].is_file()]   # each package once
+
+    def one(spec: PackageSpec) -> None:
+        tasks = synth_package(spec, n, seed, eng, sdist=sdists[spec], max_candidates=max_candidates,
+                              progress=progress)
+        write_tasks(tasks, parts[spec])
+
     with get_engine(engine, **(engine_opts or {})) as eng:
-        for spec in specs:
-            part = out / "packages" / f"{sdists[spec].name}-{spec.version}.jsonl"
-            if not part.is_file():
-                tasks = synth_package(spec, n, seed, eng, sdist=sdists[spec], max_candidates=max_candidates,
-                                      progress=progress)
-                write_tasks(tasks, part)
-            parts.append(part)
-    tasks = [t for part in parts for t in read_tasks_jsonl(part)]
+        # One package at a time; on a Ray engine as many at once as its cluster has sandbox slots (a
+        # package's candidate bugs run in forks of its own sandbox, on that sandbox's node).
+        workers = min(len(todo), engine_workers(eng, None, 1))
+        if workers <= 1:
+            for spec in todo:
+                one(spec)
+        else:
+            pool = ThreadPoolExecutor(workers, thread_name_prefix="crr-synth")
+            try:
+                for future in [pool.submit(one, spec) for spec in todo]:
+                    future.result()
+            finally:  # also on an error or Ctrl-C: queued packages never start, sandboxes in flight close
+                pool.shutdown(wait=False, cancel_futures=True)
+                eng.close()
+                pool.shutdown(wait=True)
+    tasks = [t for spec in specs for t in read_tasks_jsonl(parts[spec])]
     write_tasks(tasks, out / TASKS_FILE)
     return tasks
 

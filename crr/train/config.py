@@ -21,6 +21,7 @@ from trl import GRPOConfig
 
 from crr.errors import CRRError
 from crr.experiments import EXPERIMENTS, read_preset
+from crr.replay import engine_options
 from crr.train.distributed import launched_processes
 
 DEFAULT_PRESET = EXPERIMENTS / "cpu-crr.yaml"
@@ -37,8 +38,9 @@ class CRRConfig(GRPOConfig):
     tasks: str = "micro-train"
     n_tasks: int | None = None                 # use the first N tasks
     tasks_per_iteration: int = 1               # prompts per generation batch (each x G siblings)
-    engine: str = "local"
-    workers: int = 4                           # concurrent tool executions
+    engine: str = "local"                      # local, docker, ray:local, ray:docker (crr.replay.ENGINES)
+    ray: str | None = None                     # a ray:... engine's cluster address, as ray.init takes it (None: auto)
+    workers: int | None = None                 # concurrent tool executions (None: 4, or a Ray engine's slots)
     # --- episodes (the paper's H, rollout temperature)
     max_turns: int = 50
     max_new_tokens: int = 512
@@ -76,6 +78,9 @@ class CRRConfig(GRPOConfig):
                      "diagnostics_every"):
             if getattr(self, name) < (0 if name == "k" else 1):
                 raise CRRError(f"{name} must be {'>= 0' if name == 'k' else 'at least 1'}, got {getattr(self, name)}")
+        if self.workers is not None and self.workers < 1:
+            raise CRRError(f"workers must be at least 1, got {self.workers}")
+        engine_options(self.engine, ray=self.ray)  # a setting the engine does not take fails here
         if self.cf_temperature <= 0:
             raise CRRError(f"cf_temperature (T_cf) must be > 0, got {self.cf_temperature}")
         if not 0.0 <= self.replay_noise <= 1.0:

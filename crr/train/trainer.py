@@ -49,8 +49,8 @@ from crr.agent.episode import EpisodeConfig, Trajectory
 from crr.errors import CRRError
 from crr.policy.backend import TransformersBackend
 from crr.policy.model import agent_record, default_policy_dir, load_policy, write_agent_record
-from crr.replay import get_engine
-from crr.rollout import RolloutConfig, ThreadWorkerPool, rollout
+from crr.replay import engine_options, get_engine
+from crr.rollout import RolloutConfig, rollout, rollout_pool
 from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
@@ -85,7 +85,7 @@ class CRRTrainer(GRPOTrainer):
                 log.warning("config sets %s=%r; the paper's loss uses %r", key, getattr(cfg, key), value)
         self.cfg, self.run, self.engine, self.tasks = cfg, run, engine, {t.instance_id: t for t in tasks}
         self.ledger = Ledger(run, cfg.fork_cost_multiplier, writer=is_main())
-        self.pool = ThreadWorkerPool(cfg.workers)
+        self.pool = rollout_pool(engine, cfg.workers)  # rollouts and forks; unset: a Ray engine's slots
         self.episode = EpisodeConfig(max_turns=cfg.max_turns, temperature=cfg.rollout_temperature,
                                      max_new_tokens=cfg.max_new_tokens, time_limit_s=cfg.episode_time_limit_s,
                                      snapshots=cfg.forks, agent_format=cfg.agent_format or "paper")
@@ -354,7 +354,7 @@ def train(cfg: CRRConfig, run: RunDir, checkpoint: str | None = None, *,
         raise CRRError(f"{cfg.tasks} has {len(tasks)} tasks, fewer than tasks_per_iteration={cfg.tasks_per_iteration}")
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_policy(resolve_model(cfg))
-    with get_engine(cfg.engine) as engine:
+    with get_engine(cfg.engine, **engine_options(cfg.engine, ray=cfg.ray)) as engine:
         trainer = CRRTrainer(cfg, model, tokenizer, tasks, run, engine, on_iteration=on_iteration)
         try:
             trainer.train(resume_from_checkpoint=checkpoint)

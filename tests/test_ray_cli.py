@@ -1,0 +1,161 @@
+"""`--engine ray:local --ray ADDRESS` through the commands (issue 12): `crr filter-tasks` and `crr eval` on a
+two-node Ray cluster decide exactly what they decide on the local engine, their workers sized to the
+cluster's sandbox slots; `--ray` beside an engine that takes none is one line and exit 2; and without a Ray
+engine nothing imports ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from crr.cli import app
+from crr.errors import CRRError
+from crr.eval.evaluate import RESULTS, TRANSCRIPTS
+from crr.replay import engine_options, engine_workers
+from crr.rundir import RunDir
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_RAY = ("import sys\nfrom typer.testing import CliRunner\nfrom crr.cli import app\n"
+          "result = CliRunner().invoke(app, sys.argv[1:])\nassert result.exit_code == 0, result.output\n"
+          "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n")
+
+
+def crr(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def ray_modules(*argv: str) -> str:
+    """The ray modules a fresh interpreter has imported after running `crr ARGV` (asserting it succeeded)."""
+    out = subprocess.run([sys.executable, "-c", NO_RAY, *argv], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return out.stdout.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------------ no cluster needed
+
+def test_engine_options_are_the_one_translation_of_the_settings():
+    assert engine_options("local") == {} and engine_options("docker", mode="overlay") == {"mode": "overlay"}
+    assert engine_options("ray:local") == {"address": "auto"}
+    assert engine_options("ray:docker", ray="10.0.0.1:6379", mode="commit") == {"address": "10.0.0.1:6379",
+                                                                                "mode": "commit"}
+    with pytest.raises(CRRError, match=r"--ray auto\) applies to --engine ray:local or ray:docker only"):
+        engine_options("local", ray="auto")
+    with pytest.raises(CRRError, match="--mode applies to --engine docker or ray:docker only"):
+        engine_options("ray:local", mode="overlay")
+    with pytest.raises(CRRError, match="commit or overlay"):
+        engine_options("ray:docker", mode="fast")
+
+
+def test_workers_follow_the_engines_slots_unless_given():
+    class Slotted:
+        slots = 12
+
+    assert engine_workers(Slotted(), None, 4) == 12 and engine_workers(Slotted(), 3, 4) == 3
+    assert engine_workers(object(), None, 4) == 4   # the local and Docker engines have no slots
+
+
+def test_the_address_is_a_config_key_of_every_run(tmp_path):
+    """`ray` in the training config (presets and key=value overrides), an eval config, an SFT recipe and a
+    comparison's eval entry, where a ray: engine takes it and nowhere else."""
+    from crr.eval.evaluate import EvalConfig
+    from crr.experiments import _eval_spec
+    from crr.policy.sft import SFTRecipe
+    from crr.train.config import load_config, parse_overrides
+
+    overrides = parse_overrides(["engine=ray:docker", "ray=10.0.0.1:6379"])
+    cfg = load_config(None, {**overrides, "output_dir": str(tmp_path)})
+    assert cfg.resolved()["ray"] == "10.0.0.1:6379" and cfg.workers is None   # unset: the cluster's slots
+    assert load_config(None, {"output_dir": str(tmp_path)}).ray is None
+    with pytest.raises(CRRError, match="applies to --engine ray:local or ray:docker only"):
+        load_config(None, {"ray": "auto", "output_dir": str(tmp_path)})
+    with pytest.raises(CRRError, match="applies to --engine ray:local or ray:docker only"):
+        EvalConfig(dataset="d", tasks="t", ray="auto")
+    with pytest.raises(CRRError, match="applies to --engine ray:local or ray:docker only"):
+        SFTRecipe.from_dict({"ray": "auto"})
+    assert SFTRecipe.from_dict({"engine": "ray:local", "ray": "auto"}).ray == "auto"
+    spec = _eval_spec(tmp_path / "x.comparison.yaml", {"dataset": "nano-test", "engine": "ray:local",
+                                                       "ray": "auto"})
+    assert spec.eval_args("RUN")[-6:-2] == ["--engine", "ray:local", "--ray", "auto"]
+
+
+def test_ray_beside_another_engine_is_one_line_and_exit_2(tmp_path):
+    for args in (["filter-tasks", "--tasks", "nano-band", "--engine", "local", "--ray", "auto"],
+                 ["eval", "nano-test", "--ray", "auto"],
+                 ["tool", "--tasks", "nano-band", "--instance", "x", "--engine", "docker", "--ray", "auto",
+                  "--call", "{}"],
+                 ["tasks", "synth", "--package", "x==1", "--ray", "auto", "--out", str(tmp_path / "synth")]):
+        result = crr(*args, "--out", str(tmp_path / "runs")) if args[0] == "filter-tasks" else crr(*args)
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1, (args, result.output)
+        assert "applies to --engine ray:local or ray:docker only" in lines[0], (args, result.output)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "synth").exists()
+    mode = crr("tool", "--tasks", "nano-band", "--instance", "x", "--engine", "ray:docker", "--mode", "fast",
+               "--call", "{}")
+    assert mode.exit_code == 2 and "--mode is commit or overlay" in mode.output   # --mode is taken on ray:docker
+
+
+def test_without_a_ray_engine_ray_is_never_imported(tmp_path):
+    """Neither the help of the commands that take --ray, nor a command run on the local engine (with the
+    option handling of crr.replay.engine_options), imports ray."""
+    for argv in (["eval", "--help"], ["filter-tasks", "--help"], ["tasks", "synth", "--help"]):
+        assert ray_modules(*argv) == "[]", argv
+    call = json.dumps({"name": "view_file", "arguments": {"path": "setup.py"}})
+    from crr.tasks.loaders import load_tasks
+
+    instance = load_tasks("nano-band")[0].instance_id
+    assert ray_modules("tool", "--tasks", "nano-band", "--instance", instance, "--engine", "local",
+                       "--call", call, "--json") == "[]"
+
+
+# ------------------------------------------------------------------------------------ on a Ray cluster
+
+def test_filter_tasks_on_ray_admits_what_local_admits(cluster, tmp_path, caplog):
+    """`crr filter-tasks --engine ray:local --ray ADDRESS` on shipped nano-band tasks: the same verdicts as
+    `--engine local`, with as many workers as the cluster has sandbox slots (2 nodes x 1: one CPU each)."""
+    verdicts = {}
+    for engine in ("local", "ray:local"):
+        ray = ["--ray", cluster.address] if engine.startswith("ray:") else []
+        with caplog.at_level("INFO", logger="crr.filter.determinism"):
+            result = crr("filter-tasks", "--tasks", "nano-band", "--limit", "2", "--reruns", "2", "--timeout", "120",
+                         "--engine", engine, *ray, "--out", str(tmp_path / engine.replace(":", "-")))
+        assert result.exit_code == 0, result.output
+        (run_dir,) = (tmp_path / engine.replace(":", "-")).iterdir()
+        run = RunDir.open(run_dir)
+        verdicts[engine] = {r["instance_id"]: (r["verdict"], r["reason"]) for r in run.records("results.jsonl")}
+        if ray:
+            assert run.config["ray"] == cluster.address and run.config["engine"] == "ray:local"
+    assert "with 2 workers on the ray:local engine" in caplog.text
+    resumed = crr("filter-tasks", "--resume", str(run.path), "--ray", "auto")   # another address: where, not what
+    assert resumed.exit_code == 0, resumed.output
+    assert len(verdicts["local"]) == 2 and verdicts["ray:local"] == verdicts["local"]
+    assert any(v == "admitted" for v, _ in verdicts["local"].values())
+
+
+def test_eval_on_ray_gives_the_local_pass_rate_and_trajectories(cluster, tmp_path, one_torch_thread):
+    """`crr eval` greedy with the shipped default model on 2 tasks, same seed: through ray:local the same
+    pass@1, the same results (patches, rewards, turns) and the same transcripts as on the local engine; the
+    run keeps its --ray, and resuming it keeps it too."""
+    runs = {}
+    for engine in ("local", "ray:local"):
+        ray = ["--ray", cluster.address] if engine.startswith("ray:") else []
+        result = crr("eval", "nano-test", "--n-tasks", "2", "--max-turns", "3", "--max-new-tokens", "96",
+                     "--engine", engine, *ray, "--out", str(tmp_path / engine.replace(":", "-")), "--json")
+        assert result.exit_code == 0, result.output
+        summary = json.loads(result.stdout)
+        runs[engine] = (summary, RunDir.open(summary["run_dir"]))
+    (local, local_run), (on_ray, ray_run) = runs["local"], runs["ray:local"]
+    assert on_ray["pass_at_1"] == local["pass_at_1"] and on_ray["scored"] == local["scored"] == 2
+    keep = ("instance_id", "reward", "end_reason", "turns", "model_patch", "generated_tokens", "seed")
+    assert ([{k: r[k] for k in keep} for r in ray_run.records(RESULTS)]
+            == [{k: r[k] for k in keep} for r in local_run.records(RESULTS)])
+    assert ray_run.records(TRANSCRIPTS) == local_run.records(TRANSCRIPTS)
+    assert any(r["model_patch"] for r in local_run.records(RESULTS))   # edits made and graded, not only views
+    assert ray_run.config["ray"] == cluster.address and ray_run.config["workers"] is None
+    again = crr("eval", "--resume", str(ray_run.path), "--json")   # nothing left to run; the address stays
+    assert again.exit_code == 0 and RunDir.open(ray_run.path).config["ray"] == cluster.address
