@@ -1,6 +1,7 @@
 """`--engine ray:local --ray ADDRESS` through the commands (issue 12): `crr filter-tasks` and `crr eval` on a
 two-node Ray cluster decide exactly what they decide on the local engine, their workers sized to the
-cluster's sandbox slots; `--ray` beside an engine that takes none is one line and exit 2; and without a Ray
+cluster's sandbox slots; a `crr train` CRR run forking on the cluster's two nodes gives the local run's
+rollouts, forks, advantages and updates; `--ray` beside an engine that takes none is one line and exit 2; and without a Ray
 engine nothing imports ray."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -19,6 +21,7 @@ from crr.errors import CRRError
 from crr.eval.evaluate import RESULTS, TRANSCRIPTS
 from crr.replay import engine_options, engine_workers
 from crr.rundir import RunDir
+from crr.train.tuples import read_tuples
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_RAY = ("import sys\nfrom typer.testing import CliRunner\nfrom crr.cli import app\n"
@@ -159,3 +162,54 @@ def test_eval_on_ray_gives_the_local_pass_rate_and_trajectories(cluster, tmp_pat
     assert ray_run.config["ray"] == cluster.address and ray_run.config["workers"] is None
     again = crr("eval", "--resume", str(ray_run.path), "--json")   # nothing left to run; the address stays
     assert again.exit_code == 0 and RunDir.open(ray_run.path).config["ray"] == cluster.address
+
+
+# the trainer's timings: everything else of an iteration's record is a function of the seed
+TIMINGS = ("time", "fork_share", "cf_share")
+
+
+def train_records(run: RunDir) -> tuple[list[dict], list[dict]]:
+    """A train run's iteration records without their timings, and its TRL update records' loss and grad norm."""
+    iterations, updates = [], []
+    for r in run.records("metrics.jsonl"):
+        if r.get("event") == "iteration":
+            ledger = {k: v for k, v in r["ledger"].items() if not k.endswith("_s")}   # counts, not seconds
+            iterations.append({**{k: v for k, v in r.items() if k not in TIMINGS}, "ledger": ledger})
+        elif r.get("event") == "trl" and "loss" in r:
+            updates.append({k: r[k] for k in ("step", "loss", "grad_norm", "kl", "entropy")})
+    return iterations, updates
+
+
+def test_crr_training_on_ray_gives_the_local_advantages(cluster, tmp_path, caplog, one_torch_thread):
+    """`crr train` method=crr with the shipped default model on 2 nano-band tasks, 2 updates, same seed: with
+    sandboxes on the cluster's two nodes (engine=ray:local, 2 workers: its slots) every iteration record
+    (rewards, group rewards, selected steps, branches, forks, counterfactual rewards, advantage mean, std and
+    nonzero share, contrasts, the ledger's counts), every tuple (realised and counterfactual actions and
+    suffixes, rewards, proposal log-probabilities) and every update's loss equal the local engine's (4
+    workers). eta=0 and k=2 make the selector pick steps, so branches run and forks happen."""
+    runs = {}
+    for engine in ("local", "ray:local"):
+        ray = [f"ray={cluster.address}"] if engine.startswith("ray:") else []
+        out = tmp_path / engine.replace(":", "-")
+        with caplog.at_level("INFO", logger="crr.replay.ray_engine"):
+            result = crr("train", "--method", "crr", "--out", str(out), "--max-updates", "2", "tasks=nano-band",
+                         "n_tasks=2", "tasks_per_iteration=2", "num_generations=2", "max_turns=4",
+                         "max_new_tokens=96", "k=2", "eta=0.0", f"engine={engine}", *ray)
+        assert result.exit_code == 0, result.output + repr(result.exception)
+        (run_dir,) = out.glob("*-train-*")
+        runs[engine] = RunDir.open(run_dir)
+    assert "ray:local: sandbox hosts on 2 nodes" in caplog.text   # the sandboxes were spread over both
+    assert runs["ray:local"].config["ray"] == cluster.address
+    (local_iters, local_updates), (ray_iters, ray_updates) = map(train_records, runs.values())
+    assert [r["step"] for r in local_iters] == [1, 2] and [u["step"] for u in local_updates] == [1, 2]
+    assert sum(r["ledger"]["forks"] for r in local_iters) > 0 and any(r["adv_nonzero"] for r in local_iters)
+    assert ray_iters == local_iters and ray_updates == local_updates
+    cols = ["iteration", "task_id", "row", "t", "steps", "realised_action", "counterfactual_action", "prefix_actions",
+            "realised_suffix", "counterfactual_suffix", "reward", "cf_reward", "cf_end_reason", "proposal_logprob",
+            "selector_score", "k_index", "prefix_signature"]
+    local_tuples, ray_tuples = (read_tuples(run.path)[cols] for run in runs.values())
+    assert len(local_tuples) == sum(r["ledger"]["forks"] for r in local_iters)
+    for frame in (local_tuples, ray_tuples):   # the suffixes read back as arrays: compare them as tuples
+        for col in ("prefix_actions", "realised_suffix", "counterfactual_suffix"):
+            frame[col] = frame[col].map(tuple)
+    pd.testing.assert_frame_equal(ray_tuples, local_tuples)
