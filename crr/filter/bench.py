@@ -10,12 +10,15 @@ tasks, results and score stay together.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
+from crr.errors import CRRError
 from crr.filter.determinism import (COMMAND, DEFAULTS, DISCARDED, INFRA_ERROR, RESULTS, filter_config,
                                     filter_tasks)
 from crr.rundir import RunDir
@@ -86,3 +89,61 @@ def score(tasks: list[Task], records: list[dict]) -> dict:
             "deterministic_tasks": deterministic,
             "false_discards": len(false_discards), "false_discard_details": false_discards,
             "infra_errors": len(infra), "infra_error_ids": infra}
+
+
+def ray_filter_bench(n: int = 8, tasks: str = "nano-band", slots: int = 2, node_counts: tuple[int, ...] = (1, 2),
+                     reruns: int = 3, out: Path | str | None = None) -> dict:
+    """Filter throughput on the local engine and on `ray:local` over throwaway clusters of 1, 2, ...
+    raylets on this machine (crr.replay.bench.local_cluster), in one run, on the first `n` tasks of `tasks`.
+
+    Every configuration has `slots` sandbox slots in all (a cluster of k raylets: slots / k CPUs and
+    sandbox slots each) and runs `slots` workers, so the rows differ only in where the sandboxes run; on
+    one machine more raylets add no cores, and a ray row's extra wall time over the local one, per task,
+    is Ray's scheduling overhead (driver -> sandbox host actor), all in (`overhead_ms_per_task`) and less
+    the one-off start of the sandbox hosts (`host_start_s`, timed on the same cluster just before:
+    `overhead_ms_per_task_after_start`). The tasks' base checkouts are made before anything is timed. The
+    verdicts must agree across the rows (`same_verdicts`). Runs go to `out` (None: a temporary directory,
+    removed). Needs the ray extra.
+    """
+    import tempfile
+
+    from crr.replay import get_engine
+    from crr.replay.bench import local_cluster
+    from crr.replay.checkout import base_checkout
+    from crr.tasks.loaders import load_tasks
+
+    if n < 1 or slots < 1 or not node_counts or any(k < 1 or slots % k for k in node_counts):
+        raise CRRError(f"the filter benchmark needs n >= 1 and node counts that divide slots={slots}")
+    chosen = load_tasks(tasks)[:n]
+    for task in chosen:
+        base_checkout(task)   # cached: no row pays for the clones
+    rows, verdicts = [], []
+    with tempfile.TemporaryDirectory(prefix="crr-ray-filter-bench-") as tmp:
+        root = Path(out) if out is not None else Path(tmp)
+        for nodes in (0, *node_counts):   # 0: the local engine, no Ray
+            engine = "ray:local" if nodes else "local"
+            settings = {**DEFAULTS, "tasks": tasks, "limit": n, "engine": engine, "reruns": reruns}
+            with (local_cluster(nodes, cpus=slots // nodes, slots=slots // nodes) if nodes
+                  else contextlib.nullcontext()) as address:
+                settings["ray"] = address
+                start_s = None
+                if nodes:   # the hosts' start alone: an engine made and closed on this cluster
+                    t0 = time.perf_counter()
+                    get_engine(engine, address=address).close()
+                    start_s = time.perf_counter() - t0
+                run = RunDir.create(COMMAND, f"ray-bench-{engine.replace(':', '-')}-{nodes}nodes", root=root,
+                                    config=settings, seeds={"filter": settings["seed"]})
+                t0 = time.perf_counter()
+                summary = filter_tasks(chosen, run, filter_config(settings), workers=slots)
+                wall = time.perf_counter() - t0
+            verdicts.append({r["instance_id"]: r["verdict"] for r in run.records(RESULTS)})
+            rows.append({"engine": engine, "nodes": nodes, "workers": slots, "wall_s": round(wall, 3),
+                         "tasks_per_s": round(len(chosen) / wall, 4), "admitted": summary.admitted,
+                         "infra_errors": summary.infra_errors, "host_start_s": start_s and round(start_s, 3)})
+    local = rows[0]
+    for row in rows[1:]:
+        row["overhead_ms_per_task"] = round(1e3 * (row["wall_s"] - local["wall_s"]) / len(chosen), 1)
+        row["overhead_ms_per_task_after_start"] = round(
+            1e3 * (row["wall_s"] - row["host_start_s"] - local["wall_s"]) / len(chosen), 1)
+    return {"tasks": tasks, "n": len(chosen), "reruns": reruns, "slots": slots, "rows": rows,
+            "same_verdicts": all(v == verdicts[0] for v in verdicts)}

@@ -8,6 +8,7 @@ command in the fork) are timed over `repeats`. Generic over the ForkEngine proto
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -160,43 +162,54 @@ def ray_bench(address: str | None = None, inner: str = "local", n_files: int = 1
     """
     # deferred: ray is the optional `ray` extra, and `crr fork bench` imports this module without needing it
     import ray
-    from ray.cluster_utils import Cluster
 
     if repeats < 1 or n_files < 10:
         raise CRRError("the ray benchmark needs at least 10 files and 1 repeat")
-    cluster = None
-    if address is None:
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"crr_sandbox": 2},
-                                                                "include_dashboard": False})
-        for _ in range(nodes - 1):
-            cluster.add_node(num_cpus=1, resources={"crr_sandbox": 2})
-        address = cluster.address
-    try:
-        if not ray.is_initialized():
-            ray.init(address=address, configure_logging=False)
-        if cluster is not None:
-            cluster.wait_for_nodes()
+    with local_cluster(nodes, address=address) as connected:
         with tempfile.TemporaryDirectory(prefix="crr-fork-bench-") as tmp:
             task = synthetic_task(Path(tmp) / "repo", n_files)
             checkout = base_checkout(task)
             engines = {}
             try:
                 engines["direct"] = get_engine(inner)
-                engines["ray"] = get_engine(f"ray:{inner}", **engine_options(f"ray:{inner}", ray=address))
+                engines["ray"] = get_engine(f"ray:{inner}", **engine_options(f"ray:{inner}", ray=connected))
                 times = _call_latencies(engines, task, n_files, repeats)
             finally:
                 for engine in engines.values():
                     engine.close()
                 shutil.rmtree(checkout, ignore_errors=True)
-        out = {"inner": inner, "n_files": n_files, "repeats": repeats, "address": address,
+        out = {"inner": inner, "n_files": n_files, "repeats": repeats, "address": connected,
                "nodes": sum(n["Alive"] for n in ray.nodes()), "direct": {}, "ray": {}}
-        for label, per_key in times.items():
-            for key, xs in per_key.items():
-                out[label][f"{key}_ms_p50"] = round(float(np.percentile(xs, 50)), 3)
-                out[label][f"{key}_ms_p95"] = round(float(np.percentile(xs, 95)), 3)
-        for key in ("exec", "read", "fork"):
-            out[f"{key}_overhead_ms_p50"] = round(out["ray"][f"{key}_ms_p50"] - out["direct"][f"{key}_ms_p50"], 3)
-        return out
+    for label, per_key in times.items():
+        for key, xs in per_key.items():
+            out[label][f"{key}_ms_p50"] = round(float(np.percentile(xs, 50)), 3)
+            out[label][f"{key}_ms_p95"] = round(float(np.percentile(xs, 95)), 3)
+    for key in ("exec", "read", "fork"):
+        out[f"{key}_overhead_ms_p50"] = round(out["ray"][f"{key}_ms_p50"] - out["direct"][f"{key}_ms_p50"], 3)
+    return out
+
+
+@contextlib.contextmanager
+def local_cluster(nodes: int, cpus: int = 1, slots: int = 2, address: str | None = None) -> Iterator[str]:
+    """This process connected to Ray; yields the address. With `nodes` > 0 (and no `address`): a throwaway
+    ray.cluster_utils.Cluster of that many raylets on this machine, each with `cpus` CPUs and `slots`
+    `crr_sandbox` slots, shut down (and its session logs removed) after; else the cluster at `address`."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = None
+    if address is None and nodes > 0:
+        args = {"num_cpus": cpus, "resources": {"crr_sandbox": slots}}
+        cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
+        for _ in range(nodes - 1):
+            cluster.add_node(**args)
+        address = cluster.address
+    try:
+        if not ray.is_initialized():
+            ray.init(address=address, configure_logging=False)
+        if cluster is not None:
+            cluster.wait_for_nodes()
+        yield address
     finally:
         if cluster is not None:
             session = cluster.head_node.get_session_dir_path()
