@@ -72,3 +72,12 @@ def test_vllm_backend_matches_transformers(tmp_path):
     synced = report["after_sync_weights"]
     assert synced["changed_by_perturbation"] > 0  # the perturbed weights do change the calls ...
     assert synced["equal"] == synced["total"] and synced["vllm_logprob_max_abs_diff"] < LOGPROB_TOL  # ... on both
+
+
+def test_eval_backend_is_checked():
+    from crr.eval.evaluate import EvalConfig
+
+    assert EvalConfig("nano-band", "nano-band").backend == "transformers"
+    assert EvalConfig("nano-band", "nano-band", backend="vllm").backend == "vllm"
+    with pytest.raises(CRRError, match="unknown generation backend"):
+        EvalConfig("nano-band", "nano-band", backend="sglang")
