@@ -81,3 +81,16 @@ def test_eval_backend_is_checked():
     assert EvalConfig("nano-band", "nano-band", backend="vllm").backend == "vllm"
     with pytest.raises(CRRError, match="unknown generation backend"):
         EvalConfig("nano-band", "nano-band", backend="sglang")
+
+
+def test_eval_backend_option(tmp_path):
+    """`crr eval --backend` reaches the config: an unknown one is a one-line error, exit 2, nothing written."""
+    from typer.testing import CliRunner
+
+    from crr.cli import app
+
+    result = CliRunner().invoke(app, ["eval", "tasks", "nano-band", "--n-tasks", "1", "--backend", "sglang",
+                                      "--out", str(tmp_path / "evals")])
+    assert result.exit_code == 2, result.output
+    assert "unknown generation backend 'sglang'" in result.output
+    assert not (tmp_path / "evals").exists() or not any((tmp_path / "evals").iterdir())

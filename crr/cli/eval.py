@@ -41,6 +41,8 @@ def eval_command(
     workers: int | None = typer.Option(None, "--workers", help="Concurrent tool executions (default 4; on a Ray "
                                        "engine, the cluster's sandbox slots)."),
     batch: int | None = typer.Option(None, "--batch", help="Episodes run together, one sandbox each (default 32)."),
+    backend: str | None = typer.Option(None, "--backend", help="Generation: transformers (default) or vllm "
+                                       "(needs vLLM: scripts/setup-vllm.sh makes .venv-vllm)."),
     out: Path = out_option(Path("results/evals")),
     resume: Path | None = typer.Option(None, "--resume", help="An earlier `crr eval` run directory: run only the "
                                        "samples it lacks (and its infrastructure failures)."),
@@ -62,7 +64,7 @@ def eval_command(
         engine_options(engine or "local", ray=ray)
     settings = {"samples": samples, "temperature": temperature, "seed": seed, "n_tasks": n_tasks,
                 "max_turns": max_turns, "max_new_tokens": max_new_tokens, "split": split, "engine": engine,
-                "ray": ray, "workers": workers, "batch": batch}
+                "ray": ray, "workers": workers, "batch": batch, "backend": backend}
     if resume is not None:
         if dataset is not None:
             settings.update(zip(("dataset", "tasks", "adapter"), benchmark(dataset, file)))
