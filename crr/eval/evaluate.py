@@ -43,6 +43,7 @@ import yaml
 from crr.errors import CRRError
 from crr.eval.passk import summarise_samples
 from crr.eval.taxonomy import audit, error_mode, held_out_counts, summarise_modes
+from crr.policy import BACKENDS
 from crr.replay import engine_options
 from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks
@@ -175,9 +176,6 @@ def load_eval_policy(policy: Policy, device: str = "cpu"):
 
 
 # ------------------------------------------------------------------------------------ config and run
-
-BACKENDS = ("transformers", "vllm")
-
 
 @dataclass
 class EvalConfig:

