@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
-from crr.errors import SandboxError
+from crr.errors import CRRError, SandboxError
 
 # Scratch files that crr itself writes inside a sandbox live in the git directory: git never
 # tracks them, the tree digest skips them, and no engine has to expose a path outside the repo.
@@ -99,6 +99,22 @@ class Snapshot:
     engine: str
     task_id: str
     handle: dict = field(default_factory=dict, compare=False)  # engine-private (paths, image ids)
+
+
+class ClosingSandbox:
+    """What the local and Ray sandboxes share: `with` closes them, and a closed one refuses calls."""
+    task: TaskSpec
+    _closed: bool
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CRRError(f"sandbox of {self.task.instance_id} is closed")
 
 
 @runtime_checkable

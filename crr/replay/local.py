@@ -58,7 +58,7 @@ from typing import Self
 
 from crr.errors import CRRError, SandboxError
 from crr.replay import http, mirror
-from crr.replay.base import BoundedOutput, ExecResult, Snapshot, TaskSpec
+from crr.replay.base import BoundedOutput, ClosingSandbox, ExecResult, Snapshot, TaskSpec
 from crr.replay.checkout import base_checkout, cache_root
 from crr.replay.overlay import (CopyWorkspace, Layer, OverlayWorkspace, Workspace, mounts_under, overlay_unavailable,
                                process_start, unmount)
@@ -288,7 +288,7 @@ class LocalEngine:
             return None
 
 
-class LocalSandbox:
+class LocalSandbox(ClosingSandbox):
     """One task's repository in a local workspace; commands run as processes in `repo_dir`."""
 
     def __init__(self, engine: LocalEngine, task: TaskSpec, workspace: Workspace, sb_dir: Path,
@@ -357,15 +357,6 @@ class LocalSandbox:
         with self._engine._lock:
             self._engine._sandboxes.discard(self)
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise CRRError(f"sandbox of {self.task.instance_id} is closed")
 
     def _resolve(self, path: str) -> Path:
         """The real path of `path` (relative to the repository root, or absolute inside it)."""

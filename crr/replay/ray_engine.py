@@ -62,7 +62,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskErro
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from crr.errors import CRRError, SandboxError
-from crr.replay.base import ExecResult, ForkEngine, Sandbox, Snapshot, TaskSpec
+from crr.replay.base import ClosingSandbox, ExecResult, ForkEngine, Sandbox, Snapshot, TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -376,7 +376,7 @@ class RayEngine:
             raise SandboxError(f"{what}: the sandbox host on node {host.node} died ({host.dead})") from None
 
 
-class RaySandbox:
+class RaySandbox(ClosingSandbox):
     """A sandbox held by a sandbox host on some node; each call is one actor call there."""
 
     def __init__(self, engine: RayEngine, host: _Host, sid: int, task: TaskSpec, repo_dir: str):
@@ -421,15 +421,6 @@ class RaySandbox:
         except SandboxError as e:  # its host is gone, and the sandbox with it
             log.debug("sandbox of %s not closed: %s", self.task.instance_id, e)
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise CRRError(f"sandbox of {self.task.instance_id} is closed")
 
 
 def _why(e: RayError) -> str:
