@@ -141,3 +141,16 @@ def crr_process(*args: str, **popen_kw) -> subprocess.Popen:
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), **popen_kw.pop("env", {})}
     return subprocess.Popen([sys.executable, "-m", "crr", *args], env=env, **popen_kw)
+
+
+def procs_with(*argv: str) -> list[int]:
+    """Pids whose command line is exactly `argv`."""
+    want = "\0".join(argv).encode() + b"\0"
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and (d / "cmdline").read_bytes() == want:
+                pids.append(int(d.name))
+        except OSError:
+            pass
+    return pids

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import procs_with
 
 from crr.errors import CRRError, SandboxError
 from crr.replay import get_engine
@@ -48,19 +49,6 @@ def task(make_task):
 def _mounts_under(path: Path) -> list[str]:
     with open("/proc/self/mounts") as f:
         return [line for line in f if line.split()[1].startswith(str(path))]
-
-
-def _procs_with(*argv: str) -> list[int]:
-    """Pids whose command line is exactly `argv`."""
-    want = "\0".join(argv).encode() + b"\0"
-    pids = []
-    for d in Path("/proc").iterdir():
-        try:
-            if d.name.isdigit() and (d / "cmdline").read_bytes() == want:
-                pids.append(int(d.name))
-        except OSError:
-            pass
-    return pids
 
 
 def test_protocol_and_registry(engine):
@@ -198,7 +186,7 @@ def test_ctrl_c_during_a_command_kills_it(engine, task):
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)
-        assert _procs_with("sleep", "106.7") == []
+        assert procs_with("sleep", "106.7") == []
         assert sb.exec("echo usable").output == "usable\n"
 
 
@@ -222,11 +210,11 @@ def test_timeout_kills_the_whole_process_tree(engine, task):
         res = sb.exec("sleep 101.7 & sleep 101.7", timeout=1)
         assert res.timed_out and res.exit_code == 124
         assert time.monotonic() - t0 < 2.5
-        assert _procs_with("sleep", "101.7") == []
+        assert procs_with("sleep", "101.7") == []
         # Background processes never outlive the command that started them (stateless sandbox).
         t0 = time.monotonic()
         assert sb.exec("(sleep 102.7 &) ; echo started", timeout=30).output == "started\n"
-        assert time.monotonic() - t0 < 2.5 and _procs_with("sleep", "102.7") == []
+        assert time.monotonic() - t0 < 2.5 and procs_with("sleep", "102.7") == []
 
 
 def test_output_flood_is_bounded(engine, task):
@@ -257,9 +245,9 @@ def test_fork_bomb_is_bounded(task, tmp_path):
         res = sb.exec(f"python -c '{spawn}'", timeout=30)
         assert res.exit_code == 0, res.output
         assert 0 < int(res.output.split()[-1]) < 32  # the cgroup capped it
-        assert _procs_with("sleep", "103.7") == []  # and all of them died with the command
+        assert procs_with("sleep", "103.7") == []  # and all of them died with the command
         res = sb.exec("while true; do sleep 104.7 & done", timeout=2)  # bash retries forks: a stall
-        assert res.timed_out and _procs_with("sleep", "104.7") == []
+        assert res.timed_out and procs_with("sleep", "104.7") == []
         assert sb.exec("echo alive").output == "alive\n"
     assert not (Path("/sys/fs/cgroup/pids/crr") / eng.dir.name).exists()  # the engine's cgroup went with it
 
@@ -355,13 +343,13 @@ def test_gc_leftovers_removes_crashed_engines_only(task, tmp_path):
     dead = _run_owner(task, workdir, "crash")
     cgroup = Path("/sys/fs/cgroup/pids/crr") / dead.name
     assert dead.is_dir() and len(_mounts_under(dead)) == 2 and cgroup.is_dir()
-    assert _procs_with("sleep", "105.7")  # a command in flight outlived its owner
+    assert procs_with("sleep", "105.7")  # a command in flight outlived its owner
     with LocalEngine(workdir=workdir) as live, live.start(task) as sb:
         removed = gc_leftovers(workdir)
         assert str(dead) in removed and str(cgroup) in removed
         assert sum(r.startswith(str(dead)) and r.endswith("/tree") for r in removed) == 2
         assert not dead.exists() and not _mounts_under(dead) and not cgroup.exists()
-        assert _procs_with("sleep", "105.7") == []
+        assert procs_with("sleep", "105.7") == []
         assert sb.exec("echo still here").output == "still here\n"  # a live engine is not touched
         assert [r for r in gc_leftovers(workdir) if str(workdir) in r or live.dir.name in r] == []
 

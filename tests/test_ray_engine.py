@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from agent_tasks import calc_task
-from conftest import git_repo
+from conftest import git_repo, procs_with
 
 from crr.agent.tools import ToolCall, execute
 from crr.agent.verifier import verify
@@ -261,16 +261,4 @@ def test_a_node_lost_mid_episode_is_an_infra_failure(cluster, calc):
     left = Path(host["engine_dir"]).exists()  # SIGKILLed with its raylet: its engine never closed
     removed = gc_leftovers()  # what `crr sandbox gc` runs on this machine
     assert not Path(host["engine_dir"]).exists() and (not left or host["engine_dir"] in removed)
-    assert not _procs_with("sleep", "37.25")
-
-
-def _procs_with(*argv: str) -> list[int]:
-    want = "\0".join(argv).encode() + b"\0"
-    pids = []
-    for d in Path("/proc").iterdir():
-        try:
-            if d.name.isdigit() and (d / "cmdline").read_bytes() == want:
-                pids.append(int(d.name))
-        except OSError:
-            pass
-    return pids
+    assert not procs_with("sleep", "37.25")
