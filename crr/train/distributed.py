@@ -38,10 +38,6 @@ def num_processes() -> int:
     return PartialState().num_processes
 
 
-def process_index() -> int:
-    return PartialState().process_index
-
-
 def is_main() -> bool:
     return PartialState().is_main_process
 
