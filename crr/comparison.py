@@ -134,8 +134,7 @@ def _train(spec: Comparison, arm: Arm, seed: int, out: Path, say: Callable[[str]
 
 def _evaluate(arm: Arm, run: TrainRun, ev: EvalSpec, step: int, out: Path, say: Callable[[str], None]) -> None:
     # deferred: crr.eval loads swebench (~1.3 s), which planning a comparison need not pay
-    from crr.eval import EvalConfig, benchmark, evaluate, resolve_policy, resume_eval, start_eval
-    from crr.eval.evaluate import SAMPLED_TEMPERATURE
+    from crr.eval import evaluate, open_eval, resume_eval
 
     final = step == run.updates
     what = f"{arm.name} seed {run.seed} {ev.dataset}{f' x{ev.samples}' if ev.samples > 1 else ''} " \
@@ -149,13 +148,9 @@ def _evaluate(arm: Arm, run: TrainRun, ev: EvalSpec, step: int, out: Path, say: 
         config, erun = resume_eval(found[-1].path)
         say(f"{what}: resuming {erun.path.name}")
     else:
-        label, source, adapter = benchmark("tasks" if ev.tasks else ev.dataset, str(ev.tasks) if ev.tasks else None)
-        policy = resolve_policy(run=run.path, checkpoint=None if final else str(step))
-        settings = dict(ev.settings)
-        if ev.samples > 1:   # as `crr eval --samples N` does
-            settings.setdefault("temperature", SAMPLED_TEMPERATURE)
-        config = EvalConfig.make(label, source, adapter, policy, **settings)
-        erun = start_eval(config, out / "evals" / arm.name)
+        config, erun = open_eval("tasks" if ev.tasks else ev.dataset, str(ev.tasks) if ev.tasks else None,
+                                 run_dir=run.path, checkpoint=None if final else str(step),
+                                 out=out / "evals" / arm.name, **ev.settings)
         say(f"{what}: {ev.command(str(run.path), None if final else step, out / 'evals' / arm.name)}")
     rate = evaluate(config, erun)["pass_at_1"]
     say(f"{what}: pass@1 {'-' if rate is None else f'{rate:.1%}'}")

@@ -179,6 +179,15 @@ def long_command(fn: Callable) -> Callable:
     return friendly(wrapper)
 
 
+def progress_bar(label: str, *after: Any, disable: bool = False):
+    """A Rich progress bar on stderr: `label` (a format string of the task's fields), the bar, done/total,
+    the elapsed time, then the `after` columns (columns, or format strings of the task's fields)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    *(TextColumn(c) if isinstance(c, str) else c for c in after), console=err_console, disable=disable)
+
+
 def emit_json(obj) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 

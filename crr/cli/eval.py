@@ -12,8 +12,8 @@ from pathlib import Path
 import typer
 
 from crr.cli.common import (ENGINE_DEFAULT_LOCAL_HELP, _resume_with, console, emit_json, engine_option, err_console,
-                            json_option, long_command, max_new_tokens_option, out_option, policy_option, ray_option,
-                            seed_option, temperature_option)
+                            json_option, long_command, max_new_tokens_option, out_option, policy_option,
+                            progress_bar, ray_option, seed_option, temperature_option)
 
 
 @long_command
@@ -54,38 +54,16 @@ def eval_command(
     pass@k (k = 1, 2, 4, 8; unbiased estimator) and all-n; per-repository pass@1 and the error taxonomy
     of failed samples. Grades in crr's sandboxes with swebench's grading; writes results.jsonl,
     SWE-bench predictions.jsonl and summary.json to a run directory (resumable)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from crr.eval.evaluate import evaluate, open_eval
 
-    from crr.eval.evaluate import (SAMPLED_TEMPERATURE, EvalConfig, benchmark, evaluate, load_eval_tasks,
-                                   resolve_policy, resume_eval, start_eval)
-    from crr.replay import engine_options
-
-    if resume is None:  # a --ray the engine does not take fails before the policy loads (resume: resume_eval)
-        engine_options(engine or "local", ray=ray)
-    settings = {"samples": samples, "temperature": temperature, "seed": seed, "n_tasks": n_tasks,
-                "max_turns": max_turns, "max_new_tokens": max_new_tokens, "split": split, "engine": engine,
-                "ray": ray, "workers": workers, "batch": batch, "backend": backend}
-    if resume is not None:
-        if dataset is not None:
-            settings.update(zip(("dataset", "tasks", "adapter"), benchmark(dataset, file)))
-        if model is not None or run_dir is not None or checkpoint is not None:
-            settings["model"] = resolve_policy(model, run_dir, checkpoint).model
-        config, run = resume_eval(resume, settings)
-    else:
-        label, source, adapter = benchmark(dataset or "micro", file)
-        with err_console.status("resolving the policy (the default model is built on first use)"):
-            policy = resolve_policy(model, run_dir, checkpoint)
-        n = samples or 1
-        if temperature is None:
-            settings["temperature"] = 0.0 if n == 1 else SAMPLED_TEMPERATURE
-        config = EvalConfig.make(label, source, adapter, policy, **{k: v for k, v in settings.items() if v is not None})
-        with err_console.status(f"loading the tasks of {label}"):
-            load_eval_tasks(config)  # bad tasks fail here, before a run directory exists
-        run = start_eval(config, out)
+    with err_console.status("resolving the policy (the default model is built on first use) and the tasks"):
+        config, run = open_eval(dataset, file, model=model, run_dir=run_dir, checkpoint=checkpoint, out=out,
+                                resume=resume, samples=samples, temperature=temperature, seed=seed,
+                                n_tasks=n_tasks, max_turns=max_turns, max_new_tokens=max_new_tokens, split=split,
+                                engine=engine, ray=ray, workers=workers, batch=batch, backend=backend)
     err_console.print(f"run directory: {run.path}", highlight=False)
     _resume_with(f"crr eval --resume {shlex.quote(str(run.path))}")
-    progress = Progress(TextColumn("eval {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TextColumn("{task.fields[note]}"), console=err_console)
+    progress = progress_bar(f"eval {config.dataset}", "{task.fields[note]}")
     bar = progress.add_task(config.dataset, total=None, note="")
     passed = {"n": 0, "scored": 0}
 

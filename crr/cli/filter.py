@@ -9,8 +9,8 @@ import typer
 from rich.text import Text
 
 from crr.cli.common import (ENGINE_DEFAULT_LOCAL_HELP, _resume_with, console, emit_json, engine_option, err_console,
-                            friendly, json_option, long_command, mode_option, out_option, ray_option, seed_option,
-                            tasks_option)
+                            friendly, json_option, long_command, mode_option, out_option, progress_bar, ray_option,
+                            seed_option, tasks_option)
 
 filter_app = typer.Typer(help="The three-rerun determinism filter: admit only tasks whose held-out tests "
                               "give the same outcomes in fresh, differently seeded sandboxes.")
@@ -18,17 +18,14 @@ filter_app = typer.Typer(help="The three-rerun determinism filter: admit only ta
 
 def _filter_progress():
     """A Rich progress bar and the (on_start, on_result) callbacks that drive it."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
-                               TimeElapsedColumn)
+    from rich.progress import ProgressColumn
 
     class TasksPerMinute(ProgressColumn):
         def render(self, task):
             return Text(f"{task.speed * 60:.1f} tasks/min" if task.speed else "", style="progress.data.speed")
 
-    progress = Progress(TextColumn("filter"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[admitted]} admitted, {task.fields[discarded]} discarded, "
-                                   "{task.fields[infra_error]} infra"),
-                        TasksPerMinute(), TimeElapsedColumn(), console=err_console)
+    progress = progress_bar("filter", "{task.fields[admitted]} admitted, {task.fields[discarded]} discarded, "
+                            "{task.fields[infra_error]} infra", TasksPerMinute())
     ids: list = []
 
     def on_start(total: int, done: int) -> None:

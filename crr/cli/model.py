@@ -15,7 +15,7 @@ from rich.text import Text
 
 from crr.cli.common import (ENGINES_HELP, _resume_with, console, emit_json, engine_option, err_console, friendly,
                             json_option, long_command, max_new_tokens_option, max_value_chars_option, model_option,
-                            out_option, policy_option, ray_option, seed_option, tasks_option, temperature_option,
+                            out_option, policy_option, progress_bar, ray_option, seed_option, tasks_option, temperature_option,
                             threads_option)
 from crr.errors import CRRError
 
@@ -257,10 +257,7 @@ def sft_command(
 
 def _sft_progress():
     """A Rich progress bar (expert episodes, then SFT steps) and the `warm_start` progress callback that drives it."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TextColumn("{task.fields[note]}"), console=err_console)
+    progress = progress_bar("{task.description}", "{task.fields[note]}")
     bars = {"expert": progress.add_task("expert episodes", total=None, note="", visible=False),
             "train": progress.add_task("SFT steps", total=None, note="", start=False)}
     kept = {"n": 0}

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from crr.cli.common import (console, emit_json, engine_option, err_console, friendly, json_option, long_command,
                             max_new_tokens_option, max_value_chars_option, mode_option, model_option, out_option,
-                            ray_option, seed_option, tasks_option, temperature_option, threads_option)
+                            progress_bar, ray_option, seed_option, tasks_option, temperature_option, threads_option)
 from crr.errors import CRRError
 
 rollout_app = typer.Typer(help="Roll out a policy: G trajectories per task in sandboxes, with transcripts "
@@ -48,7 +48,6 @@ def rollout_command(
     short observation) and the pass rate. Trajectories go to trajectories.jsonl in a run directory."""
     if ctx.invoked_subcommand is not None:
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from crr.policy.model import default_policy_dir
     from crr.rollout import TRAJECTORIES_FILE, start_rollout
@@ -60,8 +59,7 @@ def rollout_command(
                         ray=ray, temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens,
                         agent_format=agent_format, max_value_chars=max_value_chars, time_limit=time_limit)
     err_console.print(f"run directory: {job.run.path}", highlight=False)
-    progress = Progress(TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err_console)
+    progress = progress_bar("rollout")
     bar = progress.add_task("rollout", total=job.total)
     with progress:
         result = job.execute(on_trajectory=lambda _: progress.advance(bar))

@@ -20,6 +20,7 @@ from crr.cli.common import (
     friendly,
     json_option,
     long_command,
+    progress_bar,
     ray_option,
     seed_option,
 )
@@ -49,13 +50,11 @@ def tasks_micro(
     patch and held-out tests whose FAIL_TO_PASS/PASS_TO_PASS are measured by running pytest."""
     from collections import Counter
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from crr.tasks.micro import generate_micro
 
-    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console) as bar:
+    with progress_bar("{task.description}") as bar:
         job = bar.add_task(f"{tier} {split} (seed {seed})", total=n)
         start = time.perf_counter()
         tasks = generate_micro(out, n=n, seed=seed, split=split, flaky_rate=flaky_rate, tier=tier, workers=workers,
@@ -137,7 +136,6 @@ def tasks_synth(
     """Tasks from real packages: the sdist becomes a git repository, its own test suite runs in a
     sandbox, SWE-smith's procedural modifiers inject bugs, and bugs that break passing tests become
     SWE-bench rows (F2P/P2P measured, issue text from the failing test)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from crr.replay import engine_options
@@ -147,8 +145,7 @@ def tasks_synth(
     opts = engine_options(engine, ray=ray)
     specs = [parse_package(p, tuple(requires)) for p in package] + (curated_packages() if curated else [])
     _resume_with(_same_command())  # its --out resumes
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
-                  TimeElapsedColumn(), console=err_console) as bar:
+    with progress_bar("{task.description}", "{task.fields[note]}") as bar:
         jobs: dict[str, int] = {}
 
         def progress(state) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from crr.cli.common import (_resume_with, console, emit_json, err_console, friendly, json_option, long_command,
-                            out_option, seed_option)
+                            out_option, progress_bar, seed_option)
 
 
 @long_command
@@ -33,48 +33,24 @@ def train_command(
 ) -> None:
     """Train with GRPO, CRR (hybrid advantages from forked counterfactuals) or Search-Select; writes a run
     directory with config.yaml, manifest.json, metrics.jsonl, ledger.json, tuples/ and checkpoints/."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from crr.errors import CRRError
-    from crr.train.config import load_config, parse_overrides
     from crr.train.distributed import is_main, launched_processes
-    from crr.train.trainer import resolve_model, resume_run, start_run, train
+    from crr.train.trainer import open_run, resolve_model, train, update_rewards
 
     if eval_tasks is not None and launched_processes() > 1:
         raise CRRError("--eval runs in one process: train across processes without it, then `crr eval` the run")
-    checkpoint = None
-    if resume is not None:
-        cfg, run, checkpoint = resume_run(resume)
-    else:
-        opts = {k: v for k, v in {"method": method, "seed": seed, "max_trajectories": max_trajectories,
-                                  "max_steps": max_updates, "budget_hours": budget_hours}.items() if v is not None}
-        cfg = load_config(config, {**parse_overrides(overrides or []), **opts, "output_dir": str(out)})
-        run = start_run(cfg, out)
+    cfg, run, checkpoint = open_run(resume, config, overrides, out, method=method, seed=seed,
+                                    max_trajectories=max_trajectories, max_steps=max_updates,
+                                    budget_hours=budget_hours)
     err_console.print(f"run directory: {run.path}", highlight=False)
     _resume_with(f"crr train --resume {shlex.quote(str(run.path))}")
-    before = after = None
     if eval_tasks is not None:
         before = _held_out_pass(eval_tasks, eval_n, cfg, run, "before", model=resolve_model(cfg))
-
-    def line(r: dict) -> None:
-        led, cum = r["ledger"], r["cumulative"]
-        fmt = lambda v, f=".2f": "-" if v is None else format(v, f)  # noqa: E731
-        console.print(
-            f"[bold]{r['step']}/{r['max_steps']}[/] R {fmt(r['reward_mean'])} | A {fmt(r['adv_mean'], '+.3f')}"
-            f"±{fmt(r['adv_std'], '.3f')} nz {fmt(r['adv_nonzero'])} | sel {r['selected']} hits {r['selector_hits']}"
-            f" forks {led['forks']} contrasts {r['contrasts']}"
-            + (f" replaced {r['replaced']}" if r.get("replaced") is not None else "")
-            + f" | fork share {r['fork_share']:.1%} cf share {r['cf_share']:.1%} | {led['wall_s']:.1f}s (roll "
-            f"{led['rollout_s']:.1f} fork {led['fork_s']:.1f} cf {led['cf_rollout_s'] + led['cf_test_s']:.1f} "
-            f"upd {led['update_s']:.1f}) | "
-            f"traj {cum['trajectories']} tok {cum['generated_tokens_all']}", highlight=False, soft_wrap=True)
-
-    progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("updates"),
-                        TimeElapsedColumn(), console=err_console, disable=not is_main())
+    progress = progress_bar("train", "updates", disable=not is_main())
     bar = progress.add_task("train", total=None)
 
     def update(r: dict) -> None:
-        line(r)
+        console.print(_iteration_line(r), highlight=False, soft_wrap=True)
         progress.update(bar, completed=r["step"], total=r["max_steps"])
 
     with progress:
@@ -84,8 +60,7 @@ def train_command(
     c = summary["cumulative"]
     console.print(f"done: {summary['updates']} updates, {c['trajectories']} trajectories, {c['forks']} forks, "
                   f"{c['wall_s']:.0f} s; model: {summary['model']}", highlight=False, soft_wrap=True)
-    rewards = [r["reward_mean"] for r in run.records("metrics.jsonl") if r.get("event") == "iteration"
-               and r.get("reward_mean") is not None]
+    rewards = update_rewards(run)
     if rewards:
         quarter = max(1, len(rewards) // 4)
         console.print("training reward per update: " + " ".join(f"{v:.2f}" for v in rewards)
@@ -97,19 +72,31 @@ def train_command(
                       f"[bold]{after:.1%}[/]", highlight=False)
 
 
+def _iteration_line(r: dict) -> str:
+    """One line per update: reward, advantages, selection and forks, the ledger's time shares."""
+    led, cum = r["ledger"], r["cumulative"]
+    fmt = lambda v, f=".2f": "-" if v is None else format(v, f)  # noqa: E731
+    return (f"[bold]{r['step']}/{r['max_steps']}[/] R {fmt(r['reward_mean'])} | A {fmt(r['adv_mean'], '+.3f')}"
+            f"±{fmt(r['adv_std'], '.3f')} nz {fmt(r['adv_nonzero'])} | sel {r['selected']} hits {r['selector_hits']}"
+            f" forks {led['forks']} contrasts {r['contrasts']}"
+            + (f" replaced {r['replaced']}" if r.get("replaced") is not None else "")
+            + f" | fork share {r['fork_share']:.1%} cf share {r['cf_share']:.1%} | {led['wall_s']:.1f}s (roll "
+            f"{led['rollout_s']:.1f} fork {led['fork_s']:.1f} cf {led['cf_rollout_s'] + led['cf_test_s']:.1f} "
+            f"upd {led['update_s']:.1f}) | traj {cum['trajectories']} tok {cum['generated_tokens_all']}")
+
+
 def _held_out_pass(tasks: str, n: int | None, cfg, run, when: str, model: str | None = None,
                    run_dir: Path | None = None) -> float:
     """Greedy pass@1 of the policy before or after training (a crr eval run directory inside the train run)."""
-    from crr.eval.evaluate import ALIASES, BENCHMARKS, EvalConfig, benchmark, evaluate, resolve_policy, start_eval
+    from crr.eval.evaluate import ALIASES, BENCHMARKS, evaluate, open_eval
 
-    label, source, adapter = benchmark(tasks) if tasks in {**BENCHMARKS, **ALIASES} else benchmark("tasks", tasks)
-    config = EvalConfig.make(label, source, adapter, resolve_policy(model, run_dir), n_tasks=n,
-                             max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, engine=cfg.engine,
-                             ray=cfg.ray, agent_format=cfg.agent_format, workers=cfg.workers)
-    eval_run = start_eval(config, run.path / f"eval-{when}")
+    dataset, file = (tasks, None) if tasks in {**BENCHMARKS, **ALIASES} else ("tasks", tasks)
+    config, eval_run = open_eval(dataset, file, model=model, run_dir=run_dir, out=run.path / f"eval-{when}",
+                                 n_tasks=n, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
+                                 engine=cfg.engine, ray=cfg.ray, agent_format=cfg.agent_format, workers=cfg.workers)
     with err_console.status(f"evaluating the policy {when} training on {tasks}"):
         summary = evaluate(config, eval_run)
-    console.print(f"pass@1 {when} training ({label}, greedy, {summary['n_instances']} tasks): "
+    console.print(f"pass@1 {when} training ({config.dataset}, greedy, {summary['n_instances']} tasks): "
                   f"{summary['pass_at_1']:.1%}", highlight=False)
     return summary["pass_at_1"]
 

@@ -221,10 +221,13 @@ class EvalConfig:
 
     @classmethod
     def make(cls, dataset: str, tasks: str, adapter: str | None, policy: Policy, **settings) -> EvalConfig:
-        """Settings left out take the policy's agent record (the format, and H, it was trained with), then
-        the defaults above."""
+        """Settings left out (or None) take the policy's agent record (the format, and H, it was trained
+        with), then the defaults above; the temperature is greedy for one sample, SAMPLED_TEMPERATURE for
+        several."""
         from crr.policy.model import agent_record  # here: it imports torch, which `crr eval --help` need not
 
+        settings = {k: v for k, v in settings.items() if v is not None}
+        settings.setdefault("temperature", 0.0 if settings.get("samples", 1) == 1 else SAMPLED_TEMPERATURE)
         record = agent_record(policy.model, policy.base_model)
         if policy.train_run:  # what the run trained with
             trained = RunDir.open(policy.train_run).config
@@ -245,6 +248,25 @@ def start_eval(config: EvalConfig, out: Path | str = DEFAULT_OUT) -> RunDir:
         label += f"-{Path(config.checkpoint).name}"
     name = re.sub(r"[^\w.-]+", "-", f"{config.dataset}-{label}")
     return RunDir.create("eval", name, root=out, config=asdict(config), seeds={"eval": config.seed})
+
+
+def open_eval(dataset: str | None, file: str | None = None, *, model: str | None = None,
+              run_dir: Path | str | None = None, checkpoint: str | None = None, out: Path | str = DEFAULT_OUT,
+              resume: Path | str | None = None, **settings) -> tuple[EvalConfig, RunDir]:
+    """`crr eval`'s config and run directory: a new evaluation of the policy (`resolve_policy`) on the
+    benchmark (`benchmark`; micro when None), or with `resume` an earlier one, which the given settings
+    (None: not given) must agree with. A new one's bad tasks fail before its run directory exists."""
+    if resume is not None:
+        if dataset is not None:
+            settings.update(zip(("dataset", "tasks", "adapter"), benchmark(dataset, file)))
+        if model is not None or run_dir is not None or checkpoint is not None:
+            settings["model"] = resolve_policy(model, run_dir, checkpoint).model
+        return resume_eval(resume, settings)
+    engine_options(settings.get("engine") or "local", ray=settings.get("ray"))  # before the policy loads
+    label, source, adapter = benchmark(dataset or "micro", file)
+    config = EvalConfig.make(label, source, adapter, resolve_policy(model, run_dir, checkpoint), **settings)
+    load_eval_tasks(config)
+    return config, start_eval(config, out)
 
 
 def resume_eval(path: Path | str, overrides: dict | None = None) -> tuple[EvalConfig, RunDir]:

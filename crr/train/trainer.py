@@ -55,7 +55,7 @@ from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
 from crr.train.advantages import RowCredit, estimate, search_select_choice, token_advantages
-from crr.train.config import CRRConfig, load_config, paper_loss_settings
+from crr.train.config import CRRConfig, load_config, paper_loss_settings, parse_overrides
 from crr.train.counterfactual import Branch, run_branches
 from crr.train.diagnostics import advantage_snr, bucket_covariance, prefix_signature
 from crr.train.distributed import barrier, broadcast, gather, gather_one, is_main
@@ -373,6 +373,24 @@ def resume_run(path: Path | str) -> tuple[CRRConfig, RunDir, str | None]:
         log.info("resuming %s from %s", run.path, ckpt or "the start")
     barrier()   # the ledger is cut back before any process reads it
     return cfg, run, ckpt
+
+
+def open_run(resume: Path | str | None = None, config: Path | str | None = None, overrides: list[str] | None = None,
+             out: Path | str = "results/runs", **settings) -> tuple[CRRConfig, RunDir, str | None]:
+    """`crr train`'s config, run directory and checkpoint to continue from: `resume_run(resume)`, or a new
+    run of the preset `config` (None: experiments/cpu-crr.yaml) with the key=value `overrides`, then the
+    given settings (None: not given) applied."""
+    if resume is not None:
+        return resume_run(resume)
+    given = {k: v for k, v in settings.items() if v is not None}
+    cfg = load_config(config, {**parse_overrides(overrides or []), **given, "output_dir": str(out)})
+    return cfg, start_run(cfg, out), None
+
+
+def update_rewards(run: RunDir) -> list[float]:
+    """The mean training reward of each update so far (the reward curve)."""
+    return [r["reward_mean"] for r in run.records("metrics.jsonl")
+            if r.get("event") == "iteration" and r.get("reward_mean") is not None]
 
 
 def train(cfg: CRRConfig, run: RunDir, checkpoint: str | None = None, *,
