@@ -68,6 +68,7 @@ log = logging.getLogger(__name__)
 OWNER_FILE = "crr-owner.json"  # marks an engine dir as crr's and names the process that owns it
 _PREFIX = "crr-engine-"
 _GRACE_S = 0.5  # between SIGTERM and SIGKILL at a timeout
+CGROUP_REMOVE_S = 5.0  # how long closing an engine waits for its pids cgroup to empty
 FIXED_REPO_DIR = "/testbed"  # where commands see the repository, as in SWE-bench images
 FIXED_TMP_DIR = "/tmp/crr-sandbox"  # and their scratch space (TMPDIR, HOME)
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -502,14 +503,19 @@ def _kill_cgroup(cgroup: Path) -> None:
 def _remove_cgroup(cgroup: Path | None) -> None:
     if cgroup is None:
         return
-    for _ in range(50):  # rmdir fails (EBUSY) until the killed processes are reaped
+    # rmdir fails (EBUSY) until the killed processes are reaped and the spawner thread has exited: under
+    # load that takes seconds, not the milliseconds it takes on an idle machine
+    deadline = time.monotonic() + CGROUP_REMOVE_S
+    while True:
         try:
             cgroup.rmdir()
             return
         except FileNotFoundError:
             return
         except OSError:
-            time.sleep(0.01)
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
     log.warning("could not remove cgroup %s", cgroup)
 
 
