@@ -27,7 +27,7 @@ import json
 import posixpath
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from crr.agent.prompt import DEFAULT_SHELL_TIMEOUT_S, TOOL_NAMES, TOOL_SCHEMAS, VIEW_WINDOW_LINES
@@ -360,6 +360,20 @@ def execute(sandbox: Sandbox, call_or_text: ToolCall | str) -> Observation:
         return TOOLS[call.name](sandbox, **call.arguments)
     except ToolCallError as e:
         return Observation(f"Error: {e}", is_error=True)
+
+
+def play_calls(sandbox: Sandbox, texts: list[str]) -> Iterator[tuple[str, ToolCall | None, Observation]]:
+    """Execute tool-call texts in order, up to the one that ends the episode: (text, the parsed call or
+    None where it is invalid, observation) for each."""
+    for text in texts:
+        try:
+            call = parse_tool_call(text)
+        except ToolCallError:
+            call = None
+        obs = execute(sandbox, text if call is None else call)
+        yield text, call, obs
+        if obs.terminal:
+            return
 
 
 # ----------------------------------------------------------------------------- tool-type score

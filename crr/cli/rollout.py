@@ -127,8 +127,6 @@ def rollout_bench_command(
 ) -> None:
     """Rollout throughput (generated tokens/s, trajectories/min at G) and fork-by-index latency at t=5
     and t=40: restore of the per-step snapshot vs replay of the prefix verified by tree digest."""
-    from rich.table import Table
-
     from crr.replay import engine_options
     from crr.rollout_bench import fork_bench, throughput_bench
 
@@ -152,6 +150,12 @@ def rollout_bench_command(
     if as_json:
         emit_json(result)
         return
+    _print_rollout_bench(result)
+
+
+def _print_rollout_bench(result: dict) -> None:
+    from rich.table import Table
+
     if "fork" in result:
         f = result["fork"]
         table = Table(title=f"fork by step index, {f['engine']} engine, {f['steps']}-step trajectory of {f['task']} "

@@ -70,41 +70,28 @@ def tool_command(
     from rich.panel import Panel
     from rich.table import Table
 
-    from crr.agent.tools import ToolCallError, execute, parse_tool_call, script_calls
+    from crr.agent.tools import play_calls, script_calls
     from crr.agent.verifier import verify
     from crr.replay import engine_options, get_engine
-    from crr.tasks.loaders import load_tasks
+    from crr.tasks.loaders import load_task
 
     if (call is None) == (script is None):
         raise CRRError("give exactly one of --call JSON or --script FILE")
     opts = engine_options(engine, ray=ray, mode=mode)
     texts = [call] if call is not None else script_calls(script.read_text())
-    by_id = {t.instance_id: t for t in load_tasks(tasks)}
-    if instance not in by_id:
-        raise CRRError(f"no task {instance!r} in {tasks}; it has e.g. {', '.join(list(by_id)[:5]) or 'none'}")
-    task = by_id[instance]
-    fork_engine = get_engine(engine, **opts)
-    records = []
-    try:
-        with fork_engine.start(task) as sb:
-            for text in texts:
-                try:
-                    parsed = parse_tool_call(text)
-                    title = f"{parsed.name} {json.dumps(parsed.arguments, ensure_ascii=False)}"
-                except ToolCallError:
-                    parsed, title = text, "invalid tool call"
-                obs = execute(sb, parsed)
-                records.append({"call": text, "observation": obs.text, "is_error": obs.is_error,
-                                "terminal": obs.terminal})
-                if not as_json:
-                    style = "red" if obs.is_error else "green" if obs.terminal else "blue"
-                    console.print(Panel(Text(obs.text.rstrip("\n")), title=Text(title), title_align="left",
-                                        border_style=style))
-                if obs.terminal:
-                    break
-            result = verify(sb, task) if run_verifier else None
-    finally:
-        fork_engine.close()
+    task = load_task(tasks, instance)
+    records, result = [], None
+    with get_engine(engine, **opts) as fork_engine, fork_engine.start(task) as sb:
+        for text, parsed, obs in play_calls(sb, texts):
+            records.append({"call": text, "observation": obs.text, "is_error": obs.is_error, "terminal": obs.terminal})
+            if not as_json:
+                title = (f"{parsed.name} {json.dumps(parsed.arguments, ensure_ascii=False)}" if parsed
+                         else "invalid tool call")
+                style = "red" if obs.is_error else "green" if obs.terminal else "blue"
+                console.print(Panel(Text(obs.text.rstrip("\n")), title=Text(title), title_align="left",
+                                    border_style=style))
+        if run_verifier:
+            result = verify(sb, task)
     if as_json:
         emit_json({"instance_id": instance, "steps": records,
                    "verifier": result.to_dict() if result else None})

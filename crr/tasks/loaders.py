@@ -97,6 +97,14 @@ def load_tasks(source: str, split: str | None = None, *, adapter: str | None = N
                    "or a dataset name like SWE-Gym/SWE-Gym")
 
 
+def load_task(source: str, instance_id: str) -> Task:
+    """One task of a source (as load_tasks takes it) by its instance id."""
+    by_id = {t.instance_id: t for t in load_tasks(source)}
+    if instance_id not in by_id:
+        raise CRRError(f"no task {instance_id!r} in {source}; it has e.g. {', '.join(list(by_id)[:5]) or 'none'}")
+    return by_id[instance_id]
+
+
 def load_micro(split: str, n: int | None = None, seed: int | None = None, tier: str = "default",
                workers: int = 2) -> list[Task]:
     """The embedded micro set of `tier`, generated once per machine under the crr cache."""
