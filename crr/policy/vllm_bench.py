@@ -13,6 +13,11 @@ engine), so multi-turn contexts with real observations are in the set. Measured:
              tokens and at each `--temperatures` on sampled calls; `non_emittable` counts sampled tokens
              the transformers sampler could not have emitted (its mask disallows them; should be 0);
   exclusion  the CRR proposal (exclude = the greedy call) gives another call with a finite log-probability.
+
+`--server URL` checks VLLMServerBackend (TRL's server mode) against a running server instead
+(`check_server`: the same greedy and log-probability measures, whether every call holds crr's grammar, seeded
+reproducibility, the prefix-cache reset and the CPU refusal of weight pushes); episodes are not rerun on the
+server, and the exclusion path, which is the in-process backend's, is not repeated.
 """
 
 from __future__ import annotations
@@ -168,6 +173,122 @@ def check(model_path: str, task_set: str = "nano-band", n_tasks: int = 6, episod
     return report
 
 
+def _call_checks(grammar, sample) -> bool:
+    """Whether a sampled call holds crr's grammar: every action token allowed by crr's own mask where it was
+    emitted, the call complete (the grammar terminated at its end), and its JSON a valid tool call."""
+    from crr.agent.tools import ToolCallError, parse_tool_call
+
+    matcher = grammar.matcher()
+    for token in sample.action_ids:
+        if matcher.is_terminated or not matcher.allowed()[token]:
+            return False
+        matcher.advance(token)
+    try:
+        parse_tool_call(sample.text)
+    except ToolCallError:
+        return False
+    return matcher.is_terminated and not sample.truncated
+
+
+def check_server(base_url: str, model_path: str, task_set: str = "nano-band", n_tasks: int = 4, episodes: int = 0,
+                 dtype: str = "float32", temperatures: tuple[float, ...] = (1.0,), seeds: int = 2,
+                 max_new_tokens: int = 96, max_value_chars: int | None = 40, connect_timeout: float = 0.0) -> dict:
+    """VLLMServerBackend at `base_url` (a server on `model_path` in `dtype`) against the transformers backend;
+    `connect_timeout`: how long to wait for the server to answer /health."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from crr.agent.conversation import Conversation, initial_messages
+    from crr.agent.prompt import agent_format
+    from crr.errors import CRRError
+    from crr.policy.backend import TransformersBackend, VLLMServerBackend
+    from crr.policy.model import agent_record, load_policy
+    from crr.tasks.loaders import load_tasks
+
+    last = time.perf_counter()
+    seconds: dict[str, float] = {}
+
+    def lap(phase: str) -> None:  # the seconds since the last lap, as seconds[phase]
+        nonlocal last
+        now = time.perf_counter()
+        seconds[phase], last = round(now - last, 1), now
+
+    tasks = load_tasks(task_set)[:n_tasks]
+    record = agent_record(model_path)
+    fmt = agent_format(record.get("agent_format", "paper"))
+    max_turns = record.get("max_turns", 50)
+    model, tokenizer = load_policy(model_path, dtype=getattr(torch, dtype))
+    hf = TransformersBackend(model, tokenizer, max_value_chars=max_value_chars, prefix_cache_bytes=0)
+    lap("load")
+    prompts = [Conversation(tokenizer, initial_messages(t, "/testbed", max_turns, fmt.name), tools=fmt.tools).token_ids()
+               for t in tasks]
+    if episodes:
+        context = getattr(model.config, "max_position_embeddings", None)
+        prompts += _episode_prompts(_rollout(tasks[:episodes], hf, tokenizer, fmt.name, max_turns, max_new_tokens,
+                                             context).trajectories)
+    lap("episodes")
+    report: dict = {"server": base_url, "model": model_path, "dtype": dtype, "prompts": len(prompts),
+                    "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))]}
+
+    # Greedy: the same tokens, and the server's log-probabilities of them (T = 1's) against the transformers model's.
+    a = hf.generate(prompts, temperature=0.0, seed=0, max_new_tokens=max_new_tokens)
+    lap("greedy_transformers")
+    # (connected only now, so a server still starting has the transformers side's time to come up)
+    sv = VLLMServerBackend(model, tokenizer, base_url, max_value_chars=max_value_chars,
+                           connection_timeout=connect_timeout)
+    lap("connect")
+    b = sv.generate(prompts, temperature=0.0, seed=0, max_new_tokens=max_new_tokens)
+    lap("greedy_server")
+    same = [x.action_ids == y.action_ids for x, y in zip(a, b)]
+    with ThreadPoolExecutor(max_workers=min(16, len(prompts))) as pool:
+        greedy = list(pool.map(lambda p: sv.request(p, 0.0, 0, max_new_tokens), prompts))
+    pairs = [pair for p, (ids, logprobs) in zip(prompts, greedy)
+             for pair in zip(logprobs, hf.score(p, ids, 1.0)["behaviour_logprobs"])]
+    report["greedy"] = {
+        "equal": sum(same), "total": len(same), "tokens": sum(len(x.action_ids) for x in a),
+        "mismatches": [{"prompt": i, "transformers": x.text, "server": y.text}
+                       for i, (x, y, s) in enumerate(zip(a, b, same)) if not s],
+        "grammatical": sum(_call_checks(hf.grammar, y) for y in b),
+        "server_logprob_max_abs_diff": _max_abs(pairs),
+    }
+    lap("greedy_logprobs")
+
+    # Sampled: the server's behaviour log-probabilities against the transformers model's q for the same tokens.
+    report["sampled"] = []
+    for temperature in temperatures:
+        pairs, non_emittable, calls, grammatical, tokens, first = [], 0, 0, 0, 0, []
+        for seed in range(max(seeds, 1)):
+            batch = sv.generate(prompts, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens)
+            if seed == 0:
+                first = [s.action_ids for s in batch]
+            for s in batch:
+                ref = hf.score(s.prompt_ids, s.action_ids, temperature)["behaviour_logprobs"]
+                non_emittable += sum(not math.isfinite(r) for r in ref)
+                pairs += [(v, r) for v, r in zip(s.behaviour_logprobs, ref) if math.isfinite(r)]
+                calls += 1
+                tokens += len(s.action_ids)
+                grammatical += _call_checks(hf.grammar, s)
+        again = sv.generate(prompts, temperature=temperature, seed=0, max_new_tokens=max_new_tokens)
+        report["sampled"].append({
+            "temperature": temperature, "calls": calls, "grammatical": grammatical, "tokens": tokens,
+            "non_emittable": non_emittable, "logprob_max_abs_diff": _max_abs(pairs),
+            "seed_reproducible": [x.action_ids for x in again] == first,
+            "differ_from_greedy": sum(x != y.action_ids for x, y in zip(first, a))})
+    lap("sampled")
+
+    # The server's prefix-cache reset and weight push.
+    sv.clear_cache()
+    try:
+        sv.sync_weights()
+        report["sync_weights"] = "pushed"
+    except CRRError as e:
+        report["sync_weights"] = f"CRRError: {e}"
+    lap("reset_sync")
+    report["seconds"] = seconds
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     from crr.policy.model import SHIPPED_DEFAULT
 
@@ -182,10 +303,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--enforce-eager", action="store_true", help="no torch.compile in vLLM (faster start)")
     ap.add_argument("--json", type=Path, help="write the report here (else to stdout)")
+    ap.add_argument("--server", metavar="URL", help="check VLLMServerBackend against the vLLM server at URL "
+                    "(started with --model and --dtype as given here; see crr.policy.backend.vllm_server_command)")
+    ap.add_argument("--connect-timeout", type=float, default=0.0, metavar="SECONDS",
+                    help="with --server: wait up to this long for the server to come up")
     args = ap.parse_args(argv)
-    report = check(args.model, args.task_set, args.tasks, args.episodes, args.dtype,
-                   tuple(float(t) for t in args.temperatures.split(",")), args.seeds, args.max_new_tokens,
-                   llm_kwargs={"enforce_eager": True} if args.enforce_eager else None)
+    temperatures = tuple(float(t) for t in args.temperatures.split(","))
+    if args.server:
+        report = check_server(args.server, args.model, args.task_set, args.tasks, args.episodes, args.dtype,
+                              temperatures, args.seeds, args.max_new_tokens, connect_timeout=args.connect_timeout)
+    else:
+        report = check(args.model, args.task_set, args.tasks, args.episodes, args.dtype, temperatures, args.seeds,
+                       args.max_new_tokens, llm_kwargs={"enforce_eager": True} if args.enforce_eager else None)
     text = json.dumps(report, indent=1)
     if args.json:
         args.json.write_text(text + "\n")
