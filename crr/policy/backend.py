@@ -520,6 +520,68 @@ def check_server_config(config: dict, base_url: str) -> None:
                        "--logprobs-mode processed_logprobs (see vllm_server_command)")
 
 
+def probe_vllm_server(base_url: str, timeout: float = 30.0) -> dict:
+    """What a vLLM server serves, read over plain HTTP (no vllm or TRL needed, so a command can refuse a bad
+    server before it loads anything): /health, then /server_info (check_server_config), then /v1/models.
+    Returns {"model": the --model it was started with (/v1/models' root), "dtype": its dtype}; a CRRError
+    when no server answers, it has no dev endpoints (VLLM_SERVER_DEV_MODE=1) or check_server_config refuses it."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    base_url = base_url.rstrip("/")
+    start = ("start one as crr.policy.backend.vllm_server_command says (README: Going past one machine), "
+             "or pass the URL of the one that runs")
+
+    def get(path: str) -> dict:
+        with urllib.request.urlopen(f"{base_url}{path}", timeout=timeout) as response:
+            return json.loads(response.read() or b"{}") if path != "/health" else {}
+
+    try:
+        get("/health")
+    except urllib.error.HTTPError as e:
+        raise CRRError(f"the vLLM server at {base_url} is not healthy (/health: HTTP {e.code}); {start}") from None
+    except (OSError, ValueError) as e:   # refused, unresolvable, timed out; a malformed URL
+        reason = getattr(e, "reason", None) or e
+        raise CRRError(f"no vLLM server answers at {base_url} ({reason}); {start}") from None
+    try:
+        config = get("/server_info?config_format=json")["vllm_config"]
+        models = get("/v1/models")["data"]
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            raise CRRError(f"the vLLM server at {base_url} has no /server_info: start it with VLLM_SERVER_DEV_MODE=1 "
+                           "(crr reads its config there and resets its prefix cache; trl vllm-serve sets it)") from None
+        raise CRRError(f"the vLLM server at {base_url} answered HTTP {e.code} ({e.reason})") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CRRError(f"the server at {base_url} does not answer as a vLLM server does ({e!r})") from None
+    check_server_config(config, base_url)
+    model_config = config.get("model_config") or {}
+    served = (models[0].get("root") or models[0].get("id")) if models else model_config.get("model")
+    return {"model": served, "dtype": model_config.get("dtype")}
+
+
+def same_model(served: str | None, model: str) -> bool:
+    """Whether a server started with `--model served` serves `model`: the same directory (a relative path
+    taken from this process's working directory), or the same hub id."""
+    import os
+    from pathlib import Path
+
+    if not served:
+        return False
+    a, b = Path(served).expanduser(), Path(model).expanduser()
+    if a.is_dir() and b.is_dir():
+        return os.path.samefile(a, b)
+    return served == model
+
+
+def check_served_model(info: dict, model: str, base_url: str, fix: str | None = None) -> None:
+    """A CRRError unless the server (`probe_vllm_server`'s `info`) serves `model`; `fix` replaces the message's
+    advice (how to start a server that serves it)."""
+    if not same_model(info["model"], model):
+        raise CRRError(f"the vLLM server at {base_url} serves {info['model']}, not {model}: the weights it samples "
+                       f"would not be the policy's; " + (fix or f"start it with --model {model}"))
+
+
 class VLLMServerBackend(VLLMBackend):
     """VLLMBackend against a running vLLM server (TRL's server mode) instead of an in-process engine; the
     same StepSamples. The server (`vllm_server_command` gives the command line; on a CUDA machine

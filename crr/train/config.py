@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+import torch
 import yaml
 from trl import GRPOConfig
 
 from crr.errors import CRRError
 from crr.experiments import EXPERIMENTS, read_preset
-from crr.policy import BACKENDS
+from crr.policy import SERVER_BACKEND, check_backend
 from crr.replay import engine_options
 from crr.train.distributed import launched_processes
 
@@ -48,7 +49,10 @@ class CRRConfig(GRPOConfig):
     rollout_temperature: float = 0.6           # sampling; TRL's `temperature` stays 1 (the loss is on pi_theta)
     episode_time_limit_s: float = 3600.0
     agent_format: str | None = None            # crr.agent.prompt.FORMATS; None: the model's recorded one, else "paper"
-    backend: str = "transformers"              # generation: transformers | vllm (vLLM, weights synced every update)
+    backend: str = "transformers"              # generation: transformers | vllm (in-process vLLM) | vllm-server
+    #                                            (a vLLM server, TRL's vllm_mode="server"; CUDA); vLLM's weights
+    #                                            are synced before every rollout
+    vllm_server: str | None = None             # backend=vllm-server: the server's URL (TRL's vllm_server_base_url)
     # --- CRR (Method; Hyperparameters table)
     selector: str = "entropy_type"
     proposal: str = "tempered"
@@ -83,8 +87,7 @@ class CRRConfig(GRPOConfig):
         if self.workers is not None and self.workers < 1:
             raise CRRError(f"workers must be at least 1, got {self.workers}")
         engine_options(self.engine, ray=self.ray)  # a setting the engine does not take fails here
-        if self.backend not in BACKENDS:
-            raise CRRError(f"unknown generation backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        check_backend(self.backend, self.vllm_server)
         if self.cf_temperature <= 0:
             raise CRRError(f"cf_temperature (T_cf) must be > 0, got {self.cf_temperature}")
         if not 0.0 <= self.replay_noise <= 1.0:
@@ -110,6 +113,10 @@ class CRRConfig(GRPOConfig):
         if self.world_size != processes:
             raise CRRError(f"launched as {processes} processes, but they did not join one process group "
                            f"(world size {self.world_size}): without GPUs set use_cpu=true (gloo on CPU)")
+        if self.backend == SERVER_BACKEND and (self.use_cpu or not torch.cuda.is_available()):
+            raise CRRError(f"backend={SERVER_BACKEND} needs a CUDA trainer: the policy's weights reach the vLLM server "
+                           "after every update only through TRL's NCCL transfer, so on CPU the server would sample "
+                           "from stale weights (off-policy); train with backend=vllm or transformers here")
 
     @property
     def estimator(self) -> str:

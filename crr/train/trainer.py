@@ -47,6 +47,7 @@ from trl.models import unwrap_model_for_generation
 
 from crr.agent.episode import EpisodeConfig, Trajectory
 from crr.errors import CRRError
+from crr.policy import SERVER_BACKEND
 from crr.policy.backend import TransformersBackend
 from crr.policy.model import agent_record, default_policy_dir, load_policy, write_agent_record
 from crr.replay import engine_options, get_engine
@@ -90,7 +91,7 @@ class CRRTrainer(GRPOTrainer):
                                      max_new_tokens=cfg.max_new_tokens, time_limit_s=cfg.episode_time_limit_s,
                                      snapshots=cfg.forks, agent_format=cfg.agent_format or "paper")
         self.backend: TransformersBackend | None = None
-        self.weight_syncs = 0   # backend=vllm: pushes of the policy's weights into vLLM
+        self.weight_syncs = 0   # backend=vllm or vllm-server: pushes of the policy's weights into vLLM
         self.iteration: dict = {}
         peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
                                  target_modules=cfg.lora_target_modules) if cfg.use_lora else None
@@ -125,7 +126,7 @@ class CRRTrainer(GRPOTrainer):
             model.eval()
             try:
                 with self.ledger.phase("rollout_s"):
-                    if cfg.backend == "vllm":   # on-policy: vLLM samples from the weights of the last update
+                    if cfg.backend != "transformers":   # on-policy: vLLM samples from the last update's weights
                         self._sync_weights(step)
                     result = rollout(tasks, self.backend, self.engine, self.processing_class,
                                      RolloutConfig(group=G, seed=seed, workers=cfg.workers, episode=self.episode),
@@ -163,15 +164,36 @@ class CRRTrainer(GRPOTrainer):
         from crr.policy.backend import VLLMBackend
 
         device = str(self.accelerator.device)
+        if self.cfg.backend == SERVER_BACKEND:
+            return self._server_backend(model, device)
         kwargs = {"enforce_eager": True} if device == "cpu" else {}
         if device == "cpu":
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         log.info("generation on vLLM from %s (device %s)", resolve_model(self.cfg), device)
         return VLLMBackend(model, self.processing_class, model_path=resolve_model(self.cfg), device=device, **kwargs)
 
+    def _server_backend(self, model, device: str):
+        """A VLLMServerBackend against cfg.vllm_server (TRL's server mode), which must run crr's grammar
+        processor and serve the trained model (its weights are replaced by the policy's before every
+        rollout). Untested: it needs a CUDA trainer (CRRConfig refuses it on CPU)."""
+        from crr.policy.backend import VLLMServerBackend, check_served_model, probe_vllm_server
+
+        url = self.cfg.vllm_server
+        check_served_model(probe_vllm_server(url, timeout=self.cfg.vllm_server_timeout), resolve_model(self.cfg), url)
+        log.info("generation on the vLLM server at %s (device %s)", url, device)
+        return VLLMServerBackend(model, self.processing_class, base_url=url, device=device,
+                                 connection_timeout=self.cfg.vllm_server_timeout)
+
     def _sync_weights(self, step: int) -> None:
         start = time.perf_counter()
-        self.backend.sync_weights()
+        if self.cfg.backend != SERVER_BACKEND:
+            self.backend.sync_weights()
+        else:   # one server: the main process pushes (every process holds the same weights), the others wait
+            if is_main():
+                self.backend.sync_weights()
+            else:
+                self.backend.behaviour_gap = 0.0
+            barrier()
         self.weight_syncs += 1
         log.info("update %d: policy weights synced into vLLM (%d syncs, %.2fs)", step, self.weight_syncs,
                  time.perf_counter() - start)
@@ -263,7 +285,7 @@ class CRRTrainer(GRPOTrainer):
             "replay_noise_steps": sum(n for _, n in shared["noise"]),
             "covariance": bucket_covariance(pd.DataFrame(tuples)) if tuples else None,
         }
-        if self.cfg.backend == "vllm":   # syncs so far; |vLLM - policy| behaviour log-prob since the last sync
+        if self.cfg.backend != "transformers":   # syncs so far; |vLLM - policy| behaviour log-prob since the last sync
             self.iteration.update({"vllm_weight_syncs": self.weight_syncs,
                                    "vllm_behaviour_gap": max(gather_one(self.backend.behaviour_gap))})
 
