@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from agent_tasks import calc_task
 
@@ -81,6 +83,25 @@ def test_error_rate_zero_never_errs(tasks, engine):
             plan = explore_script(task, sandbox, seed=0, config=ExpertConfig(error_rate=0.0))
         assert plan.wrong_edit is None
         assert sum(c.name == "edit_file" for c in plan.calls) == len(fix_edits(task))
+
+
+def test_line_views_show_each_edit_exactly_its_lines(tasks, engine):
+    for task, seed in ((tasks[0], 0), (tasks[1], 0), (tasks[1], 1)):
+        with engine.start(task) as sandbox:
+            plain = explore_script(task, sandbox, seed=seed, config=ExpertConfig(error_rate=1.0))
+            viewing = explore_script(task, sandbox, seed=seed, config=ExpertConfig(error_rate=1.0, p_line_view=1.0))
+        assert not any(c.name == "view_file" and "end" in c.arguments for c in plain.calls)
+        observations, result = play(engine, task, viewing.calls)
+        assert result.reward == 1.0
+        for i, call in enumerate(viewing.calls):
+            a = call.arguments
+            if call.name == "edit_file" and a["end"] >= a["start"]:   # each edit that replaces lines (wrong
+                view = viewing.calls[i - 1]                           # ones too) right after a view of them
+                assert view.name == "view_file" and view.arguments == {"path": a["path"], "start": a["start"],
+                                                                       "end": a["end"]}
+                assert not observations[i - 1].is_error
+                shown = re.findall(r"^ *(\d+)\t", observations[i - 1].text, re.MULTILINE)
+                assert [int(n) for n in shown] == list(range(a["start"], a["end"] + 1))
 
 
 def test_expert_is_deterministic_per_seed(tasks, engine):

@@ -93,10 +93,12 @@ class ExpertConfig:
     p_grep: float = 0.6            # grep for the function's definition
     p_focused_view: float = 0.5    # after a grep, view from the function's def line, not the whole file
     p_final_suite: float = 0.3     # run the whole suite before submitting (else focused tests)
+    p_line_view: float = 0.0       # view exactly the lines an edit replaces right before it (so the edit
+                                   # copies them from the last observation, not from a whole file)
 
     def __post_init__(self) -> None:
         for name in ("error_rate", "p_list", "p_full_tests", "p_reproduce", "p_grep", "p_focused_view",
-                     "p_final_suite"):
+                     "p_final_suite", "p_line_view"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise CRRError(f"expert {name} must be between 0 and 1, got {getattr(self, name)}")
         if self.max_decoy_views < 0:
@@ -197,6 +199,8 @@ class _Planner:
         self.texts: dict[str, str] = {}
         self.calls: list[ToolCall] = []
         self.seen: set[str] = set()   # file names the agent has seen in observations (or the issue)
+        # drawn only when asked for, so that recipes without line views keep their episodes draw for draw
+        self.line_view = config.p_line_view > 0 and self.chance(config.p_line_view)
 
     def text(self, path: str) -> str:
         if path not in self.texts:
@@ -208,6 +212,13 @@ class _Planner:
 
     def add(self, name: str, **arguments) -> None:
         self.calls.append(ToolCall(name, arguments))
+
+    def edit(self, call: ToolCall) -> None:
+        """An edit_file call, after a view of exactly the lines it replaces when this episode does those."""
+        a = call.arguments
+        if self.line_view and call.name == "edit_file" and a["end"] >= a["start"] and a["path"] in self.files:
+            self.add("view_file", path=a["path"], start=a["start"], end=a["end"])
+        self.calls.append(call)
 
     # --- pieces of behaviour
 
@@ -324,7 +335,7 @@ class _Planner:
                 self.check(target, function, reproducible)
                 self.undo_and_fix(call, erred, function)
             else:
-                self.calls.append(call)
+                self.edit(call)
 
         # Verify (the system prompt asks for the test suite before submission) and submit.
         if reproducible:
@@ -359,7 +370,7 @@ class _Planner:
         chosen = self.rng.choice(choices)
         if chosen.path != edit.path and chosen.path not in self.seen_views():
             self.view(chosen.path)
-        self.calls.append(chosen.call())
+        self.edit(chosen.call())
         return chosen
 
     def seen_views(self) -> set[str]:
@@ -397,16 +408,16 @@ class _Planner:
         if wrong.path == edit.path:  # re-read the edited lines, then put the right change over the wrong one
             located = self.function_at(edit.path, edit.start)
             self.view(edit.path, located[1] if located else None)
-            self.calls.append(_Edit(edit.path, edit.start, edit.start + n_wrong - 1, edit.replacement).call())
+            self.edit(_Edit(edit.path, edit.start, edit.start + n_wrong - 1, edit.replacement).call())
             return
         # The fix went into the look-alike copy: find the real definition, fix it there, restore the copy.
         if function is not None:
             self.grep(function, edit.path.rsplit("/", 1)[0] if "/" in edit.path else ".")
         if edit.path not in self.seen_views():
             self.view(edit.path)
-        self.calls.append(fix)
+        self.edit(fix)
         original = "".join(self.text(wrong.path).splitlines(keepends=True)[wrong.start - 1:wrong.end])
-        self.calls.append(_Edit(wrong.path, wrong.start, wrong.start + n_wrong - 1, original).call())
+        self.edit(_Edit(wrong.path, wrong.start, wrong.start + n_wrong - 1, original).call())
 
 
 def _function_source(text: str, name: str | None) -> str | None:
