@@ -226,7 +226,7 @@ def test_sft_command_end_to_end_and_resume(tiny, micro_dir, tmp_path):
             "--out", str(tmp_path)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "kept 2/2" in result.output and "SFT: 2 steps" in result.output
+    assert "kept 2/2" in result.output and "(step 2), 2 logged steps" in result.output
     (run_dir,) = tmp_path.iterdir()
     names = {p.name for p in run_dir.iterdir()}
     assert {"config.yaml", "manifest.json", "expert.jsonl", "expert_summary.json", "metrics.jsonl", "model",

@@ -249,7 +249,9 @@ def sft_command(
                       highlight=False, soft_wrap=True)
         return
     if losses:
-        console.print(f"SFT: {len(losses)} steps, loss {losses[0]:.3f} -> [bold]{losses[-1]:.3f}[/]", highlight=False)
+        (first_step, first), (last_step, last) = losses[0], losses[-1]
+        console.print(f"SFT: loss {first:.3f} (step {first_step}) -> [bold]{last:.3f}[/] (step {last_step}), "
+                      f"{len(losses)} logged steps", highlight=False)
     console.print(f"model: {model_out}", highlight=False)
     if (target := install_if_default(model, recipe, model_out)) is not None:
         console.print(f"cached as the warm-started default: {target}", highlight=False)

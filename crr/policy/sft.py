@@ -344,11 +344,13 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
     return model_dir
 
 
-def sft_results(run: RunDir) -> tuple[dict | None, list[float]]:
-    """A run's expert data summary (None before the data is made) and its SFT loss at each logged step."""
+def sft_results(run: RunDir) -> tuple[dict | None, list[tuple[int, float]]]:
+    """A run's expert data summary (None before the data is made) and its SFT loss at each logged step, as
+    (optimizer step, loss) pairs (a stage's steps count from its start)."""
     path = run.path / "expert_summary.json"
     summary = json.loads(path.read_text()) if path.is_file() else None
-    return summary, [r["loss"] for r in run.records("metrics.jsonl") if r.get("event") == "sft" and "loss" in r]
+    return summary, [(r["step"], r["loss"]) for r in run.records("metrics.jsonl")
+                     if r.get("event") == "sft" and "loss" in r]
 
 
 def trainer_command(model: str, data_dir: Path, recipe: SFTRecipe) -> str:
