@@ -4,6 +4,7 @@ model, the saved model loading with load_policy, and `crr sft` end to end."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from crr.errors import CRRError
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import default_model_dir, load_policy
 from crr.policy.rows import action_ids
+from crr.policy.sft_trainer import only_parts
 from crr.policy.sft import (
     ExpertDataSettings,
     SFTSettings,
@@ -196,6 +198,29 @@ def test_sft_trains_on_actions_saves_and_is_deterministic(data, tiny, tmp_path):
     # Same data, same seed: the same weights.
     again, _ = load_policy(sft(tiny, dataset, tmp_path / "b", settings))
     assert all(torch.equal(p, again.state_dict()[name]) for name, p in trained.state_dict().items())
+
+
+def test_loss_on_keeps_the_mask_on_those_parts_only(data, tiny, tmp_path):
+    dataset, tokenizer, _ = data
+    grammar = ToolCallGrammar(tokenizer)
+    masked = only_parts(dataset, grammar, ["replacement"])
+    for row, kept in zip(dataset, masked):
+        runs = [tokenizer.decode(run) for run in _masked_runs(row["input_ids"], kept["assistant_masks"])]
+        calls = [json.loads(c) for c in re.findall(r'<tool_call>\n(\{"name": ".*?)\n</tool_call>', tokenizer.decode(row["input_ids"]),
+                                                   re.DOTALL)]
+        replacements = [c["arguments"]["replacement"] for c in calls if c["name"] == "edit_file"]
+        # each run: the value as the call writes it, then the token that closes it (the sampler's choice)
+        assert replacements and len(runs) == len(replacements)
+        for run, value in zip(runs, replacements):
+            assert run.startswith(json.dumps(value)[1:-1]) and re.fullmatch(r'"[}\s]*', run[len(json.dumps(value)) - 2:])
+    # trained on the replacements only, their loss falls
+    row = dataset.select([0])
+    out = sft(tiny, dataset.select([0]), tmp_path / "r", SFTSettings(epochs=3, learning_rate=2e-3, warmup_ratio=0.0,
+                                                                   loss_on=["replacement"]))
+    before, after = (action_field_stats(load_policy(m)[0], tokenizer, row) for m in (tiny, out))
+    assert after["replacement"]["nll"] < before["replacement"]["nll"] - 0.3
+    with pytest.raises(CRRError, match="loss_on"):
+        SFTSettings(loss_on=["replacment"])
 
 
 def test_sft_rejects_bad_input(data, tiny, tmp_path):

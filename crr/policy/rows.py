@@ -5,6 +5,8 @@ Shared by the expert's episodes (crr.policy.sft) and the synthetic curriculum (c
 
 from __future__ import annotations
 
+import re
+
 from crr.agent.conversation import INVALID_TOOL_NAME, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Conversation
 from crr.errors import CRRError
 from crr.policy.grammar import ToolCallGrammar
@@ -57,3 +59,32 @@ def sft_row(grammar: ToolCallGrammar, messages: list[dict], tools: list[dict] | 
             name = message.get("name")
             conv.add_observation(message["content"], None if name == INVALID_TOOL_NAME else name)
     return {"input_ids": conv.token_ids(), "assistant_masks": [0] * len(conv.prompt_ids) + conv.env_mask}
+
+
+_ARGUMENT_KEY = re.compile(r'"(\w+)": "?$')  # the forced text before an argument's value (a string's quote)
+
+
+def action_parts(grammar: ToolCallGrammar, ids: list[int], mask: list[int]) -> list[str | None]:
+    """The part of the call each token of a row writes: "tool" (the tool's name) or an argument's key (path,
+    start, end, replacement, command, ...); None outside the actions (mask 0) and where the grammar forces
+    the token (braces, keys, quotes, the end of turn), which a constrained sampler cannot get wrong."""
+    parts: list[str | None] = [None] * len(ids)
+    start = 0
+    while start < len(ids):
+        if not mask[start]:
+            start += 1
+            continue
+        end = start
+        while end < len(ids) and mask[end]:
+            end += 1
+        matcher, text, part = grammar.matcher(), "", "tool"
+        for k in range(start, end - 1):  # the end-of-turn token closes the call: structure
+            forced = matcher.forced_token is not None
+            if not forced:
+                parts[k] = part
+            matcher.advance(ids[k])
+            text += grammar.token_bytes[ids[k]].decode("utf-8", errors="replace")
+            if forced and (key := _ARGUMENT_KEY.search(text)):
+                part = "tool" if key[1] == "name" else key[1]
+        start = end
+    return parts

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -52,7 +51,7 @@ from crr.policy.model import (
     default_sft_model_dir,
     load_policy,
 )
-from crr.policy.rows import sft_row
+from crr.policy.rows import action_parts, sft_row
 from crr.policy.sft_trainer import SFTSettings, quiet_hf, sft
 from crr.replay import engine_options, get_engine
 from crr.replay.base import ForkEngine
@@ -165,43 +164,25 @@ def expert_summary(records: list[dict]) -> dict:
 
 # ----------------------------------------------------------------------------- probing a policy on expert rows
 
-_ARGUMENT_KEY = re.compile(r'"(\w+)": "?$')  # the forced text before an argument's value (a string's quote)
-
-
 def action_field_stats(model, tokenizer: PreTrainedTokenizerBase, dataset: Dataset) -> dict[str, dict]:
     """Where a policy departs from the expert: teacher-forced next-token loss and argmax accuracy over the
-    action tokens of expert rows, per part of the call (`tool`: the tool's name, then each argument's
-    value by its key: path, start, end, replacement, command, test_filter, timeout). Positions where the
-    grammar forces the token (braces, keys, quotes) are left out, as they are from H_t: the constrained
-    sampler cannot get them wrong. A call is only right when every token of every part is."""
+    action tokens of expert rows, per part of the call (`rows.action_parts`: the tool's name, then each
+    argument's value by its key: path, start, end, replacement, command, test_filter, timeout). Positions
+    where the grammar forces the token (braces, keys, quotes) are left out, as they are from H_t: the
+    constrained sampler cannot get them wrong. A call is only right when every token of every part is."""
     grammar = ToolCallGrammar(tokenizer)
     totals: dict[str, list[float]] = {}
     for row in dataset:
-        ids, mask = row["input_ids"], row["assistant_masks"]
+        ids = row["input_ids"]
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([ids], device=model.device)).logits[0].float().cpu()
         logp = torch.log_softmax(logits[:-1], dim=-1)
-        start = 0
-        while start < len(ids):
-            if not mask[start]:
-                start += 1
-                continue
-            end = start
-            while end < len(ids) and mask[end]:
-                end += 1
-            matcher, text, part = grammar.matcher(), "", "tool"
-            for k in range(start, end - 1):  # the end-of-turn token closes the call: structure
-                forced = matcher.forced_token is not None
-                if not forced:
-                    entry = totals.setdefault(part, [0.0, 0, 0])
-                    entry[0] -= float(logp[k - 1, ids[k]])
-                    entry[1] += 1
-                    entry[2] += int(logp[k - 1].argmax()) == ids[k]
-                matcher.advance(ids[k])
-                text += grammar.token_bytes[ids[k]].decode("utf-8", errors="replace")
-                if forced and (key := _ARGUMENT_KEY.search(text)):
-                    part = "tool" if key[1] == "name" else key[1]
-            start = end
+        for k, part in enumerate(action_parts(grammar, ids, row["assistant_masks"])):
+            if part is not None:
+                entry = totals.setdefault(part, [0.0, 0, 0])
+                entry[0] -= float(logp[k - 1, ids[k]])
+                entry[1] += 1
+                entry[2] += int(logp[k - 1].argmax()) == ids[k]
     return {part: {"tokens": n, "nll": nll / n, "accuracy": right / n}
             for part, (nll, n, right) in sorted(totals.items(), key=lambda item: -item[1][1])}
 

@@ -27,8 +27,11 @@ from datasets import Dataset
 from transformers import PrinterCallback, TrainerCallback
 from transformers.utils import logging as hf_logging
 
+from crr.agent.prompt import TOOL_SCHEMAS
 from crr.errors import CRRError
+from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import load_policy, write_agent_record
+from crr.policy.rows import action_parts
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,8 @@ class SFTSettings:
     threads: int | None = None           # torch intra-op threads (None: torch's default)
     bf16: bool = False                   # bf16 autocast: ~1.3-2x faster on CPUs with AVX512-BF16, not bit-equal to fp32
     shuffle: bool = True                 # False: rows in the order given (a curriculum)
+    loss_on: list[str] | None = None     # only these parts of the calls (rows.action_parts: "replacement",
+                                         # "path", ...) carry the loss; None: every action token
 
     def __post_init__(self) -> None:
         if self.epochs <= 0:
@@ -58,6 +63,11 @@ class SFTSettings:
             raise CRRError("batch_size and grad_accum must be at least 1")
         if self.learning_rate <= 0:
             raise CRRError(f"learning_rate must be positive, got {self.learning_rate}")
+        if self.loss_on is not None:
+            parts = {"tool"} | {k for t in TOOL_SCHEMAS for k in t["function"]["parameters"]["properties"]}
+            if not self.loss_on or set(self.loss_on) - parts:
+                raise CRRError(f"loss_on takes some of {', '.join(sorted(parts))}, got {self.loss_on}")
+            self.loss_on = list(self.loss_on)
 
 
 
@@ -76,6 +86,14 @@ class _Report(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.progress_fn is not None:
             self.progress_fn(state.global_step, state.max_steps)
+
+
+def only_parts(dataset: Dataset, grammar: ToolCallGrammar, parts: list[str]) -> Dataset:
+    """The rows with the loss mask kept only on the tokens that write these parts of the calls."""
+    keep = set(parts)
+    masks = [[int(p in keep) for p in action_parts(grammar, ids, mask)]
+             for ids, mask in zip(dataset["input_ids"], dataset["assistant_masks"])]
+    return dataset.remove_columns("assistant_masks").add_column("assistant_masks", masks)
 
 
 def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: SFTSettings | None = None, *,
@@ -110,6 +128,8 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
     with quiet_hf():
         model, tokenizer = load_policy(model_dir)
     tokenizer.padding_side = "right"  # for training; load_policy's left padding is for generation
+    if settings.loss_on is not None:
+        dataset = only_parts(dataset, ToolCallGrammar(tokenizer), settings.loss_on)
     own_ckpt = checkpoints is None
     ckpt_dir = Path(tempfile.mkdtemp(prefix="crr-sft-")) if own_ckpt else Path(checkpoints)
     config = SFTConfig(
