@@ -69,23 +69,32 @@ def _rollout(tasks, backend, tokenizer, fmt_name: str, max_turns: int, max_new_t
         return rollout(tasks, backend, engine, tokenizer, RolloutConfig(group=1, seed=0, workers=2, episode=episode))
 
 
+
+def _reference(task_set: str, n_tasks: int, model_path: str, dtype: str, max_value_chars: int | None):
+    """The tasks, the model's agent format and H, and the transformers backend both checks compare with."""
+    import torch
+
+    from crr.agent.prompt import agent_format
+    from crr.policy.backend import TransformersBackend
+    from crr.policy.model import agent_record, load_policy
+    from crr.tasks.loaders import load_tasks
+
+    record = agent_record(model_path)
+    model, tokenizer = load_policy(model_path, dtype=getattr(torch, dtype))
+    hf = TransformersBackend(model, tokenizer, max_value_chars=max_value_chars, prefix_cache_bytes=0)
+    return (load_tasks(task_set)[:n_tasks], agent_format(record.get("agent_format", "paper")),
+            record.get("max_turns", 50), model, tokenizer, hf)
+
+
 def check(model_path: str, task_set: str = "nano-band", n_tasks: int = 6, episodes: int = 2, dtype: str = "float32",
           temperatures: tuple[float, ...] = (1.0,), seeds: int = 4, max_new_tokens: int = 96,
           max_value_chars: int | None = 40, llm_kwargs: dict | None = None) -> dict:
     import torch
 
     from crr.agent.conversation import Conversation, initial_messages
-    from crr.agent.prompt import agent_format
-    from crr.policy.backend import TransformersBackend, VLLMBackend
-    from crr.policy.model import agent_record, load_policy
-    from crr.tasks.loaders import load_tasks
+    from crr.policy.backend import VLLMBackend
 
-    tasks = load_tasks(task_set)[:n_tasks]
-    record = agent_record(model_path)
-    fmt = agent_format(record.get("agent_format", "paper"))
-    max_turns = record.get("max_turns", 50)
-    model, tokenizer = load_policy(model_path, dtype=getattr(torch, dtype))
-    hf = TransformersBackend(model, tokenizer, max_value_chars=max_value_chars, prefix_cache_bytes=0)
+    tasks, fmt, max_turns, model, tokenizer, hf = _reference(task_set, n_tasks, model_path, dtype, max_value_chars)
     t0 = time.perf_counter()
     vl = VLLMBackend(model, tokenizer, model_path=model_path, max_value_chars=max_value_chars, **(llm_kwargs or {}))
     init_s = time.perf_counter() - t0
@@ -197,14 +206,9 @@ def check_server(base_url: str, model_path: str, task_set: str = "nano-band", n_
     `connect_timeout`: how long to wait for the server to answer /health."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import torch
-
     from crr.agent.conversation import Conversation, initial_messages
-    from crr.agent.prompt import agent_format
     from crr.errors import CRRError
-    from crr.policy.backend import TransformersBackend, VLLMServerBackend
-    from crr.policy.model import agent_record, load_policy
-    from crr.tasks.loaders import load_tasks
+    from crr.policy.backend import VLLMServerBackend
 
     last = time.perf_counter()
     seconds: dict[str, float] = {}
@@ -214,12 +218,7 @@ def check_server(base_url: str, model_path: str, task_set: str = "nano-band", n_
         now = time.perf_counter()
         seconds[phase], last = round(now - last, 1), now
 
-    tasks = load_tasks(task_set)[:n_tasks]
-    record = agent_record(model_path)
-    fmt = agent_format(record.get("agent_format", "paper"))
-    max_turns = record.get("max_turns", 50)
-    model, tokenizer = load_policy(model_path, dtype=getattr(torch, dtype))
-    hf = TransformersBackend(model, tokenizer, max_value_chars=max_value_chars, prefix_cache_bytes=0)
+    tasks, fmt, max_turns, model, tokenizer, hf = _reference(task_set, n_tasks, model_path, dtype, max_value_chars)
     lap("load")
     prompts = [Conversation(tokenizer, initial_messages(t, "/testbed", max_turns, fmt.name), tools=fmt.tools).token_ids()
                for t in tasks]
