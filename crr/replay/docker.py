@@ -64,7 +64,7 @@ from docker.types import Mount
 
 from crr.errors import CRRError, SandboxError
 from crr.replay import http, mirror
-from crr.replay.base import BoundedOutput, ExecResult, Snapshot, TaskSpec
+from crr.replay.base import BoundedOutput, ClosingSandbox, ExecResult, Snapshot, TaskSpec
 from crr.replay.checkout import base_checkout, cache_root, publish
 from crr.replay.overlay import Layer, OverlayWorkspace, mounts_under, process_start, unmount
 
@@ -190,7 +190,7 @@ class _Container:
     fresh: frozenset = frozenset()
 
 
-class DockerSandbox:
+class DockerSandbox(ClosingSandbox):
     """One container whose /testbed holds the task's repository; see the module doc."""
 
     repo_dir = REPO_DIR
@@ -201,7 +201,7 @@ class DockerSandbox:
         self.name = box.name
         self.snapshot_id = snapshot_id  # the snapshot this sandbox was restored from (keeps it alive)
         self.workspace = workspace      # overlay mode only
-        self.closed = False
+        self._closed = False
         self._env = DEFAULT_ENV if not task.mirror else {
             **DEFAULT_ENV, **mirror.sandbox_env(mirror.ENV_ROOT, REPO_DIR, record=engine.record_http)}
         self._api = engine.api
@@ -343,22 +343,12 @@ class DockerSandbox:
         """Remove the container (overlay: unmount the workspace, return the container to the pool);
         idempotent."""
         with self._lock:
-            if self.closed:
+            if self._closed:
                 return
-            self.closed = True
+            self._closed = True
         self.engine._close_sandbox(self)
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     # -- container health ----------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise CRRError(f"sandbox {self.name} of task {self.task.instance_id} is closed")
 
     def _check_alive(self, settle_s: float = 0.0) -> None:
         """Raise a SandboxError naming the container and the task if the container is not running.
