@@ -7,7 +7,8 @@ import re
 import pytest
 from agent_tasks import calc_task
 
-from crr.agent.expert import ExpertConfig, call_json, explore_script, fix_edits, gold_files, parse_issue_call
+from crr.agent.expert import (ExpertConfig, call_json, explore_script, fix_edits, gold_files, parse_issue_call,
+                              sed_command)
 from crr.agent.tools import execute, parse_tool_call
 from crr.agent.verifier import verify
 from crr.replay import get_engine
@@ -102,6 +103,65 @@ def test_line_views_show_each_edit_exactly_its_lines(tasks, engine):
                 assert not observations[i - 1].is_error
                 shown = re.findall(r"^ *(\d+)\t", observations[i - 1].text, re.MULTILINE)
                 assert [int(n) for n in shown] == list(range(a["start"], a["end"] + 1))
+
+
+def test_sed_edits_solve_the_task_and_write_only_the_changed_fragment(tasks, engine):
+    """p_sed: every one-line edit (a wrong one and its repair too) is a `sed -i 'Ns/OLD/NEW/'` run in the
+    sandbox and the episode still solves the task; without a wrong edit the one substitution names only the
+    changed fragment. An insertion (task 0's fix adds two lines) stays an edit_file call."""
+    for task, seed, error_rate in ((tasks[0], 0, 1.0), (tasks[1], 0, 0.0), (tasks[1], 0, 1.0), (tasks[1], 1, 1.0)):
+        with engine.start(task) as sandbox:
+            plan = explore_script(task, sandbox, seed=seed, config=ExpertConfig(error_rate=error_rate, p_sed=1.0))
+        seds = [c.arguments["command"] for c in plan.calls
+                if c.name == "run_shell" and c.arguments["command"].startswith("sed -i")]
+        _, result = play(engine, task, plan.calls)
+        assert result.reward == 1.0
+        gold = next(c.arguments for c in fix_edits(task) if c.name == "edit_file")
+        if gold["start"] > gold["end"]:
+            assert not seds and any(c.name == "edit_file" for c in plan.calls)
+            continue
+        assert seds and not any(c.name == "edit_file" for c in plan.calls)
+        if plan.wrong_edit is None:
+            assert seds == [f"sed -i '{gold['start']}s/{{}}, name/name, {{}}/' {gold['path']}"]
+        else:
+            assert len(seds) >= 2
+
+
+def test_sed_command_matches_sed_on_every_bug_family(tmp_path):
+    """The command, run by the real sed, turns each nano mutant's buggy line back into the original."""
+    import random
+    import subprocess
+
+    from crr.agent.tools import split_lines
+    from crr.tasks.bugs import mutants
+    from crr.tasks.nano import NANO_FAMILIES, nano_template
+
+    rng, checked, families = random.Random(0), 0, set()
+    (tmp_path / "pkg").mkdir()
+    for _ in range(40):
+        template = nano_template(rng, rng.choice(["train", "test"]))
+        for module in template.modules:
+            for family in NANO_FAMILIES:
+                for bug in mutants(module.source, family, rng)[:2]:
+                    old, new = split_lines(bug.source), split_lines(module.source)
+                    changed = [i for i, (a, b) in enumerate(zip(old, new)) if a != b]
+                    if len(old) != len(new) or len(changed) != 1:
+                        continue
+                    line = changed[0] + 1
+                    command = sed_command("pkg/mod.py", line, old[line - 1], new[line - 1])
+                    assert command is not None, (old[line - 1], new[line - 1])
+                    (tmp_path / "pkg/mod.py").write_text(bug.source)
+                    subprocess.run(command, shell=True, cwd=tmp_path, check=True)
+                    assert (tmp_path / "pkg/mod.py").read_text() == module.source, command
+                    checked += 1
+                    families.add(family)
+    assert checked > 200 and families == set(NANO_FAMILIES)
+    # regex syntax in the fragment is escaped; a fragment with a quote has no plain command
+    assert sed_command("m.py", 3, "    return x[:4 - 1]\n", "    return x[:4]\n") == "sed -i '3s/ - 1//' m.py"
+    assert sed_command("m.py", 1, "a = b.c * 2", "a = b.c * 3") == "sed -i '1s/2/3/' m.py"
+    assert sed_command("m.py", 1, "a = b * c", "a = b / c") == "sed -i '1s/\\*/\\//' m.py"
+    assert sed_command("m.py", 1, "a = 'x'", "a = 'x' + 'y'") is None
+    assert sed_command("m.py", 1, "a = 1", "a = 1") is None
 
 
 def test_expert_is_deterministic_per_seed(tasks, engine):

@@ -95,10 +95,12 @@ class ExpertConfig:
     p_final_suite: float = 0.3     # run the whole suite before submitting (else focused tests)
     p_line_view: float = 0.0       # view exactly the lines an edit replaces right before it (so the edit
                                    # copies them from the last observation, not from a whole file)
+    p_sed: float = 0.0             # make one-line edits with `sed -i 'Ns/old/new/' path` (run_shell), which
+                                   # writes only the changed fragment, not the whole line with its names
 
     def __post_init__(self) -> None:
         for name in ("error_rate", "p_list", "p_full_tests", "p_reproduce", "p_grep", "p_focused_view",
-                     "p_final_suite", "p_line_view"):
+                     "p_final_suite", "p_line_view", "p_sed"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise CRRError(f"expert {name} must be between 0 and 1, got {getattr(self, name)}")
         if self.max_decoy_views < 0:
@@ -201,6 +203,8 @@ class _Planner:
         self.seen: set[str] = set()   # file names the agent has seen in observations (or the issue)
         # drawn only when asked for, so that recipes without line views keep their episodes draw for draw
         self.line_view = config.p_line_view > 0 and self.chance(config.p_line_view)
+        self.sed = config.p_sed > 0 and self.chance(config.p_sed)
+        self.now: dict[str, str] = {}  # files as this episode's edits so far left them
 
     def text(self, path: str) -> str:
         if path not in self.texts:
@@ -214,11 +218,21 @@ class _Planner:
         self.calls.append(ToolCall(name, arguments))
 
     def edit(self, call: ToolCall) -> None:
-        """An edit_file call, after a view of exactly the lines it replaces when this episode does those."""
+        """An edit_file call, after a view of exactly the lines it replaces when this episode does those; a
+        one-line edit becomes a `sed` substitution in the episodes that edit that way."""
         a = call.arguments
-        if self.line_view and call.name == "edit_file" and a["end"] >= a["start"] and a["path"] in self.files:
+        if call.name != "edit_file" or a["path"] not in self.files:
+            self.calls.append(call)
+            return
+        if self.line_view and a["end"] >= a["start"]:
             self.add("view_file", path=a["path"], start=a["start"], end=a["end"])
-        self.calls.append(call)
+        before = self.now.get(a["path"], self.text(a["path"]))
+        lines = before.splitlines(keepends=True)
+        one_line = a["start"] == a["end"] <= len(lines) and a["replacement"].count("\n") <= 1
+        command = (sed_command(a["path"], a["start"], lines[a["start"] - 1], a["replacement"])
+                   if self.sed and one_line else None)
+        self.calls.append(call if command is None else ToolCall("run_shell", {"command": command}))
+        self.now[a["path"]] = _Edit(**a).apply(before)
 
     # --- pieces of behaviour
 
@@ -418,6 +432,49 @@ class _Planner:
         self.edit(fix)
         original = "".join(self.text(wrong.path).splitlines(keepends=True)[wrong.start - 1:wrong.end])
         self.edit(_Edit(wrong.path, wrong.start, wrong.start + n_wrong - 1, original).call())
+
+
+_IDENTIFIER = re.compile(r"\w")
+_SED_PATTERN_SPECIAL = set("\\.[]*^$/")   # characters a basic regular expression reads as syntax
+_SED_REPLACEMENT_SPECIAL = set("\\&/")
+
+
+def sed_command(path: str, line: int, old: str, new: str) -> str | None:
+    """`sed -i 'LINEs/OLD/NEW/' PATH` turning line `line` from `old` into `new` (each one line), or None where
+    no such command is plain to write (a fragment holding a quote or a tab, no change, a path needing quotes).
+
+    The fragment is the shortest change (common prefix and suffix removed) widened to whole words, so the
+    substitution names the operator or constant that changes, not the names around it; it is widened further
+    until its first occurrence in the line is the changed one (sed replaces the first match)."""
+    old, new = old.rstrip("\n"), new.rstrip("\n")
+    if old == new or shlex.quote(path) != path:
+        return None
+    i = 0
+    while i < min(len(old), len(new)) and old[i] == new[i]:
+        i += 1
+    j = 0
+    while j < min(len(old), len(new)) - i and old[-1 - j] == new[-1 - j]:
+        j += 1
+    lo, hi = i, len(old) - j  # old[lo:hi] becomes new[lo:len(new) - j]
+
+    def word_cut(a: str, b: str) -> bool:
+        return bool(_IDENTIFIER.match(a) and _IDENTIFIER.match(b))
+
+    while True:
+        if lo > 0 and (lo == hi or word_cut(old[lo - 1], old[lo])):
+            lo -= 1
+        elif hi < len(old) and (lo == hi or word_cut(old[hi - 1], old[hi])):
+            hi += 1
+        elif old.find(old[lo:hi]) != lo and lo > 0:
+            lo -= 1
+        else:
+            break
+    before, after = old[lo:hi], new[lo:len(new) - (len(old) - hi)]
+    if not before or old.find(before) != lo or set(before + after) & set("'\t"):
+        return None
+    pattern = "".join("\\" + c if c in _SED_PATTERN_SPECIAL else c for c in before)
+    replacement = "".join("\\" + c if c in _SED_REPLACEMENT_SPECIAL else c for c in after)
+    return f"sed -i '{line}s/{pattern}/{replacement}/' {path}"
 
 
 def _function_source(text: str, name: str | None) -> str | None:
