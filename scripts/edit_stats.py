@@ -1,6 +1,7 @@
 """Where an evaluation's edits go wrong on a micro/nano task set: per episode, whether the policy viewed exactly
 one line before editing (and whether it was the gold line), edited the gold file and line, and wrote the gold
-replacement line exactly. Used for issue 11's warm-start attempts.
+replacement line exactly. An edit is an edit_file call or a one-line `sed -i 'Ns/OLD/NEW/' PATH` (run_shell),
+whose result on the gold line is that line with its first OLD replaced. Used for issue 11's warm-start attempts.
 
     .venv/bin/python scripts/edit_stats.py EVAL_RUN_DIR [--tasks nano-test]
 """
@@ -11,9 +12,13 @@ import argparse
 import json
 import re
 from collections import Counter
+from os.path import commonprefix
 from pathlib import Path
 
 from crr.tasks.loaders import load_tasks
+
+
+SED = re.compile(r"^sed -i '(\d+)s/((?:[^/\\]|\\.)*)/((?:[^/\\]|\\.)*)/' (\S+)$")
 
 
 def gold_edit(patch: str) -> tuple[str, int, str]:
@@ -28,20 +33,48 @@ def gold_edit(patch: str) -> tuple[str, int, str]:
     return path, line, new
 
 
+def old_line(patch: str) -> str:
+    return next(t[1:] for t in patch.splitlines() if t.startswith("-") and not t.startswith("---"))
+
+
+def carries_fix(old: str, new: str, written: str) -> bool:
+    """Whether a rewritten line holds the gold change (its changed characters with one neighbour on each side)
+    and not the bug's, whatever it did to the rest of the line (names miscopied, say)."""
+    i = len(commonprefix([old, new]))
+    j = len(commonprefix([old[i:][::-1], new[i:][::-1]]))
+    return (new[max(0, i - 1):len(new) - j + 1] in written) and (old[max(0, i - 1):len(old) - j + 1] not in written)
+
+
+def as_edit(call: dict, gold_line: int, old: str) -> dict | None:
+    """An edit_file call's arguments, or a sed substitution's as edit_file arguments (its replacement known
+    only on the gold line, the only line these figures compare)."""
+    if call["name"] == "edit_file":
+        return call["arguments"]
+    sed = SED.match(call["arguments"].get("command", "")) if call["name"] == "run_shell" else None
+    if sed is None:
+        return None
+    line, pattern, replacement = int(sed[1]), re.sub(r"\\(.)", r"\1", sed[2]), re.sub(r"\\(.)", r"\1", sed[3])
+    new = old.replace(pattern, replacement, 1) if line == gold_line else None
+    return {"path": sed[4], "start": line, "end": line, "replacement": new}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run", type=Path, help="a crr eval run directory")
     ap.add_argument("--tasks", default="nano-test")
     args = ap.parse_args()
-    gold = {t.instance_id: gold_edit(t.patch) for t in load_tasks(args.tasks)}
+    tasks = {t.instance_id: t for t in load_tasks(args.tasks)}
+    gold = {i: gold_edit(t.patch) for i, t in tasks.items()}
     rewards = {(r["instance_id"], r["sample"]): r["reward"]
                for r in map(json.loads, (args.run / "results.jsonl").read_text().splitlines())}
-    c = Counter()
+    c = Counter({k: 0 for k in ("episodes", "solved", "line view", "line view of the gold line", "no edit",
+                                "edit of the gold file", "edit of the gold line", "... carrying the gold change",
+                                "... the gold line exactly")})
     for r in map(json.loads, (args.run / "transcripts.jsonl").read_text().splitlines()):
         path, line, new = gold[r["instance_id"]]
         calls = [json.loads(s["action"]) for s in r["steps"]]
         views = [a["arguments"] for a in calls if a["name"] == "view_file" and "end" in a["arguments"]]
-        edits = [a["arguments"] for a in calls if a["name"] == "edit_file"]
+        edits = [e for a in calls if (e := as_edit(a, line, old_line(tasks[r["instance_id"]].patch)))]
         c["episodes"] += 1
         c["solved"] += rewards[(r["instance_id"], r["sample"])] == 1
         c["line view"] += bool(views)
@@ -52,7 +85,10 @@ def main() -> None:
         last = edits[-1]
         c["edit of the gold file"] += last.get("path") == path
         c["edit of the gold line"] += last.get("path") == path and last.get("start") == line
-        c["gold replacement"] += last.get("replacement", "").rstrip("\n") == new
+        if last.get("path") == path and last.get("start") == line:
+            written = (last.get("replacement") or "").rstrip("\n")
+            c["... carrying the gold change"] += carries_fix(old_line(tasks[r["instance_id"]].patch), new, written)
+            c["... the gold line exactly"] += written == new
     print(json.dumps(dict(c)))
 
 
