@@ -1,11 +1,14 @@
-"""Where a policy's copy of names breaks: teacher-forced argmax accuracy on the replacement lines of expert rows,
-split into the first token of each name (a parameter, local or function name: an identifier that is not a
-keyword, builtin or attribute) and every other replacement token.
+"""Where a policy's copy breaks inside its edits: teacher-forced argmax accuracy on the edits of expert rows.
 
-    .venv/bin/python scripts/name_copy_probe.py MODEL EXPERT_DATA [--rows 40]
+edit_file rows (default): the replacement lines' tokens, split into the first token of each name (a parameter,
+local or function name: an identifier that is not a keyword, builtin or attribute) and every other token.
+sed rows (--sed, the expert's `p_sed` episodes): the tokens of each `sed -i 'Ns/OLD/NEW/' PATH` command, split
+into line number, OLD, NEW, path and the rest; and how often each of those parts is right in every token.
+
+    .venv/bin/python scripts/name_copy_probe.py MODEL EXPERT_DATA [--rows 40] [--sed]
 
 EXPERT_DATA: a `crr sft` run's expert_data/ (rows with input_ids and assistant_masks). Used for issue 11's
-warm-start attempts (experiments/sft-nano-lineview.yaml, sft-nano-copyloss.yaml).
+warm-start attempts (experiments/sft-nano-lineview.yaml, sft-nano-copyloss.yaml, sft-nano-sed.yaml).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import builtins
 import json
 import keyword
 import re
+from collections import defaultdict
 
 import datasets
 import torch
@@ -24,18 +28,33 @@ from crr.policy.model import load_policy
 from crr.policy.rows import action_parts
 
 NOT_NAMES = set(keyword.kwlist) | set(dir(builtins)) | {"upper", "lower"}
+SED = re.compile(r"sed -i '(?P<line>\d+)s/(?P<old>(?:[^/\\]|\\.)*)/(?P<new>(?:[^/\\]|\\.)*)/' (?P<path>\S+)")
 
 
-def name_starts(text: str) -> set[int]:
-    """Character offsets in `text` where a name begins."""
-    return {m.start() for m in re.finditer(r"(?<![\w.])[A-Za-z_]\w*", text) if m.group() not in NOT_NAMES}
+def name_labels(text: str) -> list[str]:
+    """Per character of a replacement: "name start" where a name begins, else "other"."""
+    starts = {m.start() for m in re.finditer(r"(?<![\w.])[A-Za-z_]\w*", text) if m.group() not in NOT_NAMES}
+    return ["name start" if c in starts else "other" for c in range(len(text))]
 
 
-def probe(model_dir: str, rows) -> dict:
+def sed_labels(text: str) -> list[str] | None:
+    """Per character of a command: the part of its sed substitution it writes (None: not a substitution)."""
+    m = SED.search(text)
+    if m is None:
+        return None
+    labels = ["rest"] * len(text)
+    for part in ("line", "old", "new", "path"):
+        for c in range(m.start(part), max(m.end(part), m.start(part) + 1)):  # an empty NEW: its closing "/"
+            labels[c] = part
+    return labels
+
+
+def probe(model_dir: str, rows, sed: bool) -> dict:
     model, tokenizer = load_policy(model_dir)
     model.eval()
     grammar = ToolCallGrammar(tokenizer)
-    counts = {"name start": [0, 0], "other": [0, 0]}
+    part, label = ("command", sed_labels) if sed else ("replacement", name_labels)
+    tokens, wholes = defaultdict(lambda: [0, 0]), defaultdict(lambda: [0, 0])
     for row in rows:
         ids = row["input_ids"]
         parts = action_parts(grammar, ids, row["assistant_masks"])
@@ -43,23 +62,32 @@ def probe(model_dir: str, rows) -> dict:
             pred = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
         k = 0
         while k < len(ids):
-            if parts[k] != "replacement":
+            if parts[k] != part:
                 k += 1
                 continue
             span = []
-            while k < len(ids) and parts[k] == "replacement":
+            while k < len(ids) and parts[k] == part:
                 span.append(k)
                 k += 1
             pieces = [grammar.token_bytes[ids[i]].decode("utf-8", errors="replace") for i in span]
-            starts, offset = name_starts("".join(pieces)), 0
+            labels = label("".join(pieces))
+            if labels is None:
+                continue
+            offset, whole = 0, defaultdict(lambda: True)
             for i, piece in zip(span, pieces):
-                first = next((c for c in range(offset, offset + len(piece)) if not piece[c - offset].isspace()), None)
-                kind = "name start" if first in starts else "other"
-                counts[kind][0] += int(pred[i - 1]) == ids[i]
-                counts[kind][1] += 1
+                first = next((offset + c for c, ch in enumerate(piece) if not ch.isspace()), offset)
+                kind, right = labels[min(first, len(labels) - 1)], int(pred[i - 1]) == ids[i]
+                tokens[kind][0] += right
+                tokens[kind][1] += 1
+                whole[kind] &= right
                 offset += len(piece)
-    return {kind: {"right": r, "tokens": n, "accuracy": round(r / n, 3) if n else None}
-            for kind, (r, n) in counts.items()}
+            for kind, right in whole.items():
+                wholes[kind][0] += right
+                wholes[kind][1] += 1
+    out = {kind: {"right": r, "tokens": n, "accuracy": round(r / n, 3)} for kind, (r, n) in tokens.items()}
+    if sed:
+        out["commands with the part right in every token"] = {kind: f"{r}/{n}" for kind, (r, n) in wholes.items()}
+    return out
 
 
 def main() -> None:
@@ -67,9 +95,10 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("data", help="a crr sft run's expert_data/")
     ap.add_argument("--rows", type=int, default=40, help="the first N rows")
+    ap.add_argument("--sed", action="store_true", help="probe sed substitutions (run_shell) instead of edit_file")
     args = ap.parse_args()
     rows = datasets.load_from_disk(args.data).select(range(args.rows))
-    print(json.dumps({"model": args.model, "rows": args.rows, **probe(args.model, rows)}))
+    print(json.dumps({"model": args.model, "rows": args.rows, **probe(args.model, rows, args.sed)}))
 
 
 if __name__ == "__main__":
