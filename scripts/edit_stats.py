@@ -37,6 +37,14 @@ def old_line(patch: str) -> str:
     return next(t[1:] for t in patch.splitlines() if t.startswith("-") and not t.startswith("---"))
 
 
+def parsed(action: str) -> dict | None:
+    """A step's call, None where the action was no call (cut off at max_new_tokens)."""
+    try:
+        return json.loads(action)
+    except json.JSONDecodeError:
+        return None
+
+
 def carries_fix(old: str, new: str, written: str) -> bool:
     """Whether a rewritten line holds the gold change (its changed characters with one neighbour on each side)
     and not the bug's, whatever it did to the rest of the line (names miscopied, say)."""
@@ -72,7 +80,7 @@ def main() -> None:
                                 "... the gold line exactly")})
     for r in map(json.loads, (args.run / "transcripts.jsonl").read_text().splitlines()):
         path, line, new = gold[r["instance_id"]]
-        calls = [json.loads(s["action"]) for s in r["steps"]]
+        calls = [call for s in r["steps"] if (call := parsed(s["action"]))]
         views = [a["arguments"] for a in calls if a["name"] == "view_file" and "end" in a["arguments"]]
         edits = [e for a in calls if (e := as_edit(a, line, old_line(tasks[r["instance_id"]].patch)))]
         c["episodes"] += 1
