@@ -193,7 +193,8 @@ def unmount(path: str) -> None:
         return
     err = ctypes.get_errno()
     if err == errno.EBUSY and _libc.umount2(path.encode(), _MNT_DETACH) == 0:
-        log.warning("%s was busy; detached it lazily", path)
+        # nothing for a person to act on: the kernel finishes the unmount when the last holder lets go
+        log.info("%s was busy; detached it lazily", path)
         return
     if err not in (errno.EINVAL, errno.ENOENT):
         log.warning("could not unmount %s: %s", path, os.strerror(err))
