@@ -25,6 +25,7 @@ import random
 import re
 import shlex
 from dataclasses import dataclass
+from os.path import commonprefix
 
 from unidiff import PatchSet
 
@@ -204,7 +205,7 @@ class _Planner:
         # drawn only when asked for, so that recipes without line views keep their episodes draw for draw
         self.line_view = config.p_line_view > 0 and self.chance(config.p_line_view)
         self.sed = config.p_sed > 0 and self.chance(config.p_sed)
-        self.now: dict[str, str] = {}  # files as this episode's edits so far left them
+        self.now: dict[str, str] = {}  # files as this episode's edits so far left them (sed episodes)
 
     def text(self, path: str) -> str:
         if path not in self.texts:
@@ -226,11 +227,13 @@ class _Planner:
             return
         if self.line_view and a["end"] >= a["start"]:
             self.add("view_file", path=a["path"], start=a["start"], end=a["end"])
+        if not self.sed:
+            self.calls.append(call)
+            return
         before = self.now.get(a["path"], self.text(a["path"]))
         lines = before.splitlines(keepends=True)
         one_line = a["start"] == a["end"] <= len(lines) and a["replacement"].count("\n") <= 1
-        command = (sed_command(a["path"], a["start"], lines[a["start"] - 1], a["replacement"])
-                   if self.sed and one_line else None)
+        command = sed_command(a["path"], a["start"], lines[a["start"] - 1], a["replacement"]) if one_line else None
         self.calls.append(call if command is None else ToolCall("run_shell", {"command": command}))
         self.now[a["path"]] = _Edit(**a).apply(before)
 
@@ -449,12 +452,8 @@ def sed_command(path: str, line: int, old: str, new: str) -> str | None:
     old, new = old.rstrip("\n"), new.rstrip("\n")
     if old == new or shlex.quote(path) != path:
         return None
-    i = 0
-    while i < min(len(old), len(new)) and old[i] == new[i]:
-        i += 1
-    j = 0
-    while j < min(len(old), len(new)) - i and old[-1 - j] == new[-1 - j]:
-        j += 1
+    i = len(commonprefix([old, new]))
+    j = len(commonprefix([old[i:][::-1], new[i:][::-1]]))
     lo, hi = i, len(old) - j  # old[lo:hi] becomes new[lo:len(new) - j]
 
     def word_cut(a: str, b: str) -> bool:
