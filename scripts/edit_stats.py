@@ -12,29 +12,23 @@ import argparse
 import json
 import re
 from collections import Counter
-from os.path import commonprefix
 from pathlib import Path
 
+from crr.agent.expert import changed_span, parse_sed
 from crr.tasks.loaders import load_tasks
 
 
-SED = re.compile(r"^sed -i '(\d+)s/((?:[^/\\]|\\.)*)/((?:[^/\\]|\\.)*)/' (\S+)$")
-
-
-def gold_edit(patch: str) -> tuple[str, int, str]:
-    """(path, line number, new line) of a one-line gold patch."""
+def gold_edit(patch: str) -> tuple[str, int, str, str]:
+    """(path, line number, old line, new line) of a one-line gold patch."""
     path = re.search(r"^\+\+\+ b/(\S+)", patch, re.M)[1]
     line = int(re.search(r"^@@ -(\d+)", patch, re.M)[1])
     for text in patch.split("@@", 2)[2].splitlines()[1:]:
         if text.startswith("-"):
             break
         line += 1
+    old = next(t[1:] for t in patch.splitlines() if t.startswith("-") and not t.startswith("---"))
     new = next(t[1:] for t in patch.splitlines() if t.startswith("+") and not t.startswith("+++"))
-    return path, line, new
-
-
-def old_line(patch: str) -> str:
-    return next(t[1:] for t in patch.splitlines() if t.startswith("-") and not t.startswith("---"))
+    return path, line, old, new
 
 
 def parsed(action: str) -> dict | None:
@@ -48,8 +42,7 @@ def parsed(action: str) -> dict | None:
 def carries_fix(old: str, new: str, written: str) -> bool:
     """Whether a rewritten line holds the gold change (its changed characters with one neighbour on each side)
     and not the bug's, whatever it did to the rest of the line (names miscopied, say)."""
-    i = len(commonprefix([old, new]))
-    j = len(commonprefix([old[i:][::-1], new[i:][::-1]]))
+    i, j = changed_span(old, new)
     return (new[max(0, i - 1):len(new) - j + 1] in written) and (old[max(0, i - 1):len(old) - j + 1] not in written)
 
 
@@ -58,12 +51,12 @@ def as_edit(call: dict, gold_line: int, old: str) -> dict | None:
     only on the gold line, the only line these figures compare)."""
     if call["name"] == "edit_file":
         return call["arguments"]
-    sed = SED.match(call["arguments"].get("command", "")) if call["name"] == "run_shell" else None
+    sed = parse_sed(call["arguments"].get("command", "")) if call["name"] == "run_shell" else None
     if sed is None:
         return None
-    line, pattern, replacement = int(sed[1]), re.sub(r"\\(.)", r"\1", sed[2]), re.sub(r"\\(.)", r"\1", sed[3])
+    line, pattern, replacement, path = sed
     new = old.replace(pattern, replacement, 1) if line == gold_line else None
-    return {"path": sed[4], "start": line, "end": line, "replacement": new}
+    return {"path": path, "start": line, "end": line, "replacement": new}
 
 
 def main() -> None:
@@ -71,18 +64,17 @@ def main() -> None:
     ap.add_argument("run", type=Path, help="a crr eval run directory")
     ap.add_argument("--tasks", default="nano-test")
     args = ap.parse_args()
-    tasks = {t.instance_id: t for t in load_tasks(args.tasks)}
-    gold = {i: gold_edit(t.patch) for i, t in tasks.items()}
+    gold = {t.instance_id: gold_edit(t.patch) for t in load_tasks(args.tasks)}
     rewards = {(r["instance_id"], r["sample"]): r["reward"]
                for r in map(json.loads, (args.run / "results.jsonl").read_text().splitlines())}
     c = Counter({k: 0 for k in ("episodes", "solved", "line view", "line view of the gold line", "no edit",
                                 "edit of the gold file", "edit of the gold line", "... carrying the gold change",
                                 "... the gold line exactly")})
     for r in map(json.loads, (args.run / "transcripts.jsonl").read_text().splitlines()):
-        path, line, new = gold[r["instance_id"]]
+        path, line, old, new = gold[r["instance_id"]]
         calls = [call for s in r["steps"] if (call := parsed(s["action"]))]
         views = [a["arguments"] for a in calls if a["name"] == "view_file" and "end" in a["arguments"]]
-        edits = [e for a in calls if (e := as_edit(a, line, old_line(tasks[r["instance_id"]].patch)))]
+        edits = [e for a in calls if (e := as_edit(a, line, old))]
         c["episodes"] += 1
         c["solved"] += rewards[(r["instance_id"], r["sample"])] == 1
         c["line view"] += bool(views)
@@ -92,10 +84,11 @@ def main() -> None:
             continue
         last = edits[-1]
         c["edit of the gold file"] += last.get("path") == path
-        c["edit of the gold line"] += last.get("path") == path and last.get("start") == line
-        if last.get("path") == path and last.get("start") == line:
+        on_gold_line = last.get("path") == path and last.get("start") == line
+        c["edit of the gold line"] += on_gold_line
+        if on_gold_line:
             written = (last.get("replacement") or "").rstrip("\n")
-            c["... carrying the gold change"] += carries_fix(old_line(tasks[r["instance_id"]].patch), new, written)
+            c["... carrying the gold change"] += carries_fix(old, new, written)
             c["... the gold line exactly"] += written == new
     print(json.dumps(dict(c)))
 

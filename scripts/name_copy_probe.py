@@ -23,12 +23,12 @@ from collections import defaultdict
 import datasets
 import torch
 
+from crr.agent.expert import SED_EDIT
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import load_policy
 from crr.policy.rows import action_parts
 
 NOT_NAMES = set(keyword.kwlist) | set(dir(builtins)) | {"upper", "lower"}
-SED = re.compile(r"sed -i '(?P<line>\d+)s/(?P<old>(?:[^/\\]|\\.)*)/(?P<new>(?:[^/\\]|\\.)*)/' (?P<path>\S+)")
 
 
 def name_labels(text: str) -> list[str]:
@@ -39,7 +39,7 @@ def name_labels(text: str) -> list[str]:
 
 def sed_labels(text: str) -> list[str] | None:
     """Per character of a command: the part of its sed substitution it writes (None: not a substitution)."""
-    m = SED.search(text)
+    m = SED_EDIT.search(text)
     if m is None:
         return None
     labels = ["rest"] * len(text)

@@ -8,7 +8,7 @@ import pytest
 from agent_tasks import calc_task
 
 from crr.agent.expert import (ExpertConfig, call_json, explore_script, fix_edits, gold_files, parse_issue_call,
-                              sed_command)
+                              parse_sed, sed_command)
 from crr.agent.tools import execute, parse_tool_call
 from crr.agent.verifier import verify
 from crr.replay import get_engine
@@ -153,6 +153,8 @@ def test_sed_command_matches_sed_on_every_bug_family(tmp_path):
                     (tmp_path / "pkg/mod.py").write_text(bug.source)
                     subprocess.run(command, shell=True, cwd=tmp_path, check=True)
                     assert (tmp_path / "pkg/mod.py").read_text() == module.source, command
+                    _, before, after, path = parse_sed(command)   # the reading the eval figures use
+                    assert old[line - 1].replace(before, after, 1) == new[line - 1] and path == "pkg/mod.py"
                     checked += 1
                     families.add(family)
     assert checked > 200 and families == set(NANO_FAMILIES)
@@ -162,6 +164,8 @@ def test_sed_command_matches_sed_on_every_bug_family(tmp_path):
     assert sed_command("m.py", 1, "a = b * c", "a = b / c") == "sed -i '1s/\\*/\\//' m.py"
     assert sed_command("m.py", 1, "a = 'x'", "a = 'x' + 'y'") is None
     assert sed_command("m.py", 1, "a = 1", "a = 1") is None
+    assert parse_sed("sed -i '1s/\\*/\\//' m.py") == (1, "*", "/", "m.py")
+    assert parse_sed("sed -i 's/a/b/' m.py") is None
 
 
 def test_expert_is_deterministic_per_seed(tasks, engine):

@@ -440,6 +440,14 @@ class _Planner:
 _IDENTIFIER = re.compile(r"\w")
 _SED_PATTERN_SPECIAL = set("\\.[]*^$/")   # characters a basic regular expression reads as syntax
 _SED_REPLACEMENT_SPECIAL = set("\\&/")
+SED_EDIT = re.compile(r"sed -i '(?P<line>\d+)s/(?P<old>(?:[^/\\]|\\.)*)/(?P<new>(?:[^/\\]|\\.)*)/'"
+                      r" (?P<path>\S+)")
+
+
+def changed_span(old: str, new: str) -> tuple[int, int]:
+    """(length of the common prefix, length of the common suffix after it) of two strings."""
+    i = len(commonprefix([old, new]))
+    return i, len(commonprefix([old[i:][::-1], new[i:][::-1]]))
 
 
 def sed_command(path: str, line: int, old: str, new: str) -> str | None:
@@ -452,8 +460,7 @@ def sed_command(path: str, line: int, old: str, new: str) -> str | None:
     old, new = old.rstrip("\n"), new.rstrip("\n")
     if old == new or shlex.quote(path) != path:
         return None
-    i = len(commonprefix([old, new]))
-    j = len(commonprefix([old[i:][::-1], new[i:][::-1]]))
+    i, j = changed_span(old, new)
     lo, hi = i, len(old) - j  # old[lo:hi] becomes new[lo:len(new) - j]
 
     def word_cut(a: str, b: str) -> bool:
@@ -474,6 +481,14 @@ def sed_command(path: str, line: int, old: str, new: str) -> str | None:
     pattern = "".join("\\" + c if c in _SED_PATTERN_SPECIAL else c for c in before)
     replacement = "".join("\\" + c if c in _SED_REPLACEMENT_SPECIAL else c for c in after)
     return f"sed -i '{line}s/{pattern}/{replacement}/' {path}"
+
+
+def parse_sed(command: str) -> tuple[int, str, str, str] | None:
+    """(line, OLD, NEW, path) of a command `sed_command` writes, OLD and NEW unescaped; None for any other."""
+    m = SED_EDIT.fullmatch(command)
+    if m is None:
+        return None
+    return int(m["line"]), re.sub(r"\\(.)", r"\1", m["old"]), re.sub(r"\\(.)", r"\1", m["new"]), m["path"]
 
 
 def _function_source(text: str, name: str | None) -> str | None:
