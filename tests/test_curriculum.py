@@ -17,22 +17,27 @@ from crr.policy.model import default_model_dir, load_policy
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _draws(level: int, n: int) -> list[list[dict]]:
+def _draws(level: int, n: int, def_edit: bool = False) -> list[list[dict]]:
     rng, out = random.Random(level), []
     while len(out) < n:
-        messages = repair_messages(rng, level, 8)
+        messages = repair_messages(rng, level, 8, def_edit)
         if messages is not None:
             out.append(messages)
     return out
 
 
-@pytest.mark.parametrize("level", [1, 2])
-def test_each_row_is_a_repair_that_makes_the_issue_call_right(level):
-    for messages in _draws(level, 20):
+@pytest.mark.parametrize("level,def_edit", [(1, False), (2, False), (2, True)])
+def test_each_row_is_a_repair_that_makes_the_issue_call_right(level, def_edit):
+    for messages in _draws(level, 20, def_edit):
         view, edit = (json.loads(m["tool_calls"][0]["function"]["arguments"]) for m in messages[2:5:2])
         listing = messages[3]["content"]
         lines = [re.sub(r"^\s*\d+\t", "", line) + "\n" for line in listing.splitlines()[1:]]
-        assert edit["path"] == view["path"] and edit["start"] == edit["end"]
+        assert edit["path"] == view["path"]
+        if def_edit:  # from the def line of the function the issue names down to the fixed line
+            assert edit["start"] < edit["end"] and lines[edit["start"] - 1].startswith("def ")
+            assert edit["replacement"].startswith(lines[edit["start"] - 1])
+        else:
+            assert edit["start"] == edit["end"]
         fixed = lines[:edit["start"] - 1] + split_lines(edit["replacement"]) + lines[edit["end"]:]
         call = re.search(r"`[\w.]+\.(\w+)\((.*)\)` (returns|raises) `(.*)`\. I expected `(.*)`\.", messages[1]["content"])
         function, args, _, observed, expected = call.groups()

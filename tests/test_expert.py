@@ -127,6 +127,37 @@ def test_sed_edits_solve_the_task_and_write_only_the_changed_fragment(tasks, eng
             assert len(seds) >= 2
 
 
+def test_def_edits_start_at_the_def_line_and_solve_the_task(tasks, engine):
+    """p_def_edit: every edit that replaces lines inside a function (a wrong one and its repair too) starts at
+    the function's def line, rewriting the lines above the change as they are; the episode still solves the
+    task. An insertion (task 0's fix adds two lines) stays as it is."""
+    widened = 0
+    for task, seed, error_rate in ((tasks[0], 0, 0.0), (tasks[1], 0, 0.0), (tasks[1], 0, 1.0), (tasks[1], 1, 1.0)):
+        with engine.start(task) as sandbox:
+            plan = explore_script(task, sandbox, seed=seed, config=ExpertConfig(error_rate=error_rate, p_def_edit=1.0))
+            texts = {c.arguments["path"]: sandbox.read_file(c.arguments["path"]).decode()
+                     for c in plan.calls if c.name == "edit_file"}
+        observations, result = play(engine, task, plan.calls)
+        assert result.reward == 1.0 and not any(o.is_error for o in observations)
+        gold = next(c.arguments for c in fix_edits(task) if c.name == "edit_file")
+        for call in plan.calls:
+            a = call.arguments
+            if call.name != "edit_file":
+                continue
+            if a["start"] > a["end"]:
+                assert not a["replacement"].startswith("def ")
+                continue
+            lines = texts[a["path"]].splitlines(keepends=True)
+            assert lines[a["start"] - 1].startswith("def ") and a["replacement"].startswith(lines[a["start"] - 1])
+            if a["path"] == gold["path"] and a["end"] == gold["end"]:
+                fix = (a, "".join(lines[a["start"] - 1:gold["start"] - 1]))  # the last one is the fix
+        if gold["start"] <= gold["end"]:
+            a, head = fix
+            assert a["start"] < gold["start"] and a["replacement"] == head + gold["replacement"]
+            widened += 1
+    assert widened >= 2
+
+
 def test_sed_command_matches_sed_on_every_bug_family(tmp_path):
     """The command, run by the real sed, turns each nano mutant's buggy line back into the original."""
     import random

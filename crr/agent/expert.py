@@ -98,10 +98,12 @@ class ExpertConfig:
                                    # copies them from the last observation, not from a whole file)
     p_sed: float = 0.0             # make one-line edits with `sed -i 'Ns/old/new/' path` (run_shell), which
                                    # writes only the changed fragment, not the whole line with its names
+    p_def_edit: float = 0.0        # start an edit inside a function at the function's def line, so the
+                                   # replacement opens with the name the issue gives and copies on from there
 
     def __post_init__(self) -> None:
         for name in ("error_rate", "p_list", "p_full_tests", "p_reproduce", "p_grep", "p_focused_view",
-                     "p_final_suite", "p_line_view", "p_sed"):
+                     "p_final_suite", "p_line_view", "p_sed", "p_def_edit"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise CRRError(f"expert {name} must be between 0 and 1, got {getattr(self, name)}")
         if self.max_decoy_views < 0:
@@ -205,6 +207,7 @@ class _Planner:
         # drawn only when asked for, so that recipes without line views keep their episodes draw for draw
         self.line_view = config.p_line_view > 0 and self.chance(config.p_line_view)
         self.sed = config.p_sed > 0 and self.chance(config.p_sed)
+        self.def_edit = config.p_def_edit > 0 and self.chance(config.p_def_edit)
         self.now: dict[str, str] = {}  # files as this episode's edits so far left them (sed episodes)
 
     def text(self, path: str) -> str:
@@ -220,11 +223,15 @@ class _Planner:
 
     def edit(self, call: ToolCall) -> None:
         """An edit_file call, after a view of exactly the lines it replaces when this episode does those; a
-        one-line edit becomes a `sed` substitution in the episodes that edit that way."""
+        one-line edit becomes a `sed` substitution in the episodes that edit that way; in def-edit episodes
+        an edit inside a function starts at its def line."""
         a = call.arguments
         if call.name != "edit_file" or a["path"] not in self.files:
             self.calls.append(call)
             return
+        if self.def_edit:
+            call = from_def_line(call, self.now.get(a["path"], self.text(a["path"])))
+            a = call.arguments
         if self.line_view and a["end"] >= a["start"]:
             self.add("view_file", path=a["path"], start=a["start"], end=a["end"])
         if not self.sed:
@@ -440,6 +447,24 @@ class _Planner:
 _IDENTIFIER = re.compile(r"\w")
 _SED_PATTERN_SPECIAL = set("\\.[]*^$/")   # characters a basic regular expression reads as syntax
 _SED_REPLACEMENT_SPECIAL = set("\\&/")
+
+
+def from_def_line(call: ToolCall, text: str) -> ToolCall:
+    """An edit_file call inside a top-level function of `text` widened to start at the function's def line
+    (the lines before the edit rewritten unchanged); other edits as they are."""
+    a = call.arguments
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return call
+    lines = text.splitlines(keepends=True)
+    for node in tree.body:
+        if (_is_function(node) and not node.decorator_list and node.lineno < a["start"] <= a["end"] <= node.end_lineno):
+            head = "".join(lines[node.lineno - 1:a["start"] - 1])
+            return ToolCall("edit_file", {**a, "start": node.lineno, "replacement": head + a["replacement"]})
+    return call
+
+
 SED_EDIT = re.compile(r"sed -i '(?P<line>\d+)s/(?P<old>(?:[^/\\]|\\.)*)/(?P<new>(?:[^/\\]|\\.)*)/'"
                       r" (?P<path>\S+)")
 

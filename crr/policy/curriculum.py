@@ -25,7 +25,7 @@ import random
 from types import SimpleNamespace
 
 from crr.agent.conversation import action_message, initial_messages
-from crr.agent.expert import call_json
+from crr.agent.expert import call_json, from_def_line
 from crr.agent.prompt import agent_format
 from crr.agent.tools import ToolCall, render_diff, render_view, split_lines, truncate
 from crr.policy.grammar import ToolCallGrammar
@@ -57,8 +57,9 @@ def _shrink(template: Template, rng: random.Random) -> Template:
                     (Module(module.name, source, {k: module.cases[k] for k in keep}),))
 
 
-def repair_messages(rng: random.Random, level: int, max_turns: int) -> list[dict] | None:
-    """One synthetic repair conversation in the compact format (None: this draw had no revealing bug)."""
+def repair_messages(rng: random.Random, level: int, max_turns: int, def_edit: bool = False) -> list[dict] | None:
+    """One synthetic repair conversation in the compact format (None: this draw had no revealing bug); with
+    `def_edit`, the edit starts at the function's def line, as the expert's `p_def_edit` episodes do."""
     template = nano_template(rng, "train")
     if level == 1:
         template = _shrink(template, rng)
@@ -86,9 +87,9 @@ def repair_messages(rng: random.Random, level: int, max_turns: int) -> list[dict
     problem = issue_text(rng, package, template, case, {"value": expected[8:]}, observed, short=True)
     path = f"{package}/{module.name}.py"
     messages = initial_messages(SimpleNamespace(problem_statement=problem), "/testbed", max_turns, "compact")
+    edit = ToolCall("edit_file", {"path": path, "start": line, "end": line, "replacement": new[line - 1]})
     calls = [(ToolCall("view_file", {"path": path}), render_view(path, old)),
-             (ToolCall("edit_file", {"path": path, "start": line, "end": line, "replacement": new[line - 1]}),
-              render_diff(path, old, new)),
+             (from_def_line(edit, bug.source) if def_edit else edit, render_diff(path, old, new)),
              (ToolCall("submit_patch", {}), None)]
     fmt = agent_format("compact")
     for call, observation in calls:
@@ -101,15 +102,18 @@ def repair_messages(rng: random.Random, level: int, max_turns: int) -> list[dict
 
 
 def curriculum_rows(grammar: ToolCallGrammar, n: int, seed: int, levels: tuple[int, ...] = (1, 2),
-                    max_turns: int = 8) -> list[dict]:
-    """`n` rows (input_ids, assistant_masks, level), the first half of them at the first level, and so on."""
+                    max_turns: int = 8, p_def_edit: float = 0.0) -> list[dict]:
+    """`n` rows (input_ids, assistant_masks, level), the first half of them at the first level, and so on;
+    a `p_def_edit` share of them edit from the def line (drawn only when asked for, so that other recipes
+    keep their rows draw for draw)."""
     rng = random.Random(f"curriculum:{seed}")
     rows = []
     per_level = -(-n // len(levels))
     for level in levels:
         made = 0
         while made < per_level and len(rows) < n:
-            messages = repair_messages(rng, level, max_turns)
+            def_edit = p_def_edit > 0 and rng.random() < p_def_edit
+            messages = repair_messages(rng, level, max_turns, def_edit)
             if messages is None:
                 continue
             rows.append({**sft_row(grammar, messages, []), "level": level})

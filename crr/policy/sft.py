@@ -297,7 +297,7 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
         with quiet_hf():
             _, tokenizer = load_policy(model_dir)
             rows = curriculum_rows(ToolCallGrammar(tokenizer), recipe.curriculum_rows, recipe.seed,
-                                   max_turns=recipe.data.max_turns)
+                                   max_turns=recipe.data.max_turns, p_def_edit=recipe.data.expert.p_def_edit)
             Dataset.from_list(rows).save_to_disk(str(curriculum_dir))
     if data_only:
         return data_dir
