@@ -1,7 +1,8 @@
 """Where an evaluation's edits go wrong on a micro/nano task set: per episode, whether the policy viewed exactly
-one line before editing (and whether it was the gold line), edited the gold file and line, and wrote the gold
-replacement line exactly. An edit is an edit_file call or a one-line `sed -i 'Ns/OLD/NEW/' PATH` (run_shell),
-whose result on the gold line is that line with its first OLD replaced. Used for issue 11's warm-start attempts.
+one line before editing (and whether it was the gold line), edited the gold file and line (an edit whose range
+holds it: one line, or from the def line as the expert's p_def_edit episodes do), and wrote the gold replacement
+line exactly. An edit is an edit_file call or a one-line `sed -i 'Ns/OLD/NEW/' PATH` (run_shell), whose result
+on the gold line is that line with its first OLD replaced. Used for issue 11's warm-start attempts.
 
     .venv/bin/python scripts/edit_stats.py EVAL_RUN_DIR [--tasks nano-test]
 """
@@ -84,10 +85,12 @@ def main() -> None:
             continue
         last = edits[-1]
         c["edit of the gold file"] += last.get("path") == path
-        on_gold_line = last.get("path") == path and last.get("start") == line
+        start, end = last.get("start", 0), last.get("end", -1)
+        on_gold_line = last.get("path") == path and start <= line <= end
         c["edit of the gold line"] += on_gold_line
         if on_gold_line:
-            written = (last.get("replacement") or "").rstrip("\n")
+            lines = (last.get("replacement") or "").split("\n")  # the gold line's place in the replaced range
+            written = lines[line - start] if line - start < len(lines) else ""
             c["... carrying the gold change"] += carries_fix(old, new, written)
             c["... the gold line exactly"] += written == new
     print(json.dumps(dict(c)))
