@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import random
 
 import jsonschema
 import pytest
@@ -20,8 +21,9 @@ from crr.policy.backend import TransformersBackend
 from crr.policy.model import default_model_dir, init_tiny_model, load_policy
 from crr.policy.backend import DEFAULT_MAX_EXCLUSION_TRIES
 from crr.policy.grammar import ToolCallGrammar
-from crr.policy.model import MODEL_VERSION, SIZES, param_count
+from crr.policy.model import MODEL_VERSION, SIZES, param_count, train_tokenizer
 from crr.policy.prefix_cache import PrefixCache
+from crr.tasks.nano import Vocabulary, nano_template
 
 MAX_VALUE_CHARS = 4
 # Worst case for the longest call with 4-character values (every character its own token, escapes
@@ -406,3 +408,20 @@ def test_cli_model_generate(tiny_dir):
                                       "--temperature", "0", "--max-value-chars", "4", "--json"])
     [record] = json.loads(result.stdout)
     assert {"text", "entropy", "behaviour_logprobs", "rejection_rate"} <= set(record)
+
+
+def test_a_tokenizer_trained_also_on_nano_modules_gives_held_out_names_fewer_tokens():
+    """train_tokenizer(extra=...) (scripts/tokenizer_probe.py's nano tokenizer): the BPE also sees nano modules of
+    the train split, so names of the test split (its disjoint words, the same syllables) take fewer tokens than
+    with the default tokenizer; without extra documents it is the default's tokenizer exactly."""
+    rng = random.Random("tokenizer")
+    nano = train_tokenizer(extra=(nano_template(rng, "train").modules[0].source for _ in range(300)))
+    default = AutoTokenizer.from_pretrained(default_model_dir())
+    vocab = Vocabulary("test", random.Random(0))
+    names = [vocab.word() for _ in range(300)]
+
+    def per_name(tokenizer):
+        return sum(len(tokenizer.encode(" " + n, add_special_tokens=False)) for n in names) / len(names)
+
+    assert per_name(nano) < 0.85 * per_name(default)
+    assert train_tokenizer().get_vocab() == default.get_vocab()

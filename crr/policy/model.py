@@ -11,11 +11,13 @@ recognised too but drops <think> blocks from history, so it is not prefix-preser
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -68,8 +70,9 @@ def chat_template() -> str:
     return getattr(trl_templates, f"{CHAT_TEMPLATE}_chat_template")
 
 
-def train_tokenizer(vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
-    """A Qwen-style byte-level BPE tokenizer trained on the embedded corpus (deterministic)."""
+def train_tokenizer(vocab_size: int = VOCAB_SIZE, extra: Iterable[str] = ()) -> PreTrainedTokenizerFast:
+    """A Qwen-style byte-level BPE tokenizer trained on the embedded corpus (deterministic), and on `extra`
+    documents after it when given (e.g. nano modules, so that their pseudo-words get merges of their own)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(_QWEN_SPLIT), behavior="isolated"),
@@ -79,7 +82,7 @@ def train_tokenizer(vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TAGS])
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus(chat_template(), seed=CORPUS_SEED), trainer=trainer)
+    tok.train_from_iterator(itertools.chain(corpus(chat_template(), seed=CORPUS_SEED), extra), trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", padding_side="left",
         clean_up_tokenization_spaces=False, model_max_length=8192)
