@@ -273,17 +273,6 @@ class _Planner:
                 choices.append(f"{test_file} -k {function}")
         self.add("run_tests", test_filter=self.rng.choice(choices) if choices else "")
 
-    def function_at(self, path: str, line: int) -> tuple[str, int, int] | None:
-        """(name, def line, last line) of the top-level function holding `line` (before the edit)."""
-        try:
-            tree = ast.parse(self.text(path))
-        except SyntaxError:
-            return None
-        for node in tree.body:
-            if _is_function(node) and node.lineno <= line <= node.end_lineno + 1:
-                return node.name, node.lineno, node.end_lineno
-        return None
-
     def view(self, path: str, start: int | None = None) -> None:
         """The whole file, or from line `start` on (a line number the agent saw: a grep hit, a def)."""
         if start is None:
@@ -315,7 +304,7 @@ class _Planner:
         edits = [c for c in self.fixes if c.name == "edit_file" and c.arguments["path"] in self.files]
         target = edits[0].arguments["path"] if edits else self.fixes[0].arguments.get("path", "")
         package = target.split("/", 1)[0] if "/" in target else "."
-        located = self.function_at(target, edits[0].arguments["start"]) if edits else None
+        located = function_at(self.text(target), edits[0].arguments["start"]) if edits else None
         function = located[0] if located else None
         if self.issue is not None:
             self.seen.add(self.issue.path)
@@ -430,7 +419,7 @@ class _Planner:
         edit = _Edit(**fix.arguments)
         n_wrong = len(wrong.replacement.splitlines())
         if wrong.path == edit.path:  # re-read the edited lines, then put the right change over the wrong one
-            located = self.function_at(edit.path, edit.start)
+            located = function_at(self.text(edit.path), edit.start)
             self.view(edit.path, located[1] if located else None)
             self.edit(_Edit(edit.path, edit.start, edit.start + n_wrong - 1, edit.replacement).call())
             return
@@ -444,27 +433,32 @@ class _Planner:
         self.edit(_Edit(wrong.path, wrong.start, wrong.start + n_wrong - 1, original).call())
 
 
-_IDENTIFIER = re.compile(r"\w")
-_SED_PATTERN_SPECIAL = set("\\.[]*^$/")   # characters a basic regular expression reads as syntax
-_SED_REPLACEMENT_SPECIAL = set("\\&/")
+def function_at(text: str, line: int) -> tuple[str, int, int] | None:
+    """(name, def line, last line) of the top-level function of `text` holding `line` (or just after it)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if _is_function(node) and node.lineno <= line <= node.end_lineno + 1:
+            return node.name, node.lineno, node.end_lineno
+    return None
 
 
 def from_def_line(call: ToolCall, text: str) -> ToolCall:
     """An edit_file call inside a top-level function of `text` widened to start at the function's def line
     (the lines before the edit rewritten unchanged); other edits as they are."""
     a = call.arguments
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
+    located = function_at(text, a["start"])
+    if located is None or not located[1] < a["start"] <= a["end"] <= located[2]:
         return call
-    lines = text.splitlines(keepends=True)
-    for node in tree.body:
-        if (_is_function(node) and not node.decorator_list and node.lineno < a["start"] <= a["end"] <= node.end_lineno):
-            head = "".join(lines[node.lineno - 1:a["start"] - 1])
-            return ToolCall("edit_file", {**a, "start": node.lineno, "replacement": head + a["replacement"]})
-    return call
+    head = "".join(text.splitlines(keepends=True)[located[1] - 1:a["start"] - 1])
+    return ToolCall("edit_file", {**a, "start": located[1], "replacement": head + a["replacement"]})
 
 
+_IDENTIFIER = re.compile(r"\w")
+_SED_PATTERN_SPECIAL = set("\\.[]*^$/")   # characters a basic regular expression reads as syntax
+_SED_REPLACEMENT_SPECIAL = set("\\&/")
 SED_EDIT = re.compile(r"sed -i '(?P<line>\d+)s/(?P<old>(?:[^/\\]|\\.)*)/(?P<new>(?:[^/\\]|\\.)*)/'"
                       r" (?P<path>\S+)")
 
