@@ -4,13 +4,15 @@ nano modules (so pseudo-words get merges of their own)?
 
 Rows: a nano module of the train split as view_file renders it, then `copy: NAME` and the target, the line after
 NAME's docstring (the line nano bugs live on); the loss only on the target. A curriculum in the number of
-functions in the file (1, then 2, then all of the module's 2-4), as ../shared/notes/copy_curriculum.py found
-necessary. Held out: modules of the test split (its disjoint vocabulary), the full module, scored teacher-forced:
-token accuracy, a name's first token, and the whole line right.
+functions in the file, 1, then 2, then all of the module's 2-4 (as ../shared/notes/copy_curriculum.py found
+necessary): a level is left once the model copies 80 % of its held-out lines exactly. Held out per level: modules
+of the test split (its disjoint vocabulary), scored teacher-forced: token accuracy, a name's first token, and the
+whole line right.
 
     .venv/bin/python scripts/tokenizer_probe.py default|nano [--minutes 18] [--threads 1]
 
-Prints one JSON line per evaluation and the tokens per name of each tokenizer on held-out names.
+Prints the tokens per held-out name of the tokenizer, then one JSON line per evaluation (the level trained, the
+tokens seen, the scores at that level) and at the end the scores at every level.
 """
 
 from __future__ import annotations
@@ -79,18 +81,19 @@ def main() -> None:
                          pad_token_id=tokenizer.pad_token_id, **SIZES["tiny"])
     model = Qwen3ForCausalLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    levels = (1, 2, None)  # functions in the file (None: all of the module's)
     held_rng = random.Random(f"held{args.seed}")
-    held = [row(tokenizer, "test", held_rng, None) for _ in range(96)]
+    held = {k: [row(tokenizer, "test", held_rng, k) for _ in range(64)] for k in levels}
     train_rng = random.Random(f"train{args.seed}")
     print(json.dumps({"tokenizer": args.tokenizer, "vocab": len(tokenizer), "tokens_per_test_name": round(per_name, 2),
                       "parameters": sum(p.numel() for p in model.parameters())}), flush=True)
 
-    def evaluate() -> dict:
+    def evaluate(rows) -> dict:
         model.eval()
         right = {"name1": [0, 0], "other": [0, 0]}
         whole = 0
         with torch.no_grad():
-            for ids, labels, kinds in held:
+            for ids, _, kinds in rows:
                 pred = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
                 n = len(kinds)
                 ok = [int(pred[len(ids) - n - 1 + j]) == ids[len(ids) - n + j] for j in range(n)]
@@ -99,14 +102,12 @@ def main() -> None:
                     right[kind][1] += 1
                 whole += all(ok)
         model.train()
-        return {k: round(a / max(b, 1), 3) for k, (a, b) in right.items()} | {"line": round(whole / len(held), 3)}
+        return {k: round(a / max(b, 1), 3) for k, (a, b) in right.items()} | {"line": round(whole / len(rows), 3)}
 
-    t0, step, tokens, last = time.time(), 0, 0, time.time()
+    t0, step, tokens, last, level = time.time(), 0, 0, time.time(), 0
     budget = args.minutes * 60
     while time.time() - t0 < budget:
-        frac = (time.time() - t0) / budget
-        k = 1 if frac < 0.2 else 2 if frac < 0.45 else None
-        batch = [row(tokenizer, "train", train_rng, k) for _ in range(16)]
+        batch = [row(tokenizer, "train", train_rng, levels[level]) for _ in range(16)]
         width = max(len(b[0]) for b in batch)
         x = torch.tensor([b[0] + [tokenizer.pad_token_id] * (width - len(b[0])) for b in batch])
         y = torch.tensor([b[1] + [-100] * (width - len(b[1])) for b in batch])
@@ -117,12 +118,15 @@ def main() -> None:
         opt.zero_grad()
         step += 1
         tokens += x.numel()
-        if time.time() - last > budget / 6:
+        if time.time() - last > 60:
             last = time.time()
+            scores = evaluate(held[levels[level]])
             print(json.dumps({"minute": round((last - t0) / 60, 1), "step": step, "tokens": tokens,
-                              "loss": round(loss.item(), 3), **evaluate()}), flush=True)
+                              "level": levels[level] or "all", "loss": round(loss.item(), 3), **scores}), flush=True)
+            if scores["line"] >= 0.8 and level + 1 < len(levels):
+                level += 1
     print(json.dumps({"minute": round((time.time() - t0) / 60, 1), "step": step, "tokens": tokens, "final": True,
-                      **evaluate()}), flush=True)
+                      **{str(k or "all"): evaluate(rows) for k, rows in held.items()}}), flush=True)
 
 
 if __name__ == "__main__":
