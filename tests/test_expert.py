@@ -140,6 +140,7 @@ def test_def_edits_start_at_the_def_line_and_solve_the_task(tasks, engine):
         observations, result = play(engine, task, plan.calls)
         assert result.reward == 1.0 and not any(o.is_error for o in observations)
         gold = next(c.arguments for c in fix_edits(task) if c.name == "edit_file")
+        fix = None
         for call in plan.calls:
             a = call.arguments
             if call.name != "edit_file":
@@ -152,6 +153,7 @@ def test_def_edits_start_at_the_def_line_and_solve_the_task(tasks, engine):
             if a["path"] == gold["path"] and a["end"] == gold["end"]:
                 fix = (a, "".join(lines[a["start"] - 1:gold["start"] - 1]))  # the last one is the fix
         if gold["start"] <= gold["end"]:
+            assert fix is not None, "no edit of the gold lines"
             a, head = fix
             assert a["start"] < gold["start"] and a["replacement"] == head + gold["replacement"]
             widened += 1
