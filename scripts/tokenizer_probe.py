@@ -20,17 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import time
 
 import torch
+from name_copy_probe import name_labels  # this directory is on sys.path when run as a script
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from crr.agent.tools import render_view, split_lines
 from crr.policy.model import SIZES, default_model_dir, train_tokenizer
 from crr.tasks.nano import nano_template
-
-NAME = re.compile(r"(?<![\w.])[a-z][a-z_]*")
 
 
 def functions(split: str, rng: random.Random) -> list[tuple[str, str]]:
@@ -50,13 +48,12 @@ def row(tokenizer, split: str, rng: random.Random, k: int | None) -> tuple[list[
     prompt = render_view("pkg/mod.py", split_lines(text)) + f"copy: {name}\n"
     p = tokenizer.encode(prompt, add_special_tokens=False)
     t = tokenizer.encode(target, add_special_tokens=False)
-    starts = {m.start() for m in NAME.finditer(target) if m.group() not in ("return", "if", "for", "in", "not",
-                                                                          "min", "max", "upper", "lower")}
+    labels = name_labels(target)  # the same names as name_copy_probe's: not keywords, builtins or methods
     kinds, off = [], 0
     for i in t:
         piece = tokenizer.decode([i])
-        first = off + len(piece) - len(piece.lstrip())
-        kinds.append("name1" if first in starts else "other")
+        first = next((off + c for c, ch in enumerate(piece) if not ch.isspace()), off)
+        kinds.append("name1" if labels[min(first, len(labels) - 1)] == "name start" else "other")
         off += len(piece)
     return p + t, [-100] * len(p) + t, kinds
 
