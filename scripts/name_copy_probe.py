@@ -1,14 +1,20 @@
 """Where a policy's copy breaks inside its edits: teacher-forced argmax accuracy on the edits of expert rows.
 
 edit_file rows (default): the replacement lines' tokens, split into the first token of each name (a parameter,
-local or function name: an identifier that is not a keyword, builtin or attribute) and every other token.
+local or function name: an identifier that is not a keyword, builtin or attribute) and every other token; the
+first tokens of names again by how many distinct tokens follow the previous token in the context before the
+edit (0: that token never occurs there; 1: copying what followed it there is unambiguous), and the mean pairwise
+cosine of the (input) embeddings of the distinct name-first tokens against that of the other replacement tokens:
+a figure near 1 says the model cannot tell those tokens apart, so a copy of one carries little of which one.
 sed rows (--sed, the expert's `p_sed` episodes): the tokens of each `sed -i 'Ns/OLD/NEW/' PATH` command, split
 into line number, OLD, NEW, path and the rest; and how often each of those parts is right in every token.
 
     .venv/bin/python scripts/name_copy_probe.py MODEL EXPERT_DATA [--rows 40] [--sed]
+    .venv/bin/python scripts/name_copy_probe.py MODEL --curriculum 120 [--seed 999]
 
-EXPERT_DATA: a `crr sft` run's expert_data/ (rows with input_ids and assistant_masks). Used for issue 11's
-warm-start attempts (experiments/sft-nano-lineview.yaml, sft-nano-copyloss.yaml, sft-nano-sed.yaml).
+EXPERT_DATA: a `crr sft` run's expert_data/ (rows with input_ids and assistant_masks); --curriculum N probes N
+fresh synthetic repair rows instead (crr.policy.curriculum, the larger level, needs no sandbox). Used for issue
+11's warm-start attempts (experiments/sft-nano-lineview.yaml, sft-nano-copyloss.yaml, sft-nano-sed.yaml).
 """
 
 from __future__ import annotations
@@ -24,16 +30,20 @@ import datasets
 import torch
 
 from crr.agent.expert import SED_EDIT
+from crr.policy.curriculum import curriculum_rows
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import load_policy
 from crr.policy.rows import action_parts
 
 NOT_NAMES = set(keyword.kwlist) | set(dir(builtins)) | {"upper", "lower"}
+# A name starts at a letter or underscore that no word character, dot or backslash precedes: the backslash
+# keeps the `n` of a JSON-escaped newline (`\n`, which ends every replacement) from counting as a name.
+NAME = re.compile(r"(?<![\w.\\])[A-Za-z_]\w*")
 
 
 def name_labels(text: str) -> list[str]:
     """Per character of a replacement: "name start" where a name begins, else "other"."""
-    starts = {m.start() for m in re.finditer(r"(?<![\w.])[A-Za-z_]\w*", text) if m.group() not in NOT_NAMES}
+    starts = {m.start() for m in NAME.finditer(text) if m.group() not in NOT_NAMES}
     return ["name start" if c in starts else "other" for c in range(len(text))]
 
 
@@ -49,12 +59,28 @@ def sed_labels(text: str) -> list[str] | None:
     return labels
 
 
+def followers(ids: list[int], end: int, token: int) -> str:
+    """How many distinct tokens follow `token` in ids[:end]: "0", "1" or "2+"."""
+    n = len({ids[j + 1] for j in range(end - 1) if ids[j] == token})
+    return str(min(n, 2)) + ("+" if n >= 2 else "")
+
+
+def mean_cosine(embeddings: torch.Tensor, ids: set[int]) -> float:
+    e = torch.nn.functional.normalize(embeddings[sorted(ids)].float(), dim=1)
+    n = len(ids)
+    return round(((e @ e.T).sum().item() - n) / (n * n - n), 3) if n > 1 else float("nan")
+
+
 def probe(model_dir: str, rows, sed: bool) -> dict:
     model, tokenizer = load_policy(model_dir)
+    return probe_model(model, ToolCallGrammar(tokenizer), rows, sed)
+
+
+def probe_model(model, grammar: ToolCallGrammar, rows, sed: bool = False) -> dict:
+    """probe() on a loaded model (left in eval mode)."""
     model.eval()
-    grammar = ToolCallGrammar(tokenizer)
     part, label = ("command", sed_labels) if sed else ("replacement", name_labels)
-    tokens, wholes = defaultdict(lambda: [0, 0]), defaultdict(lambda: [0, 0])
+    tokens, wholes, kinds = defaultdict(lambda: [0, 0]), defaultdict(lambda: [0, 0]), defaultdict(set)
     for row in rows:
         ids = row["input_ids"]
         parts = action_parts(grammar, ids, row["assistant_masks"])
@@ -77,28 +103,46 @@ def probe(model_dir: str, rows, sed: bool) -> dict:
             for i, piece in zip(span, pieces):
                 first = next((offset + c for c, ch in enumerate(piece) if not ch.isspace()), offset)
                 kind, right = labels[min(first, len(labels) - 1)], int(pred[i - 1]) == ids[i]
-                tokens[kind][0] += right
-                tokens[kind][1] += 1
+                keys = [kind] + ([f"name start, previous token with {followers(ids, span[0], ids[i - 1])} "
+                                  "distinct followers in the context"] if kind == "name start" else [])
+                for key in keys:
+                    tokens[key][0] += right
+                    tokens[key][1] += 1
+                kinds[kind].add(ids[i])
                 whole[kind] &= right
                 offset += len(piece)
             for kind, right in whole.items():
                 wholes[kind][0] += right
                 wholes[kind][1] += 1
-    out = {kind: {"right": r, "tokens": n, "accuracy": round(r / n, 3)} for kind, (r, n) in tokens.items()}
+    out = {kind: {"right": r, "tokens": n, "accuracy": round(r / n, 3)} for kind, (r, n) in sorted(tokens.items())}
     if sed:
         out["commands with the part right in every token"] = {kind: f"{r}/{n}" for kind, (r, n) in wholes.items()}
+    else:
+        embeddings = model.get_input_embeddings().weight
+        out["mean pairwise cosine of the input embeddings"] = {
+            f"{kind} tokens ({len(ids)} distinct)": mean_cosine(embeddings, ids) for kind, ids in kinds.items()}
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
-    ap.add_argument("data", help="a crr sft run's expert_data/")
+    ap.add_argument("data", nargs="?", help="a crr sft run's expert_data/")
     ap.add_argument("--rows", type=int, default=40, help="the first N rows")
     ap.add_argument("--sed", action="store_true", help="probe sed substitutions (run_shell) instead of edit_file")
+    ap.add_argument("--curriculum", type=int, metavar="N", help="probe N fresh curriculum rows instead of DATA")
+    ap.add_argument("--seed", type=int, default=999, help="the curriculum rows' seed")
     args = ap.parse_args()
-    rows = datasets.load_from_disk(args.data).select(range(args.rows))
-    print(json.dumps({"model": args.model, "rows": args.rows, **probe(args.model, rows, args.sed)}))
+    if (args.data is None) == (args.curriculum is None):
+        ap.error("give either EXPERT_DATA or --curriculum N")
+    if args.curriculum:
+        _, tokenizer = load_policy(args.model)
+        rows = curriculum_rows(ToolCallGrammar(tokenizer), args.curriculum, args.seed, levels=(2,))
+        source = {"curriculum rows": args.curriculum, "seed": args.seed}
+    else:
+        rows = datasets.load_from_disk(args.data).select(range(args.rows))
+        source = {"rows": args.rows}
+    print(json.dumps({"model": args.model, **source, **probe(args.model, rows, args.sed)}))
 
 
 if __name__ == "__main__":
