@@ -12,8 +12,9 @@ whether a change to the model or the rows moves that token at all, teacher-force
               the loss only on the replacements: many more name starts to copy per token of compute
     qknorm    the query/key RMSNorm gains (Qwen3 normalises queries and keys, so with head_dim 32 an attention
               logit stays near 6-7 at most) at 33x the learning rate, free to sharpen attention
-    untie     a separate output embedding, its rows of the single-letter name starts (` k`, ` b`, ...) spread
-              1.5x from their mean: the tied embeddings of those tokens are nearly parallel
+    untie     a separate output embedding, its rows of the one- and two-letter name starts (` k`, ` b`, ` st`, ...)
+              spread 1.5x from their mean: the tied embeddings of those tokens are nearly parallel
+    spread    the same rows spread 2x in the tied embedding (input and output alike)
 
     .venv/bin/python scripts/copy_lever_probe.py --lever kv6 --minutes 10 [--threads 1] [--out FILE.jsonl]
 
@@ -41,7 +42,7 @@ from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import load_policy
 from crr.policy.rows import action_parts, sft_row
 
-LEVERS = ("control", "kv6", "drill", "qknorm", "untie")
+LEVERS = ("control", "kv6", "drill", "qknorm", "untie", "spread")
 
 
 def expand_kv_heads(model, n_kv: int) -> None:
@@ -59,12 +60,16 @@ def expand_kv_heads(model, n_kv: int) -> None:
     cfg.num_key_value_heads = n_kv
 
 
-def untie_spread(model, grammar: ToolCallGrammar, beta: float = 1.5) -> None:
-    """A separate output embedding, the rows of ` a`-` zz` (one or two letters after a space) spread beta x."""
+def spread_onsets(model, grammar: ToolCallGrammar, beta: float, untie: bool) -> None:
+    """The embedding rows of ` a`-` zz` (one or two letters after a space) spread beta x from their mean: in a
+    separate output embedding (untie) or in the tied one."""
     w = model.get_input_embeddings().weight.data.clone()
     onsets = [i for i, b in enumerate(grammar.token_bytes) if re.fullmatch(rb" [a-z]{1,2}", b or b"")]
     mean = w[onsets].mean(0)
     w[onsets] = mean + beta * (w[onsets] - mean)
+    if not untie:
+        model.get_input_embeddings().weight.data.copy_(w)   # tied: the output embedding is the same tensor
+        return
     head = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
     head.weight.data = w
     model.config.tie_word_embeddings = False
@@ -105,8 +110,8 @@ def main() -> None:
     grammar = ToolCallGrammar(tokenizer)
     if args.lever == "kv6":
         expand_kv_heads(model, model.config.num_attention_heads)
-    if args.lever == "untie":
-        untie_spread(model, grammar)
+    if args.lever in ("untie", "spread"):
+        spread_onsets(model, grammar, *((1.5, True) if args.lever == "untie" else (2.0, False)))
     held_out = curriculum_rows(grammar, 80, seed=999, levels=(2,))
     rng = random.Random(f"copy-lever:{args.seed}")
     n_rows = int(args.minutes * 60 * 5)  # more than any lever trains on in the time (about 4 rows/s on 2 cores)
@@ -118,17 +123,15 @@ def main() -> None:
     boost = 33.0 if args.lever == "qknorm" else 1.0
     opt = torch.optim.AdamW([{"params": rest, "scale": 1.0}, {"params": norms, "scale": boost}], lr=args.lr,
                             weight_decay=0.0)
-    out = open(args.out, "a") if args.out else None
-
     def record(t: float, tokens: int, **extra) -> None:
         p = probe_model(model, grammar, held_out)
         line = json.dumps({"lever": args.lever, "minutes": round(t / 60, 1), "tokens": tokens, **extra,
                            "name start": p["name start"]["accuracy"], "other": p["other"]["accuracy"],
                            "qk gain": round(sum(n.mean().item() for n in norms) / len(norms), 3)})
         print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(line + "\n")
 
     record(0, 0)
     model.train()

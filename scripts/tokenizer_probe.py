@@ -9,7 +9,11 @@ necessary): a level is left once the model copies 80 % of its held-out lines exa
 of the test split (its disjoint vocabulary), scored teacher-forced: token accuracy, a name's first token, and the
 whole line right.
 
-    .venv/bin/python scripts/tokenizer_probe.py default|nano [--minutes 18] [--threads 1]
+    .venv/bin/python scripts/tokenizer_probe.py default|nano [--minutes 18] [--threads 1] [--untied]
+
+--untied gives the model separate input and output embeddings (the default ties them, as the shipped model does):
+the shipped model's tied embeddings of the tokens that start names ended up nearly parallel
+(scripts/name_copy_probe.py), and the run ends by printing that figure for the model it trained.
 
 Prints the tokens per held-out name of the tokenizer, then one JSON line per evaluation (the level trained, the
 tokens seen, the scores at that level) and at the end the scores at every level.
@@ -23,7 +27,7 @@ import random
 import time
 
 import torch
-from name_copy_probe import name_labels  # this directory is on sys.path when run as a script
+from name_copy_probe import mean_cosine, name_labels  # this directory is on sys.path when run as a script
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from crr.agent.tools import render_view, split_lines
@@ -64,6 +68,7 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=18)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--untied", action="store_true", help="separate input and output embeddings")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -74,7 +79,7 @@ def main() -> None:
         tokenizer = train_tokenizer(extra=(nano_template(rng, "train").modules[0].source for _ in range(3000)))
     names = [n for _ in range(200) for n, _ in functions("test", random.Random(_))]
     per_name = sum(len(tokenizer.encode(" " + n, add_special_tokens=False)) for n in names) / len(names)
-    config = Qwen3Config(vocab_size=len(tokenizer), max_position_embeddings=2048, tie_word_embeddings=True,
+    config = Qwen3Config(vocab_size=len(tokenizer), max_position_embeddings=2048, tie_word_embeddings=not args.untied,
                          pad_token_id=tokenizer.pad_token_id, **SIZES["tiny"])
     model = Qwen3ForCausalLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
@@ -82,7 +87,7 @@ def main() -> None:
     held_rng = random.Random(f"held{args.seed}")
     held = {k: [row(tokenizer, "test", held_rng, k) for _ in range(64)] for k in levels}
     train_rng = random.Random(f"train{args.seed}")
-    print(json.dumps({"tokenizer": args.tokenizer, "vocab": len(tokenizer), "tokens_per_test_name": round(per_name, 2),
+    print(json.dumps({"tokenizer": args.tokenizer, "tied": not args.untied, "vocab": len(tokenizer), "tokens_per_test_name": round(per_name, 2),
                       "parameters": sum(p.numel() for p in model.parameters())}), flush=True)
 
     def evaluate(rows) -> dict:
@@ -122,8 +127,12 @@ def main() -> None:
                               "level": levels[level] or "all", "loss": round(loss.item(), 3), **scores}), flush=True)
             if scores["line"] >= 0.8 and level + 1 < len(levels):
                 level += 1
+    name1 = {ids[len(ids) - len(kinds) + j] for ids, _, kinds in held[None] for j, k in enumerate(kinds) if k == "name1"}
+    cosine = {"input": mean_cosine(model.get_input_embeddings().weight.data, name1),
+              "output": mean_cosine(model.get_output_embeddings().weight.data, name1)}
     print(json.dumps({"minute": round((time.time() - t0) / 60, 1), "step": step, "tokens": tokens, "final": True,
-                      **{str(k or "all"): evaluate(rows) for k, rows in held.items()}}), flush=True)
+                      **{str(k or "all"): evaluate(rows) for k, rows in held.items()},
+                      "mean pairwise cosine of the name-first tokens' embeddings": cosine}), flush=True)
 
 
 if __name__ == "__main__":

@@ -58,3 +58,25 @@ def test_rows_have_the_compact_episode_layout():
     assert all(0 < sum(r["assistant_masks"]) < len(r["input_ids"]) for r in rows)
     text = render_text(tokenizer, messages, [])
     assert "<tools>" not in text and text.count("<tool_call>") == 3
+
+
+def test_the_name_copy_probe_counts_names_not_escapes_and_splits_name_starts_by_context():
+    """scripts/name_copy_probe.py (issue 11's copy diagnostics): the `n` of a JSON-escaped newline is not a name
+    start, attributes and builtins are not names; on curriculum rows every name start lands in exactly one bucket
+    of its previous token's followers, and the embedding figure is a cosine."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "name_copy_probe.py"
+    spec = importlib.util.spec_from_file_location("name_copy_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    text = "    return kur.upper() + min(ja, bo)\\n"
+    starts = [text[c:c + 3] for c, label in enumerate(probe.name_labels(text)) if label == "name start"]
+    assert starts == ["kur", "ja,", "bo)"]
+    model, tokenizer = load_policy(default_model_dir())
+    grammar = ToolCallGrammar(tokenizer)
+    out = probe.probe_model(model, grammar, curriculum_rows(grammar, 4, seed=999, levels=(2,)))
+    buckets = [v["tokens"] for k, v in out.items() if k.startswith("name start, previous token")]
+    assert out["name start"]["tokens"] > 0 and sum(buckets) == out["name start"]["tokens"]
+    assert all(-1 <= c <= 1 for c in out["mean pairwise cosine of the input embeddings"].values())
