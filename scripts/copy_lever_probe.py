@@ -123,6 +123,7 @@ def main() -> None:
     boost = 33.0 if args.lever == "qknorm" else 1.0
     opt = torch.optim.AdamW([{"params": rest, "scale": 1.0}, {"params": norms, "scale": boost}], lr=args.lr,
                             weight_decay=0.0)
+
     def record(t: float, tokens: int, **extra) -> None:
         p = probe_model(model, grammar, held_out)
         line = json.dumps({"lever": args.lever, "minutes": round(t / 60, 1), "tokens": tokens, **extra,
@@ -134,12 +135,12 @@ def main() -> None:
                 f.write(line + "\n")
 
     record(0, 0)
-    model.train()
     start = last = time.time()
     tokens, pad = 0, tokenizer.pad_token_id
     for step, i in enumerate(range(0, len(rows), 8)):
         if time.time() - start > args.minutes * 60:
             break
+        model.train()  # the probe leaves it in eval mode
         batch = rows[i:i + 8]
         width = max(len(r["input_ids"]) for r in batch)
         ids = torch.full((len(batch), width), pad)
@@ -157,7 +158,6 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
-        model.train()
         tokens += int(attention.sum())
         if time.time() - last > args.probe_every * 60:
             last = time.time()

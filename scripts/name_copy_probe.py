@@ -66,18 +66,14 @@ def followers(ids: list[int], end: int, token: int) -> str:
 
 
 def mean_cosine(embeddings: torch.Tensor, ids: set[int]) -> float:
+    """The mean cosine between the embedding rows of `ids`, over distinct pairs."""
     e = torch.nn.functional.normalize(embeddings[sorted(ids)].float(), dim=1)
     n = len(ids)
     return round(((e @ e.T).sum().item() - n) / (n * n - n), 3) if n > 1 else float("nan")
 
 
-def probe(model_dir: str, rows, sed: bool) -> dict:
-    model, tokenizer = load_policy(model_dir)
-    return probe_model(model, ToolCallGrammar(tokenizer), rows, sed)
-
-
 def probe_model(model, grammar: ToolCallGrammar, rows, sed: bool = False) -> dict:
-    """probe() on a loaded model (left in eval mode)."""
+    """The figures above for `rows`, teacher-forced (the model is left in eval mode)."""
     model.eval()
     part, label = ("command", sed_labels) if sed else ("replacement", name_labels)
     tokens, wholes, kinds = defaultdict(lambda: [0, 0]), defaultdict(lambda: [0, 0]), defaultdict(set)
@@ -135,14 +131,15 @@ def main() -> None:
     args = ap.parse_args()
     if (args.data is None) == (args.curriculum is None):
         ap.error("give either EXPERT_DATA or --curriculum N")
+    model, tokenizer = load_policy(args.model)
+    grammar = ToolCallGrammar(tokenizer)
     if args.curriculum:
-        _, tokenizer = load_policy(args.model)
-        rows = curriculum_rows(ToolCallGrammar(tokenizer), args.curriculum, args.seed, levels=(2,))
+        rows = curriculum_rows(grammar, args.curriculum, args.seed, levels=(2,))
         source = {"curriculum rows": args.curriculum, "seed": args.seed}
     else:
         rows = datasets.load_from_disk(args.data).select(range(args.rows))
         source = {"rows": args.rows}
-    print(json.dumps({"model": args.model, **source, **probe(args.model, rows, args.sed)}))
+    print(json.dumps({"model": args.model, **source, **probe_model(model, grammar, rows, args.sed)}))
 
 
 if __name__ == "__main__":
