@@ -136,7 +136,7 @@ def main() -> None:
 
     record(0, 0)
     start = last = time.time()
-    tokens, pad = 0, tokenizer.pad_token_id
+    tokens, probed, pad = 0, 0, tokenizer.pad_token_id
     for step, i in enumerate(range(0, len(rows), 8)):
         if time.time() - start > args.minutes * 60:
             break
@@ -160,9 +160,10 @@ def main() -> None:
         opt.zero_grad()
         tokens += int(attention.sum())
         if time.time() - last > args.probe_every * 60:
-            last = time.time()
+            last, probed = time.time(), tokens
             record(last - start, tokens, loss=round(loss.item(), 3))
-    record(time.time() - start, tokens, loss=round(loss.item(), 3))
+    if tokens != probed:
+        record(time.time() - start, tokens, loss=round(loss.item(), 3))
 
 
 if __name__ == "__main__":
