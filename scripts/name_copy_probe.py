@@ -99,8 +99,10 @@ def probe_model(model, grammar: ToolCallGrammar, rows, sed: bool = False) -> dic
             for i, piece in zip(span, pieces):
                 first = next((offset + c for c, ch in enumerate(piece) if not ch.isspace()), offset)
                 kind, right = labels[min(first, len(labels) - 1)], int(pred[i - 1]) == ids[i]
-                context = f"name start, previous token with {followers(ids, span[0], ids[i - 1])} distinct followers"
-                keys = [kind] + ([context] if kind == "name start" else [])
+                keys = [kind]
+                if kind == "name start":  # a scan of the context: only for the few tokens it is reported for
+                    keys.append(f"name start, previous token with {followers(ids, span[0], ids[i - 1])} distinct "
+                                "followers")
                 for key in keys:
                     tokens[key][0] += right
                     tokens[key][1] += 1
