@@ -3,17 +3,18 @@
 edit_file rows (default): the replacement lines' tokens, split into the first token of each name (a parameter,
 local or function name: an identifier that is not a keyword, builtin or attribute) and every other token; the
 first tokens of names again by how many distinct tokens follow the previous token in the context before the
-edit (0: that token never occurs there; 1: copying what followed it there is unambiguous), and the mean pairwise
+edit (0: that token never occurs there; 1: copying what followed it there is unambiguous) and by whether the
+token carries the space before the name (` k`, ` po`) or not (`(b`, `k`), and the mean pairwise
 cosine of the (input) embeddings of the distinct name-first tokens against that of the other replacement tokens:
 a figure near 1 says the model cannot tell those tokens apart, so a copy of one carries little of which one.
 sed rows (--sed, the expert's `p_sed` episodes): the tokens of each `sed -i 'Ns/OLD/NEW/' PATH` command, split
 into line number, OLD, NEW, path and the rest; and how often each of those parts is right in every token.
 
     .venv/bin/python scripts/name_copy_probe.py MODEL EXPERT_DATA [--rows 40] [--sed]
-    .venv/bin/python scripts/name_copy_probe.py MODEL --curriculum 120 [--seed 999]
+    .venv/bin/python scripts/name_copy_probe.py MODEL --curriculum 120 [--seed 999] [--level 0|1|2]
 
 EXPERT_DATA: a `crr sft` run's expert_data/ (rows with input_ids and assistant_masks); --curriculum N probes N
-fresh synthetic repair rows instead (crr.policy.curriculum, the larger level, needs no sandbox). Used for issue
+fresh synthetic repair rows instead (crr.policy.curriculum, level 2 unless --level; no sandbox needed). Used for issue
 11's warm-start attempts (experiments/sft-nano-lineview.yaml, sft-nano-copyloss.yaml, sft-nano-sed.yaml).
 """
 
@@ -103,6 +104,8 @@ def probe_model(model, grammar: ToolCallGrammar, rows, sed: bool = False) -> dic
                 if kind == "name start":  # a scan of the context: only for the few tokens it is reported for
                     keys.append(f"name start, previous token with {followers(ids, span[0], ids[i - 1])} distinct "
                                 "followers")
+                    keys.append("name start, space-led token" if piece.startswith(" ") else
+                                "name start, token without a leading space")
                 for key in keys:
                     tokens[key][0] += right
                     tokens[key][1] += 1
@@ -130,14 +133,16 @@ def main() -> None:
     ap.add_argument("--sed", action="store_true", help="probe sed substitutions (run_shell) instead of edit_file")
     ap.add_argument("--curriculum", type=int, metavar="N", help="probe N fresh curriculum rows instead of DATA")
     ap.add_argument("--seed", type=int, default=999, help="the curriculum rows' seed")
+    ap.add_argument("--level", type=int, choices=(0, 1, 2), default=2,
+                    help="the curriculum rows' level (0: the view shows only the function the issue names)")
     args = ap.parse_args()
     if (args.data is None) == (args.curriculum is None):
         ap.error("give either EXPERT_DATA or --curriculum N")
     model, tokenizer = load_policy(args.model)
     grammar = ToolCallGrammar(tokenizer)
     if args.curriculum:
-        rows = curriculum_rows(grammar, args.curriculum, args.seed, levels=(2,))
-        source = {"curriculum rows": args.curriculum, "seed": args.seed}
+        rows = curriculum_rows(grammar, args.curriculum, args.seed, levels=(args.level,))
+        source = {"curriculum rows": args.curriculum, "seed": args.seed, "level": args.level}
     else:
         rows = datasets.load_from_disk(args.data).select(range(args.rows))
         source = {"rows": args.rows}

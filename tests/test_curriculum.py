@@ -47,6 +47,19 @@ def test_each_row_is_a_repair_that_makes_the_issue_call_right(level, def_edit):
             assert listing.count("def ") == 2
 
 
+def test_level_0_views_only_the_function_the_issue_names():
+    for messages in _draws(0, 20):
+        view, edit = (json.loads(m["tool_calls"][0]["function"]["arguments"]) for m in messages[2:5:2])
+        listing = messages[3]["content"].splitlines()
+        shown = {int(n): text for n, text in (line.split("\t", 1) for line in listing[1:] if "\t" in line)}
+        function = re.search(r"`[\w.]+\.(\w+)\(", messages[1]["content"]).group(1)
+        assert listing[0].startswith(f"{view['path']}: lines {view['start']}-{view['end']} of ")
+        assert sorted(shown) == list(range(view["start"], view["end"] + 1))
+        assert shown[view["start"]].startswith(f"def {function}(") and "def " not in "".join(list(shown.values())[1:])
+        assert view["start"] < edit["start"] == edit["end"] <= view["end"] and edit["path"] == view["path"]
+        assert shown[edit["start"]] != edit["replacement"].removesuffix("\n")
+
+
 def test_rows_have_the_compact_episode_layout():
     tokenizer = load_policy(default_model_dir())[1]
     rows = curriculum_rows(ToolCallGrammar(tokenizer), 6, seed=0)
@@ -63,7 +76,7 @@ def test_rows_have_the_compact_episode_layout():
 def test_the_name_copy_probe_counts_names_not_escapes_and_splits_name_starts_by_context():
     """scripts/name_copy_probe.py (issue 11's copy diagnostics): the `n` of a JSON-escaped newline is not a name
     start, attributes and builtins are not names; on curriculum rows every name start lands in exactly one bucket
-    of its previous token's followers, and the embedding figure is a cosine."""
+    of its previous token's followers and in one of space-led or not, and the embedding figure is a cosine."""
     import importlib.util
     from pathlib import Path
 
@@ -79,4 +92,7 @@ def test_the_name_copy_probe_counts_names_not_escapes_and_splits_name_starts_by_
     out = probe.probe_model(model, grammar, curriculum_rows(grammar, 4, seed=999, levels=(2,)))
     buckets = [v["tokens"] for k, v in out.items() if k.startswith("name start, previous token")]
     assert out["name start"]["tokens"] > 0 and sum(buckets) == out["name start"]["tokens"]
+    spaces = [out.get(f"name start, {k}", {"tokens": 0})["tokens"] for k in ("space-led token",
+                                                                          "token without a leading space")]
+    assert sum(spaces) == out["name start"]["tokens"] and spaces[0] > 0
     assert all(-1 <= c <= 1 for c in out["mean pairwise cosine of the input embeddings"].values())

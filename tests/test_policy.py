@@ -425,3 +425,34 @@ def test_a_tokenizer_trained_also_on_nano_modules_gives_held_out_names_fewer_tok
 
     assert per_name(nano) < 0.85 * per_name(default)
     assert train_tokenizer().get_vocab() == default.get_vocab()
+
+
+def test_split_word_spaces_keeps_whole_words_and_starts_names_without_a_space(tiny_dir, tmp_path):
+    """crr.policy.model.split_word_spaces: the same vocabulary; a space stays on a letter run only where the
+    run with its space is one token; a nano name gets a space token of its own and starts with a letter token;
+    every text decodes back to itself; a tokenizer that is not Qwen-style is refused."""
+    from crr.policy.model import split_word_spaces, write_split_model
+
+    split_dir = write_split_model(tiny_dir, tmp_path / "split")
+    default, split = AutoTokenizer.from_pretrained(tiny_dir), AutoTokenizer.from_pretrained(split_dir)
+    assert split.get_vocab() == default.get_vocab()
+    pieces = lambda tok, text: [tok.decode([i]) for i in tok.encode(text, add_special_tokens=False)]
+    line = "    return min(pirbe, nimmi) - 8\n"
+    assert pieces(default, line)[:2] == pieces(split, line)[:2] == ["   ", " return"]
+    assert " min" in pieces(split, line) and pieces(split, line)[pieces(split, line).index(",") + 1] == " "
+    vocab = Vocabulary("test", random.Random(1))
+    names = [vocab.word() for _ in range(200)]
+    spaced = [n for n in names if "\u0120" + n not in default.get_vocab()]
+    assert len(spaced) > 150
+    for name in spaced:
+        first = pieces(split, f"x = {name}")[3]
+        assert pieces(split, f"x = {name}")[2] == " " and not first.startswith(" ") and name.startswith(first)
+    rng = random.Random("split")
+    texts = [nano_template(rng, "test").modules[0].source for _ in range(20)] + [SYSTEM_PROMPT, line]
+    for text in texts:
+        assert split.decode(split.encode(text, add_special_tokens=False)) == text
+    assert write_split_model(tiny_dir, split_dir) == split_dir  # kept, not rebuilt
+    other = json.loads((tiny_dir / "tokenizer.json").read_text())
+    other["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+|\S+"
+    with pytest.raises(CRRError, match="Qwen-style"):
+        split_word_spaces(other)

@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
 from trl.chat_template_utils import get_training_chat_template
@@ -297,27 +298,36 @@ def test_sft_command_bad_input(tmp_path):
     assert result.exit_code == 2 and "n_tasks must be at least 1" in result.output
 
 
-def test_the_shipped_recipe_runs_end_to_end_on_a_small_budget(tiny, tmp_path):
-    """experiments/sft-nano.yaml (the shipped default's recipe) at a small budget: nano tasks, compact format,
-    expert data in real sandboxes, SFT; the loss falls and the model records the format it was trained with."""
+def _small_recipe_run(name: str, tmp_path: Path, model: Path | None = None) -> tuple[dict, Path]:
+    """experiments/NAME at a small budget (4 nano tasks, 8 curriculum rows, 2 epochs a stage), through
+    `crr sft`; the recipe and the run directory. The loss falls."""
     import yaml
 
-    from crr.policy.model import agent_record
-
-    recipe = yaml.safe_load((Path(__file__).parent.parent / "experiments" / "sft-nano.yaml").read_text())
+    recipe = yaml.safe_load((Path(__file__).parent.parent / "experiments" / name).read_text())
     tasks = tmp_path / "nano"
     generate_micro(tasks, n=4, seed=0, split="train", tier="nano")
     recipe.update(tasks=str(tasks), n_tasks=4, curriculum_rows=8)
     recipe["train"].update(batch_size=2, logging_steps=1, bf16=False)
-    for stage in recipe["stages"]:  # the shipped stages (curriculum in order, then shuffled, then both)
+    for stage in recipe["stages"]:
         stage["epochs"] = 2
     small = tmp_path / "recipe.yaml"
     small.write_text(yaml.safe_dump(recipe))
-    result = CliRunner().invoke(app, ["sft", "--recipe", str(small), "--out", str(tmp_path / "runs")])
+    args = ["sft", "--recipe", str(small), "--out", str(tmp_path / "runs")] + (["--model", str(model)] if model else [])
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     (run_dir,) = (tmp_path / "runs").iterdir()
     losses = [r["loss"] for r in RunDir.open(run_dir).records("metrics.jsonl") if "loss" in r]
-    assert len(losses) >= 6 and sum(losses[-2:]) < sum(losses[:2])
+    assert len(losses) >= 2 * len(recipe["stages"]) + 2 and sum(losses[-2:]) < sum(losses[:2])
+    return recipe, run_dir
+
+
+def test_the_shipped_recipe_runs_end_to_end_on_a_small_budget(tiny, tmp_path):
+    """experiments/sft-nano.yaml (the shipped default's recipe) at a small budget: nano tasks, compact format,
+    expert data in real sandboxes, SFT (the shipped stages: curriculum in order, then shuffled, then both); the
+    loss falls and the model records the format it was trained with."""
+    from crr.policy.model import agent_record
+
+    recipe, run_dir = _small_recipe_run("sft-nano.yaml", tmp_path)
     assert [p.name for p in sorted(run_dir.glob("stage-*"))] == [f"stage-{i}" for i in range(1, len(recipe["stages"]))]
     assert agent_record(run_dir / "model") == {"agent_format": "compact", "max_turns": recipe["data"]["max_turns"]}
     rows = json.loads((run_dir / "expert_summary.json").read_text())
@@ -326,3 +336,21 @@ def test_the_shipped_recipe_runs_end_to_end_on_a_small_budget(tiny, tmp_path):
     bad.write_text("tasks: nano-train\nstages: [{data: everything}]\n")
     result = CliRunner().invoke(app, ["sft", "--recipe", str(bad)])
     assert result.exit_code == 2 and "bad SFT recipe" in result.output
+
+
+def test_the_split_recipe_retokenizes_before_the_data(tiny, tmp_path):
+    """experiments/sft-nano-split.yaml at a small budget: the run's base_model/ is the model with its tokenizer
+    re-split (crr.policy.model.split_word_spaces), the data is tokenized with it and the trained model keeps it."""
+    from transformers import AutoTokenizer
+
+    from crr.policy.model import split_word_spaces
+
+    _, run_dir = _small_recipe_run("sft-nano-split.yaml", tmp_path, model=tiny)
+    original = json.loads((tiny / "tokenizer.json").read_text())
+    assert json.loads((run_dir / "base_model" / "tokenizer.json").read_text()) == split_word_spaces(original)
+    trained = AutoTokenizer.from_pretrained(run_dir / "model")
+    assert [trained.decode([i]) for i in trained.encode("x = niljos", add_special_tokens=False)][2] == " "
+    split = AutoTokenizer.from_pretrained(run_dir / "base_model")
+    rows = datasets.load_from_disk(str(run_dir / "curriculum_data"))
+    text = split.decode(rows[0]["input_ids"])
+    assert split.encode(text, add_special_tokens=False) == rows[0]["input_ids"]

@@ -16,7 +16,8 @@ crr.tasks.bugs, the issue is written by the micro generator's own `issue_text` f
 buggy results differ (computed by running the two module versions in-process: our own generated code), and
 the observations come from the tools' own renderers. They teach the shape of a repair; the expert's episodes,
 played in real sandboxes and kept only at reward 1, remain the warm start's data proper. `levels` grow the
-search: level 1 packages hold one module of two functions, level 2 up to three modules of up to four.
+search: level 0 views only the function the issue names (view_file from its def line to its last line), level 1
+packages hold one module of two functions, level 2 up to three modules of up to four.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import random
 from types import SimpleNamespace
 
 from crr.agent.conversation import action_message, initial_messages
-from crr.agent.expert import call_json, from_def_line
+from crr.agent.expert import call_json, from_def_line, function_at
 from crr.agent.prompt import agent_format
 from crr.agent.tools import ToolCall, render_diff, render_view, split_lines, truncate
 from crr.policy.grammar import ToolCallGrammar
@@ -61,7 +62,7 @@ def repair_messages(rng: random.Random, level: int, max_turns: int, def_edit: bo
     """One synthetic repair conversation in the compact format (None: this draw had no revealing bug); with
     `def_edit`, the edit starts at the function's def line, as the expert's `p_def_edit` episodes do."""
     template = nano_template(rng, "train")
-    if level == 1:
+    if level <= 1:
         template = _shrink(template, rng)
     package = template.packages[0]
     module = rng.choice(template.modules)
@@ -88,7 +89,11 @@ def repair_messages(rng: random.Random, level: int, max_turns: int, def_edit: bo
     path = f"{package}/{module.name}.py"
     messages = initial_messages(SimpleNamespace(problem_statement=problem), "/testbed", max_turns, "compact")
     edit = ToolCall("edit_file", {"path": path, "start": line, "end": line, "replacement": new[line - 1]})
-    calls = [(ToolCall("view_file", {"path": path}), render_view(path, old)),
+    view = {"path": path}
+    if level == 0:  # only the function: the line to copy is one of a handful
+        _, first, last = function_at(bug.source, line)
+        view = {"path": path, "start": first, "end": last}
+    calls = [(ToolCall("view_file", view), render_view(path, old, view.get("start", 1), view.get("end"))),
              (from_def_line(edit, bug.source) if def_edit else edit, render_diff(path, old, new)),
              (ToolCall("submit_patch", {}), None)]
     fmt = agent_format("compact")

@@ -50,6 +50,7 @@ from crr.policy.model import (
     default_model_dir,
     default_sft_model_dir,
     load_policy,
+    write_split_model,
 )
 from crr.policy.rows import action_parts, sft_row
 from crr.policy.sft_trainer import SFTSettings, quiet_hf, sft
@@ -195,6 +196,7 @@ STAGE_MODEL_DIR = "stage"             # stage-N: the model after SFT stage N (al
 DATA_DIR = "expert_data"  # in a run directory: the expert dataset (save_to_disk), reused on resume
 CHECKPOINT_DIR = "checkpoints"
 MODEL_DIR = "model"
+BASE_MODEL_DIR = "base_model"  # the model with its tokenizer re-split (recipes with split_word_spaces)
 
 
 @dataclass
@@ -209,6 +211,9 @@ class SFTRecipe:
     train: SFTSettings = field(default_factory=SFTSettings)
     # Synthetic lookup-and-repair rows (crr.policy.curriculum) for the stages that use them.
     curriculum_rows: int = 0
+    # Re-split the model's tokenizer before anything else (crr.policy.model.split_word_spaces: names start
+    # without a space-led token); the copy is the run's base_model/, and the data is tokenized with it.
+    split_word_spaces: bool = False
     # SFT stages in order, each from the previous one's model: {data: expert | curriculum | both, and any
     # SFTSettings field overriding `train`}, e.g. the curriculum in level order, then both shuffled. Empty:
     # one stage on the expert's rows with `train`.
@@ -269,6 +274,8 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
     crr.policy.sft_trainer, e.g. on a GPU node).
 
     Metrics go to run/metrics.jsonl (one record per logging step: the loss curve)."""
+    if recipe.split_word_spaces:
+        model_dir = write_split_model(model_dir, run.path / BASE_MODEL_DIR)
     data_dir = run.path / DATA_DIR
     if (data_dir / "dataset_info.json").is_file():
         dataset = Dataset.load_from_disk(str(data_dir))
