@@ -1,12 +1,13 @@
 """Install a warm-started model as crr's shipped default (crr/policy/default), with its provenance beside it.
 
     .venv/bin/python scripts/ship_default.py MODEL_DIR --recipe experiments/sft-nano.yaml \
-        --data-run SFT_RUN_DIR... [--eval EVAL_RUN_DIR ...] [--note "how it was trained"]
+        --data-run SFT_RUN_DIR... [--eval EVAL_RUN_DIR ...] [--note "how it was trained"] [--base-provenance FILE]
 
 Writes the weights in bf16 (a few MB; crr loads them in the dtype they were saved in, "auto"), the tokenizer,
 the agent record (crr_agent.json) and `provenance.json`: the recipe, its data manifest (the expert summaries
 of the crr sft runs that played its episodes: episodes played, kept, steps and tokens) and each evaluation's
-measured pass@1 with the command that reproduces it. Paths are stored relative to the repository.
+measured pass@1 with the command that reproduces it; for a model fine-tuned from an earlier shipped default,
+that model's provenance under "base". Paths are stored relative to the repository.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def main() -> None:
     ap.add_argument("--data-run", nargs="+", required=True, help="crr sft run directories that made its expert data")
     ap.add_argument("--eval", nargs="*", default=[], help="crr eval run directories of this model")
     ap.add_argument("--note", default="", help="how the weights were trained (device, command)")
+    ap.add_argument("--base-provenance", help="provenance.json of the model this one was fine-tuned from")
     args = ap.parse_args()
 
     model, tokenizer = load_policy(args.model)
@@ -62,6 +64,8 @@ def main() -> None:
         "evaluations": evals,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
+    if args.base_provenance:
+        provenance["base"] = json.loads(Path(args.base_provenance).read_text())
     if provenance["sft_record"]:
         provenance["sft_record"]["base_model"] = Path(provenance["sft_record"]["base_model"]).name
     tmp = Path(tempfile.mkdtemp(dir=SHIPPED_DEFAULT.parent, prefix=".default."))
