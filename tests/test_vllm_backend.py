@@ -183,9 +183,10 @@ def _float32_default(path: Path) -> Path:
 
 
 # CRR on 2 nano-band tasks (G=4, H=8), 2 updates: eta=0 and k=2 make the selector pick steps, so forks are
-# sampled on vLLM too; with seed 11 both updates have nonzero advantages, so the weights move.
+# sampled on vLLM too; with seed 23 both updates have nonzero advantages, so the weights move (measured with the
+# shipped default and nano-band of its re-split: 0.67 and 0.71 of the tokens; seed 11 left update 1 at 0).
 TRAIN_ARGS = ["--method", "crr", "--max-updates", "2", "tasks=nano-band", "n_tasks=2", "tasks_per_iteration=2",
-              "num_generations=4", "max_turns=8", "max_new_tokens=96", "k=2", "eta=0.0"]
+              "num_generations=4", "max_turns=8", "max_new_tokens=96", "k=2", "eta=0.0", "seed=23"]
 # float32: measured max |vLLM - transformers| behaviour log-probability 2.7e-5 over an iteration's tokens;
 # with vLLM left on the weights before update 1 (the second sync skipped), 0.39 at update 2 (synced: 1.4e-5)
 GAP_TOL = 1e-3
