@@ -108,6 +108,8 @@ def split_word_spaces(tokenizer_json: dict) -> dict:
     """
     out = json.loads(json.dumps(tokenizer_json))
     split = out["pre_tokenizer"]["pretokenizers"][0]["pattern"]
+    if _LETTER_RUN.replace("]?", " ]?") in split["Regex"]:
+        return out  # already re-split
     if _LETTER_RUN not in split["Regex"]:
         raise CRRError("split_word_spaces takes a Qwen-style byte-level tokenizer (crr's own or Qwen's)")
     space = "\u0120"  # how byte-level BPE spells a space in its vocabulary
