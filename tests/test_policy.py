@@ -454,6 +454,8 @@ def test_split_word_spaces_keeps_whole_words_and_starts_names_without_a_space(ti
     assert write_split_model(tiny_dir, split_dir) == split_dir  # kept, not rebuilt
     resplit = json.loads((split_dir / "tokenizer.json").read_text())
     assert split_word_spaces(resplit) == resplit  # a re-split tokenizer stays as it is
+    with pytest.raises(CRRError, match="no tokenizer.json"):
+        write_split_model(tmp_path / "missing", tmp_path / "out")
     other = json.loads((tiny_dir / "tokenizer.json").read_text())
     other["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+|\S+"
     with pytest.raises(CRRError, match="Qwen-style"):

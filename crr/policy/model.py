@@ -104,7 +104,8 @@ def split_word_spaces(tokenizer_json: dict) -> dict:
     Why (issue 11): teacher-forced, the default writes the first token of a name in an edit right about 10 %
     of the time when that token is a space-led onset (` k`, ` b`, ` po`: frequent, nearly parallel
     embeddings, all followed by unpredictable syllables) and about 95 % when it is not (`(b`, `k`); re-split,
-    every name starts with a token of the second kind (scripts/name_copy_probe.py, scripts/copy_lever_probe.py).
+    every name that is not itself one space-led token starts with a token of the second kind
+    (scripts/name_copy_probe.py, scripts/copy_lever_probe.py).
     """
     out = json.loads(json.dumps(tokenizer_json))
     split = out["pre_tokenizer"]["pretokenizers"][0]["pattern"]
@@ -123,12 +124,18 @@ def split_word_spaces(tokenizer_json: dict) -> dict:
 def write_split_model(model_dir: Path | str, out_dir: Path | str) -> Path:
     """A copy of `model_dir` whose tokenizer is re-split by split_word_spaces (kept if `out_dir` has one)."""
     out = Path(out_dir)
-    if not (out / "tokenizer.json").is_file():
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    if (out / "tokenizer.json").is_file():
+        return out
+    if not (Path(model_dir) / "tokenizer.json").is_file():
+        raise CRRError(f"no tokenizer.json in {model_dir}: re-splitting needs a local model directory")
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
         shutil.copytree(model_dir, tmp, dirs_exist_ok=True)
         tokenizer_json = json.loads((tmp / "tokenizer.json").read_text())
         (tmp / "tokenizer.json").write_text(json.dumps(split_word_spaces(tokenizer_json), ensure_ascii=False))
         tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
