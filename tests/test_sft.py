@@ -322,7 +322,7 @@ def _small_recipe_run(name: str, tmp_path: Path, model: Path | None = None) -> t
 
 
 def test_the_shipped_recipe_runs_end_to_end_on_a_small_budget(tiny, tmp_path):
-    """experiments/sft-nano.yaml (the shipped default's recipe) at a small budget: nano tasks, compact format,
+    """experiments/sft-nano.yaml (the recipe of the shipped default's base model, e4) at a small budget: nano tasks, compact format,
     expert data in real sandboxes, SFT (the shipped stages: curriculum in order, then shuffled, then both); the
     loss falls and the model records the format it was trained with."""
     from crr.policy.model import agent_record

@@ -91,8 +91,10 @@ def train_tokenizer(vocab_size: int = VOCAB_SIZE, extra: Iterable[str] = ()) -> 
     return trl_templates.add_response_schema(tokenizer)
 
 
-# The first alternative of _QWEN_SPLIT for letter runs, which carries a leading space (or punctuation) along.
+# The first alternative of _QWEN_SPLIT for letter runs, which carries a leading space (or punctuation) along,
+# and the same alternative after split_word_spaces, which carries punctuation only.
 _LETTER_RUN = r"[^\r\n\p{L}\p{N}]?\p{L}+"
+_LETTER_RUN_NO_SPACE = r"[^\r\n\p{L}\p{N} ]?\p{L}+"
 
 
 def split_word_spaces(tokenizer_json: dict) -> dict:
@@ -109,7 +111,7 @@ def split_word_spaces(tokenizer_json: dict) -> dict:
     """
     out = json.loads(json.dumps(tokenizer_json))
     split = out["pre_tokenizer"]["pretokenizers"][0]["pattern"]
-    if _LETTER_RUN.replace("]?", " ]?") in split["Regex"]:
+    if _LETTER_RUN_NO_SPACE in split["Regex"]:
         return out  # already re-split
     if _LETTER_RUN not in split["Regex"]:
         raise CRRError("split_word_spaces takes a Qwen-style byte-level tokenizer (crr's own or Qwen's)")
@@ -117,7 +119,7 @@ def split_word_spaces(tokenizer_json: dict) -> dict:
     words = sorted({t[1:] for t in out["model"]["vocab"] if t.startswith(space) and t[1:].isascii()
                     and t[1:].isalpha()}, key=lambda w: (-len(w), w))
     whole = " (?:" + "|".join(words) + r")(?!\p{L})"
-    split["Regex"] = split["Regex"].replace(_LETTER_RUN, f"{whole}|{_LETTER_RUN.replace(']?', ' ]?')}", 1)
+    split["Regex"] = split["Regex"].replace(_LETTER_RUN, f"{whole}|{_LETTER_RUN_NO_SPACE}", 1)
     return out
 
 
