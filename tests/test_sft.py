@@ -291,6 +291,29 @@ def test_model_probe_command(tiny, micro_dir):
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["tokens"] > 0 for r in out["parts"].values())
     result = CliRunner().invoke(app, ["model", "probe", "--n-tasks", "0"])
     assert result.exit_code == 2 and "at least 1" in result.output
+    result = CliRunner().invoke(app, ["model", "probe", "--error-rate", "1.5"])
+    assert result.exit_code == 2 and "error_rate must be between 0 and 1" in result.output
+
+
+def test_model_probe_direct_expert(tiny, micro_dir, monkeypatch):
+    """--error-rate 0 --decoy-views 0: the probed episodes carry no wrong edit and view no decoy file."""
+    from crr.policy import sft
+
+    configs, plans = [], []
+    explore = sft.explore_script
+
+    def recorded(task, sandbox, seed, config):
+        configs.append(config)
+        plans.append(explore(task, sandbox, seed, config))
+        return plans[-1]
+
+    monkeypatch.setattr(sft, "explore_script", recorded)
+    result = CliRunner().invoke(app, ["model", "probe", "--model", str(tiny), "--tasks", str(micro_dir),
+                                      "--n-tasks", "2", "--error-rate", "0", "--decoy-views", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["error_rate"] == 0.0
+    assert [(c.error_rate, c.max_decoy_views) for c in configs] == [(0.0, 0)] * 2
+    assert all(p.wrong_edit is None for p in plans)
 
 
 def test_sft_command_bad_input(tmp_path):

@@ -132,6 +132,10 @@ def model_probe(
     tasks: str = tasks_option("micro-test"),
     n_tasks: int = typer.Option(16, "--n-tasks", help="Expert episodes on the first N tasks."),
     seed: int = seed_option(help="The expert's seed."),
+    error_rate: float = typer.Option(0.3, "--error-rate", help="Chance the expert makes a wrong edit first (0: "
+                                     "every edit is the fix, so the figures measure copying, not guessing)."),
+    decoy_views: int = typer.Option(2, "--decoy-views", help="At most this many look-alike or unrelated files "
+                                    "viewed while localising (0: none)."),
     engine: str = engine_option(help=_EXPERT_ENGINE),
     ray: str | None = ray_option(),
     as_json: bool = json_option(),
@@ -139,9 +143,12 @@ def model_probe(
     """Where a policy departs from the exploring expert: teacher-forced loss and argmax accuracy of its
     action tokens on the expert's solved episodes, per part of the call (the tool, then each argument:
     path, line numbers, replacement, command, test filter); grammar-forced structure left out. A call is
-    right only when every token of it is, so a part far below 100% caps the pass rate."""
+    right only when every token of it is, so a part far below 100% caps the pass rate. The expert's
+    detours (wrong edits, decoy views) are random draws no policy can predict: `--error-rate 0
+    --decoy-views 0` leaves them out."""
     from rich.table import Table
 
+    from crr.agent.expert import ExpertConfig
     from crr.eval.evaluate import load_eval_policy, resolve_policy
     from crr.policy.model import agent_record
     from crr.policy.sft import ExpertDataSettings, action_field_stats, build_sft_dataset
@@ -150,17 +157,20 @@ def model_probe(
 
     if n_tasks < 1:
         raise CRRError(f"--n-tasks must be at least 1, got {n_tasks}")
+    expert = ExpertConfig(error_rate=error_rate, max_decoy_views=decoy_views)  # bad values: one line, exit 2
     opts = engine_options(engine, ray=ray)
     policy = resolve_policy(model)
     policy_model, tokenizer = load_eval_policy(policy)
     task_list = load_tasks(tasks)[:n_tasks]
     record = agent_record(policy.model, policy.base_model)  # the episodes as this model was trained to see them
-    settings = ExpertDataSettings(**{k: record[k] for k in ("agent_format", "max_turns") if k in record})
+    settings = ExpertDataSettings(**{k: record[k] for k in ("agent_format", "max_turns") if k in record},
+                                  expert=expert)
     with err_console.status(f"expert episodes on {len(task_list)} tasks"), get_engine(engine, **opts) as fork_engine:
         rows = build_sft_dataset(task_list, fork_engine, seed, tokenizer, settings)
     with err_console.status(f"scoring {len(rows)} expert episodes"):
         stats = action_field_stats(policy_model, tokenizer, rows)
-    result = {"model": policy.model, "tasks": tasks, "episodes": len(rows), "parts": stats}
+    result = {"model": policy.model, "tasks": tasks, "episodes": len(rows), "error_rate": error_rate,
+              "decoy_views": decoy_views, "parts": stats}
     if as_json:
         emit_json(result)
         return
