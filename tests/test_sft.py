@@ -279,7 +279,7 @@ def test_cli_defaults_are_the_default_recipe():
     assert _SFT_DEFAULTS == {"tasks": recipe.tasks, "n_tasks": recipe.n_tasks,
                              "episodes": recipe.data.episodes_per_task, "error_rate": recipe.data.expert.error_rate,
                              "epochs": recipe.train.epochs, "lr": recipe.train.learning_rate,
-                             "bf16": recipe.train.bf16}
+                             "bf16": recipe.train.bf16, "decoy_views": recipe.data.expert.max_decoy_views}
 
 
 def test_model_probe_command(tiny, micro_dir):

@@ -125,6 +125,12 @@ def model_bench(
                   f"mean H_t {result['mean_step_entropy']:.2f}", highlight=False)
 
 
+# The default recipe, crr.policy.sft.SFTRecipe() (tests/test_sft.py keeps them equal; `crr model probe`'s expert
+# explores as the recipe's does); spelled out here so that the CLI starts without importing torch.
+_SFT_DEFAULTS = {"tasks": "micro-train", "n_tasks": 160, "episodes": 1, "error_rate": 0.3, "epochs": 2.0,
+                 "lr": 1e-3, "bf16": False, "decoy_views": 2}
+
+
 @model_app.command("probe")
 @friendly
 def model_probe(
@@ -132,10 +138,12 @@ def model_probe(
     tasks: str = tasks_option("micro-test"),
     n_tasks: int = typer.Option(16, "--n-tasks", help="Expert episodes on the first N tasks."),
     seed: int = seed_option(help="The expert's seed."),
-    error_rate: float = typer.Option(0.3, "--error-rate", help="Chance the expert makes a wrong edit first (0: "
-                                     "every edit is the fix, so the figures measure copying, not guessing)."),
-    decoy_views: int = typer.Option(2, "--decoy-views", help="At most this many look-alike or unrelated files "
-                                    "viewed while localising (0: none)."),
+    error_rate: float = typer.Option(_SFT_DEFAULTS["error_rate"], "--error-rate",
+                                     help="Chance the expert makes a wrong edit first (0: every edit is the fix, "
+                                     "so the figures measure copying, not guessing)."),
+    decoy_views: int = typer.Option(_SFT_DEFAULTS["decoy_views"], "--decoy-views",
+                                    help="At most this many look-alike or unrelated files viewed while "
+                                    "localising (0: none)."),
     engine: str = engine_option(help=_EXPERT_ENGINE),
     ray: str | None = ray_option(),
     as_json: bool = json_option(),
@@ -183,10 +191,6 @@ def model_probe(
 
 
 # --- sft (the warm start: exploring-expert trajectories, TRL's SFTTrainer) ---------------------
-# The default recipe, crr.policy.sft.SFTRecipe() (tests/test_sft.py keeps them equal); spelled out here so
-# that the CLI starts without importing torch.
-_SFT_DEFAULTS = {"tasks": "micro-train", "n_tasks": 160, "episodes": 1, "error_rate": 0.3, "epochs": 2.0,
-                 "lr": 1e-3, "bf16": False}
 
 
 @long_command
