@@ -377,3 +377,16 @@ def test_the_split_recipe_retokenizes_before_the_data(tiny, tmp_path):
     rows = datasets.load_from_disk(str(run_dir / "curriculum_data"))
     text = split.decode(rows[0]["input_ids"])
     assert split.encode(text, add_special_tokens=False) == rows[0]["input_ids"]
+
+
+def test_the_two_hour_recipe_starts_from_random_weights_with_the_levels_in_order(tmp_path):
+    """experiments/sft-nano-2h.yaml at a small budget, from the random tiny default (no --model): the tokenizer
+    re-split, curriculum rows of levels 0, 1 and 2 in that order, then the expert stage; a bad level exits 2."""
+    _, run_dir = _small_recipe_run("sft-nano-2h.yaml", tmp_path)
+    levels = datasets.load_from_disk(str(run_dir / "curriculum_data"))["level"]
+    assert levels == sorted(levels) and set(levels) == {0, 1, 2}
+    assert (run_dir / "base_model" / "tokenizer.json").is_file() and (run_dir / "stage-1" / "config.json").is_file()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tasks: nano-train\ncurriculum_rows: 4\ncurriculum_levels: [3]\n")
+    result = CliRunner().invoke(app, ["sft", "--recipe", str(bad)])
+    assert result.exit_code == 2 and "curriculum_levels are some of 0, 1, 2" in result.output

@@ -211,6 +211,9 @@ class SFTRecipe:
     train: SFTSettings = field(default_factory=SFTSettings)
     # Synthetic lookup-and-repair rows (crr.policy.curriculum) for the stages that use them.
     curriculum_rows: int = 0
+    # Their levels, in order, an equal share each (crr.policy.curriculum: 0 views only the named function, 1 a
+    # module of two functions, 2 up to three modules of up to four).
+    curriculum_levels: list[int] = field(default_factory=lambda: [1, 2])
     # Re-split the model's tokenizer before anything else (crr.policy.model.split_word_spaces: names start
     # without a space-led token); the copy is the run's base_model/, and the data is tokenized with it.
     split_word_spaces: bool = False
@@ -222,6 +225,8 @@ class SFTRecipe:
     def __post_init__(self) -> None:
         if self.curriculum_rows < 0:
             raise CRRError(f"curriculum_rows must be >= 0, got {self.curriculum_rows}")
+        if not self.curriculum_levels or set(self.curriculum_levels) - {0, 1, 2}:
+            raise CRRError(f"curriculum_levels are some of 0, 1, 2, got {self.curriculum_levels}")
         for stage in self.stages:
             if stage.get("data") not in ("expert", "curriculum", "both"):
                 raise CRRError(f"bad SFT recipe: a stage's data is expert, curriculum or both, got {stage.get('data')!r}")
@@ -304,6 +309,7 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
         with quiet_hf():
             _, tokenizer = load_policy(model_dir)
             rows = curriculum_rows(ToolCallGrammar(tokenizer), recipe.curriculum_rows, recipe.seed,
+                                   levels=tuple(recipe.curriculum_levels),
                                    max_turns=recipe.data.max_turns, p_def_edit=recipe.data.expert.p_def_edit)
             Dataset.from_list(rows).save_to_disk(str(curriculum_dir))
     if data_only:
