@@ -15,8 +15,15 @@ whether a change to the model or the rows moves that token at all, teacher-force
     untie     a separate output embedding, its rows of the one- and two-letter name starts (` k`, ` b`, ` st`, ...)
               spread 1.5x from their mean: the tied embeddings of those tokens are nearly parallel
     spread    the same rows spread 2x in the tied embedding (input and output alike)
+    lm        the loss on every token, the observations (files, diffs) and prompt as well as the calls: a language
+              model's objective, six times the supervised tokens per row at the same compute, and the one under
+              which small transformers grow copy (induction) heads
 
     .venv/bin/python scripts/copy_lever_probe.py --lever kv6 --minutes 10 [--threads 1] [--out FILE.jsonl]
+    .venv/bin/python scripts/copy_lever_probe.py --model RANDOM --lever lm --lr 1e-3 --levels 0 1 --probe-level 1
+
+(--model a random model, e.g. `crr model init`'s re-split by crr.policy.model.write_split_model: how fast a lever
+grows the copy from random weights; --levels the training rows' curriculum levels, --probe-level the held-out rows'.)
 
 A plain loop (AdamW, bf16 autocast, batches of 8, linear warm-up) rather than TRL's SFTTrainer: the probe runs
 between steps on the model in memory, and the levers change the model's modules before the optimiser is built.
@@ -42,7 +49,7 @@ from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import load_policy
 from crr.policy.rows import action_parts, sft_row
 
-LEVERS = ("control", "kv6", "drill", "qknorm", "untie", "spread")
+LEVERS = ("control", "kv6", "drill", "qknorm", "untie", "spread", "lm")
 
 
 def expand_kv_heads(model, n_kv: int) -> None:
@@ -102,6 +109,8 @@ def main() -> None:
     ap.add_argument("--probe-every", type=float, default=5, help="minutes")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--levels", type=int, nargs="+", default=[1, 2], help="curriculum levels of the training rows")
+    ap.add_argument("--probe-level", type=int, default=2, help="curriculum level of the held-out rows")
     ap.add_argument("--out", help="also append each probe as a JSON line here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -112,11 +121,11 @@ def main() -> None:
         expand_kv_heads(model, model.config.num_attention_heads)
     if args.lever in ("untie", "spread"):
         spread_onsets(model, grammar, *((1.5, True) if args.lever == "untie" else (2.0, False)))
-    held_out = curriculum_rows(grammar, 80, seed=999, levels=(2,))
+    held_out = curriculum_rows(grammar, 80, seed=999, levels=(args.probe_level,))
     rng = random.Random(f"copy-lever:{args.seed}")
     n_rows = int(args.minutes * 60 * 5)  # more than any lever trains on in the time (about 4 rows/s on 2 cores)
     rows = ([drill_row(grammar, rng) for _ in range(n_rows)] if args.lever == "drill"
-            else curriculum_rows(grammar, n_rows, seed=1000 + args.seed, levels=(1, 2)))
+            else curriculum_rows(grammar, n_rows, seed=1000 + args.seed, levels=tuple(args.levels)))
     rng.shuffle(rows)
     norms = [p for n, p in model.named_parameters() if n.endswith(("q_norm.weight", "k_norm.weight"))]
     rest = [p for n, p in model.named_parameters() if not n.endswith(("q_norm.weight", "k_norm.weight"))]
@@ -149,7 +158,7 @@ def main() -> None:
         for b, r in enumerate(batch):
             x, n = torch.tensor(r["input_ids"]), len(r["input_ids"])
             ids[b, :n], attention[b, :n] = x, 1
-            labels[b, :n] = torch.where(torch.tensor(r["assistant_masks"]).bool(), x, -100)
+            labels[b, :n] = x if args.lever == "lm" else torch.where(torch.tensor(r["assistant_masks"]).bool(), x, -100)
         for group in opt.param_groups:
             group["lr"] = args.lr * group["scale"] * min(1.0, (step + 1) / 20)
         with torch.autocast("cpu", dtype=torch.bfloat16):
