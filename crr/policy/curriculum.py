@@ -36,6 +36,10 @@ from crr.tasks.micro import issue_text
 from crr.tasks.nano import NANO_FAMILIES, nano_template
 from crr.tasks.templates import Module, Template
 
+LEVELS = (0, 1, 2)           # what repair_messages draws at each level (the module docstring)
+DEFAULT_LEVELS = (1, 2)      # the shipped recipes' rows
+
+
 
 def _run(source: str, function: str, args: str) -> str:
     """`returns <repr>` or `raises <Exc>: <msg>` of one call of a generated module's function."""
@@ -106,7 +110,7 @@ def repair_messages(rng: random.Random, level: int, max_turns: int, def_edit: bo
     return messages
 
 
-def curriculum_rows(grammar: ToolCallGrammar, n: int, seed: int, levels: tuple[int, ...] = (1, 2),
+def curriculum_rows(grammar: ToolCallGrammar, n: int, seed: int, levels: tuple[int, ...] = DEFAULT_LEVELS,
                     max_turns: int = 8, p_def_edit: float = 0.0) -> list[dict]:
     """`n` rows (input_ids, assistant_masks, level), the first half of them at the first level, and so on;
     a `p_def_edit` share of them edit from the def line (drawn only when asked for, so that other recipes

@@ -43,7 +43,7 @@ from crr.agent.episode import EpisodeConfig, play_calls
 from crr.agent.expert import ExpertConfig, call_json, explore_script
 from crr.agent.prompt import DEFAULT_MAX_TURNS, agent_format
 from crr.errors import CRRError, SandboxError
-from crr.policy.curriculum import curriculum_rows
+from crr.policy.curriculum import DEFAULT_LEVELS, LEVELS, curriculum_rows
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import (
     SFT_RECIPE_VERSION,  # noqa: F401  (re-exported)
@@ -213,7 +213,7 @@ class SFTRecipe:
     curriculum_rows: int = 0
     # Their levels, in order, an equal share each (crr.policy.curriculum: 0 views only the named function, 1 a
     # module of two functions, 2 up to three modules of up to four).
-    curriculum_levels: list[int] = field(default_factory=lambda: [1, 2])
+    curriculum_levels: list[int] = field(default_factory=lambda: list(DEFAULT_LEVELS))
     # Re-split the model's tokenizer before anything else (crr.policy.model.split_word_spaces: names start
     # without a space-led token); the copy is the run's base_model/, and the data is tokenized with it.
     split_word_spaces: bool = False
@@ -225,8 +225,8 @@ class SFTRecipe:
     def __post_init__(self) -> None:
         if self.curriculum_rows < 0:
             raise CRRError(f"curriculum_rows must be >= 0, got {self.curriculum_rows}")
-        if not self.curriculum_levels or set(self.curriculum_levels) - {0, 1, 2}:
-            raise CRRError(f"curriculum_levels are some of 0, 1, 2, got {self.curriculum_levels}")
+        if not self.curriculum_levels or set(self.curriculum_levels) - set(LEVELS):
+            raise CRRError(f"curriculum_levels are some of {', '.join(map(str, LEVELS))}, got {self.curriculum_levels}")
         for stage in self.stages:
             if stage.get("data") not in ("expert", "curriculum", "both"):
                 raise CRRError(f"bad SFT recipe: a stage's data is expert, curriculum or both, got {stage.get('data')!r}")
