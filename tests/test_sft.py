@@ -22,7 +22,7 @@ from crr.errors import CRRError
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import default_model_dir, load_policy
 from crr.policy.rows import action_ids
-from crr.policy.sft_trainer import only_parts
+from crr.policy.sft_trainer import action_token_loss, only_parts
 from crr.policy.sft import (
     ExpertDataSettings,
     SFTSettings,
@@ -201,6 +201,39 @@ def test_sft_trains_on_actions_saves_and_is_deterministic(data, tiny, tmp_path):
     assert all(torch.equal(p, again.state_dict()[name]) for name, p in trained.state_dict().items())
 
 
+def test_action_token_loss_is_the_models_own_loss_and_gradient(data, tiny):
+    """The trainer's loss (the LM head on the action positions alone) equals the model's own mean NLL over the
+    labelled tokens, gradient included, on a right-padded batch of two rows of different lengths."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    dataset, _, _ = data
+    rows = [dataset[i] for i in range(2)]
+    width = max(len(r["input_ids"]) for r in rows)
+    assert len({len(r["input_ids"]) for r in rows}) == 2  # the padding is exercised
+    pad = lambda values, fill: torch.tensor([v + [fill] * (width - len(v)) for v in values])
+    ids = [r["input_ids"] for r in rows]
+    labels = [[t if m else -100 for t, m in zip(r["input_ids"], r["assistant_masks"])] for r in rows]
+    inputs = {"input_ids": pad(ids, 0), "attention_mask": pad([[1] * len(v) for v in ids], 0),
+              "labels": pad(labels, -100)}
+    model, _ = load_policy(tiny)
+    model.float().train()
+    trainer = SimpleNamespace(_metrics=defaultdict(lambda: defaultdict(list)), _total_train_tokens=0)
+    ours = action_token_loss(trainer, model, dict(inputs))
+    ours.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    theirs = model(**inputs).loss
+    theirs.backward()
+    assert torch.allclose(ours, theirs, atol=1e-5)
+    assert all(torch.allclose(grads[n], p.grad, atol=1e-6) for n, p in model.named_parameters())
+    assert trainer._total_train_tokens == sum(len(v) for v in ids)
+    assert 0.0 <= trainer._metrics["train"]["mean_token_accuracy"][0] <= 1.0
+    # a batch weighted by the trainer's token count (gradient accumulation) divides by it instead
+    half = action_token_loss(trainer, model, dict(inputs), num_items_in_batch=2 * sum(map(sum, (r["assistant_masks"] for r in rows))))
+    assert torch.allclose(half, theirs / 2, atol=1e-5)
+
+
 def test_loss_on_keeps_the_mask_on_those_parts_only(data, tiny, tmp_path):
     dataset, tokenizer, _ = data
     grammar = ToolCallGrammar(tokenizer)
@@ -293,6 +326,18 @@ def test_model_probe_command(tiny, micro_dir):
     assert result.exit_code == 2 and "at least 1" in result.output
     result = CliRunner().invoke(app, ["model", "probe", "--error-rate", "1.5"])
     assert result.exit_code == 2 and "error_rate must be between 0 and 1" in result.output
+
+
+def test_model_sft_bench_command(tiny):
+    """Both losses timed on the same batches; the figures are positive and the ratio is theirs."""
+    result = CliRunner().invoke(app, ["model", "sft-bench", "--model", str(tiny), "--batch", "2", "--steps", "1",
+                                      "--level", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["tokens"] > out["action_tokens"] > 0
+    assert out["speedup"] == pytest.approx(out["action_tokens_tokens_per_s"] / out["trl_fused_head_tokens_per_s"])
+    result = CliRunner().invoke(app, ["model", "sft-bench", "--level", "3"])
+    assert result.exit_code == 2 and "--level one of (0, 1, 2)" in result.output
 
 
 def test_model_probe_direct_expert(tiny, micro_dir, monkeypatch):

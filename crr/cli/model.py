@@ -125,6 +125,37 @@ def model_bench(
                   f"mean H_t {result['mean_step_entropy']:.2f}", highlight=False)
 
 
+@model_app.command("sft-bench")
+@friendly
+def model_sft_bench(
+    model: str | None = model_option(),
+    batch: int = typer.Option(8, "--batch", help="Rows per optimizer step."),
+    steps: int = typer.Option(6, "--steps", help="Timed optimizer steps per loss."),
+    level: int = typer.Option(1, "--level", help="Curriculum level of the rows (0-2; level 1 rows are ~590 tokens)."),
+    bf16: bool = typer.Option(True, "--bf16/--fp32", help="bf16 autocast, as the CPU recipes train."),
+    threads: int | None = threads_option(),
+    as_json: bool = json_option(),
+) -> None:
+    """Time SFT steps: TRL's fused LM head against crr's action-token loss on the same batches."""
+    from crr.policy.bench import sft_step_bench
+    from crr.policy.curriculum import LEVELS
+    from crr.policy.model import default_model_dir
+
+    if batch < 1 or steps < 1 or level not in LEVELS:
+        raise CRRError(f"--batch and --steps must be at least 1 and --level one of {LEVELS}")
+    with err_console.status("SFT step bench"):
+        result = sft_step_bench(model or str(default_model_dir()), batch=batch, steps=steps, level=level,
+                                bf16=bf16, threads=threads)
+    if as_json:
+        emit_json(result)
+        return
+    console.print(f"{result['model']}: {steps} steps of {batch} level-{level} rows ({result['tokens']} tokens, "
+                  f"{result['action_tokens']} with the loss), {'bf16' if bf16 else 'fp32'}, {result['threads']} "
+                  f"thread(s): TRL's fused LM head {result['trl_fused_head_tokens_per_s']:.0f} tokens/s, action-token "
+                  f"loss [bold]{result['action_tokens_tokens_per_s']:.0f} tokens/s[/] "
+                  f"({result['speedup']:.2f}x)", highlight=False)
+
+
 # The default recipe, crr.policy.sft.SFTRecipe() (tests/test_sft.py keeps them equal; `crr model probe`'s expert
 # explores as the recipe's does); spelled out here so that the CLI starts without importing torch.
 _SFT_DEFAULTS = {"tasks": "micro-train", "n_tasks": 160, "episodes": 1, "error_rate": 0.3, "epochs": 2.0,

@@ -1,5 +1,6 @@
-"""Generation benchmark: tokens per second of grammar-constrained sampling and the grammar rejection
-rate (paper: Appendix "Additional Ablations", tool-grammar rejection statistics), on the paper's prompt."""
+"""Policy benchmarks: generation (tokens per second of grammar-constrained sampling and the grammar rejection
+rate, paper: Appendix "Additional Ablations", tool-grammar rejection statistics, on the paper's prompt) and
+the SFT step (tokens per second of TRL's fused LM head and of crr's action-token loss on the same batches)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,48 @@ def generation_bench(model: str, batch: int = 8, max_new_tokens: int = 64, tempe
             "grammar_rejection_rate": sum(s.grammar_rejections for s in samples) / tokens,
             "truncated_rate": sum(s.truncated for s in samples) / len(samples),
             "mean_step_entropy": sum(s.entropy for s in samples) / len(samples)}
+
+
+def sft_step_bench(model: str, batch: int = 8, steps: int = 6, level: int = 1, bf16: bool = True,
+                   threads: int | None = None) -> dict:
+    """Time optimizer steps (forward, backward, AdamW) on `steps` batches of curriculum rows, once with the
+    loss of TRL's fused LM head (what SFTTrainer computes by default) and once with action_nll (what crr's
+    trainer computes); same model, same batches, one process, so the ratio is the figure to read."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+    from trl.trainer.utils import add_fused_lm_head
+
+    from crr.policy.curriculum import curriculum_rows
+    from crr.policy.grammar import ToolCallGrammar
+    from crr.policy.sft_trainer import action_nll
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    policy, tokenizer = load_policy(model)
+    policy.float().train()
+    add_fused_lm_head(policy, outputs=("log_probs", "entropy", "is_top1"))  # as SFTTrainer adds it
+    rows = curriculum_rows(ToolCallGrammar(tokenizer), batch * (steps + 1), seed=0, levels=(level,))
+    collate = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id)
+    batches = [collate([{"input_ids": r["input_ids"],
+                         "labels": [t if m else -100 for t, m in zip(r["input_ids"], r["assistant_masks"])]}
+                        for r in rows[i:i + batch]]) for i in range(0, len(rows), batch)]
+    def action_loss(b: dict) -> torch.Tensor:
+        nll, tokens, _ = action_nll(policy, b)
+        return nll / tokens
+
+    losses = {"trl_fused_head": lambda b: policy(**b, fused_lm_head=True).loss, "action_tokens": action_loss}
+    result = {"model": model, "batch": batch, "steps": steps, "level": level, "bf16": bf16,
+              "threads": torch.get_num_threads(), "tokens": sum(b["attention_mask"].sum().item() for b in batches[1:]),
+              "action_tokens": sum((b["labels"] != -100).sum().item() for b in batches[1:])}
+    for name, loss_fn in losses.items():
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-5)
+        for i, b in enumerate(batches):  # the first batch warms up, untimed
+            if i == 1:
+                start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = loss_fn(b)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        result[f"{name}_tokens_per_s"] = result["tokens"] / (time.perf_counter() - start)
+    result["speedup"] = result["action_tokens_tokens_per_s"] / result["trl_fused_head_tokens_per_s"]
+    return result

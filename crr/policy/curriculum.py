@@ -112,9 +112,9 @@ def repair_messages(rng: random.Random, level: int, max_turns: int, def_edit: bo
 
 def curriculum_rows(grammar: ToolCallGrammar, n: int, seed: int, levels: tuple[int, ...] = DEFAULT_LEVELS,
                     max_turns: int = 8, p_def_edit: float = 0.0) -> list[dict]:
-    """`n` rows (input_ids, assistant_masks, level), the first half of them at the first level, and so on;
-    a `p_def_edit` share of them edit from the def line (drawn only when asked for, so that other recipes
-    keep their rows draw for draw)."""
+    """`n` rows (input_ids, assistant_masks, level), an equal share for each entry of `levels`, in its order
+    (name a level twice for twice its share); a `p_def_edit` share of them edit from the def line (drawn only
+    when asked for, so that other recipes keep their rows draw for draw)."""
     rng = random.Random(f"curriculum:{seed}")
     rows = []
     per_level = -(-n // len(levels))
