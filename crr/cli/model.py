@@ -149,7 +149,7 @@ def model_sft_bench(
     if as_json:
         emit_json(result)
         return
-    console.print(f"{result['model']}: {steps} steps of {batch} level-{level} rows ({result['tokens']} tokens, "
+    console.print(f"{model or 'the default model'}: {steps} steps of {batch} level-{level} rows ({result['tokens']} tokens, "
                   f"{result['action_tokens']} with the loss), {'bf16' if bf16 else 'fp32'}, {result['threads']} "
                   f"thread(s): TRL's fused LM head {result['trl_fused_head_tokens_per_s']:.0f} tokens/s, action-token "
                   f"loss [bold]{result['action_tokens_tokens_per_s']:.0f} tokens/s[/] "
