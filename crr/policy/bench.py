@@ -64,6 +64,7 @@ def sft_step_bench(model: str, batch: int = 8, steps: int = 6, level: int = 1, b
     batches = [collate([{"input_ids": r["input_ids"],
                          "labels": [t if m else -100 for t, m in zip(r["input_ids"], r["assistant_masks"])]}
                         for r in rows[i:i + batch]]) for i in range(0, len(rows), batch)]
+
     def action_loss(b: dict) -> torch.Tensor:
         nll, tokens, _ = action_nll(policy, b)
         return nll / tokens

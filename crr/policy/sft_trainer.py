@@ -185,8 +185,8 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
     try:
         with quiet_hf():
             trainer = ActionTokenSFTTrainer(model=model, args=config,
-                                 train_dataset=dataset.select_columns(["input_ids", "assistant_masks"]),
-                                 processing_class=tokenizer, callbacks=[_Report(on_log, progress)])
+                                            train_dataset=dataset.select_columns(["input_ids", "assistant_masks"]),
+                                            processing_class=tokenizer, callbacks=[_Report(on_log, progress)])
             trainer.remove_callback(PrinterCallback)  # it prints every log record; `on_log` gets them instead
             trainer.train(resume_from_checkpoint=resume and _has_checkpoint(ckpt_dir))
         out.parent.mkdir(parents=True, exist_ok=True)
