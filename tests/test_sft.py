@@ -389,8 +389,8 @@ def _small_recipe_run(name: str, tmp_path: Path, model: Path | None = None) -> t
     return recipe, run_dir
 
 
-def test_the_shipped_recipe_runs_end_to_end_on_a_small_budget(tiny, tmp_path):
-    """experiments/sft-nano.yaml (the recipe of the shipped default's base model, e4) at a small budget: nano tasks, compact format,
+def test_the_e4_recipe_runs_end_to_end_on_a_small_budget(tiny, tmp_path):
+    """experiments/sft-nano.yaml (the recipe of e4, the re-split default's base model) at a small budget: nano tasks, compact format,
     expert data in real sandboxes, SFT (the shipped stages: curriculum in order, then shuffled, then both); the
     loss falls and the model records the format it was trained with."""
     from crr.policy.model import agent_record
@@ -425,8 +425,9 @@ def test_the_split_recipe_retokenizes_before_the_data(tiny, tmp_path):
 
 
 def test_the_two_hour_recipe_starts_from_random_weights_with_the_levels_in_order(tmp_path):
-    """experiments/sft-nano-2h.yaml at a small budget, from the random tiny default (no --model): the tokenizer
-    re-split, curriculum rows of levels 0, 1 and 2 in that order, then the expert stage; a bad level exits 2."""
+    """experiments/sft-nano-2h.yaml (the shipped default's recipe) at a small budget, from the random tiny model
+    (no --model): the tokenizer re-split, curriculum rows of levels 0, 1 and 2 in that order, then the expert
+    stage; a bad level exits 2."""
     _, run_dir = _small_recipe_run("sft-nano-2h.yaml", tmp_path)
     levels = datasets.load_from_disk(str(run_dir / "curriculum_data"))["level"]
     assert levels == sorted(levels) and set(levels) == {0, 1, 2}
