@@ -391,7 +391,7 @@ def _small_recipe_run(name: str, tmp_path: Path, model: Path | None = None) -> t
 
 def test_the_e4_recipe_runs_end_to_end_on_a_small_budget(tiny, tmp_path):
     """experiments/sft-nano.yaml (the recipe of e4, the re-split default's base model) at a small budget: nano tasks, compact format,
-    expert data in real sandboxes, SFT (the shipped stages: curriculum in order, then shuffled, then both); the
+    expert data in real sandboxes, SFT (its stages: curriculum in order, then shuffled, then both); the
     loss falls and the model records the format it was trained with."""
     from crr.policy.model import agent_record
 
