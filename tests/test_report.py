@@ -135,6 +135,8 @@ def test_tables_agree_with_the_run_files(comparison):
     for row in matched.itertuples():     # the saved checkpoint (every update here) closest to each time
         assert row.step == int((cum - row.hours * 3600).abs().idxmin()) + 1
         assert row.trajectories == sum(it["trajectories"] for it in its[:row.step])
+    # only the checkpoints the spec evaluates (the equal-wall-clock run's half-way one) are owed a pass@1
+    assert "eval of the update-" not in (out / "wallclock.md").read_text()
 
     snr = pd.read_csv(out / "snr.csv").set_index("arm")
     per_run = [pd.Series([r["advantage_snr"] for r in read_jsonl(p / "metrics.jsonl")

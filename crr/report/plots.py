@@ -64,14 +64,12 @@ def sample_efficiency(runs: Runs, out: Path) -> Plot:
     plot = Plot("sample_efficiency", "Sample efficiency: pass@1 against on-policy trajectories and wall clock",
                 missing=needs.missing)
     ev = _primary(spec, runs)
-    fractions = next((e.checkpoint_fractions for e in spec.evals if e.samples == 1 and e.checkpoint_fractions), ()) \
-        if spec else ()
     points = []
     for ref in arms:
         for run in needs.train(ref):
             if ev is None:
                 continue
-            for step in run.eval_steps(fractions):   # notes the checkpoints the spec wants evaluated
+            for step in needs.planned(run, ev):   # notes the checkpoints the spec wants evaluated
                 needs.eval(run, ev, step)
             found = sorted((e for e in runs.evals if e.train is run and e.complete and e.dataset == ev.dataset
                             and e.samples == 1 and e.step), key=lambda e: e.step)

@@ -114,9 +114,21 @@ class Needs:
         done = [r for r in self.runs.of_arm(source) if r.seed == seed]
         return round(done[-1].wall_s / 3600, 6) if done else None
 
+    def planned(self, run: TrainRun, ev: EvalSpec) -> set[int]:
+        """The updates whose `ev`-kind evaluation the spec asks for (what `crr experiment run` evaluates): the
+        final model and the checkpoints at the checkpoint_fractions of every eval of that dataset and sample count
+        covering the run's arm."""
+        if self.spec is None or run.arm.arm is None:
+            return {run.updates}
+        return {step for e in self.spec.evals if e.dataset == ev.dataset and e.samples == ev.samples
+                and e.covers(run.arm.arm.name) for step in run.eval_steps(e.checkpoint_fractions)}
+
     def eval(self, run: TrainRun, ev: EvalSpec, step: int | None = None) -> EvalRun | None:
+        """The run's evaluation of this kind at `step` (None: the final model); noted missing only where the
+        spec asks for it."""
         found = self.runs.evals_of(run, ev.dataset, samples=1 if ev.samples == 1 else None, step=step)
-        if found is None and run.arm.arm is not None and ev.covers(run.arm.arm.name):
+        if found is None and run.arm.arm is not None and ev.covers(run.arm.arm.name) \
+                and (step is None or step in self.planned(run, ev)):
             final = step is None or step == run.updates
             self._note(f"{run.arm.label}, seed {run.seed}: {_eval_label(ev)} eval of the "
                        f"{'final model' if final else f'update-{step} checkpoint'}",
@@ -313,7 +325,8 @@ def wallclock_table(runs: Runs) -> Table:
                   "Each column is a fraction of the CRR run's training window (ledger wall clock; per seed), each "
                   "value the state at the saved checkpoint closest to that time (observed, not interpolated): pass@1 "
                   "(%), completed on-policy trajectories, optimizer updates and generated/effective tokens, means "
-                  "over seeds. The GRPO arm is given the CRR run's measured wall clock as its budget.",
+                  "over seeds (pass@1 where the spec evaluates that checkpoint). The GRPO arm is given the CRR "
+                  "run's measured wall clock as its budget.",
                   missing=needs.missing)
     if not matched:
         table.notes.append("the comparison spec has no equal-wall-clock arm (budget_from)")
