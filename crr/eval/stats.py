@@ -45,7 +45,8 @@ def wilson(rate: float | None, n: int, confidence: float = CONFIDENCE) -> tuple[
     q = z(0.5 + confidence / 2)
     centre = (rate + q * q / (2 * n)) / (1 + q * q / n)
     half = q * math.sqrt(rate * (1 - rate) / n + q * q / (4 * n * n)) / (1 + q * q / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # at 0 and 1 the bound is exactly the rate (the formula's rounding leaves ~1e-17)
+    return (0.0 if rate == 0 else max(0.0, centre - half)), (1.0 if rate == 1 else min(1.0, centre + half))
 
 
 @dataclass
