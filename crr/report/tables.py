@@ -581,18 +581,20 @@ def passk_table(runs: Runs) -> Table:
     if not rows:
         return table
     data = pd.DataFrame(rows)
+    table.data = data
     if data.drop(columns=["arm", "seed"]).isna().all().all():
-        table.data = data
         return table
-    mean = data.groupby("arm", sort=False).mean(numeric_only=True)
     order = lambda c: int(c.rsplit("_", 1)[1])  # noqa: E731
-    ks = sorted((c for c in mean.columns if c.startswith("pass_at_")), key=order)
-    hats = sorted((c for c in mean.columns if c.startswith("pass_hat_")), key=order)
+    ks = sorted((c for c in data.columns if c.startswith("pass_at_")), key=order)
+    hats = sorted((c for c in data.columns if c.startswith("pass_hat_")), key=order)
+    rates = ["greedy_pass_at_1", *ks, *hats, "all_n"]
+    mean = data.groupby("arm", sort=False).mean(numeric_only=True)
+    for frame in (data, mean):    # each seed's interval (the CSV) and that of the seeds' mean (the display)
+        for c in rates:
+            cis = [_wilson_pct(x, i) for x, i in zip(frame[c], frame["greedy_instances" if c.startswith("greedy")
+                                                                       else "instances"])]
+            frame[f"{c}_ci_low"], frame[f"{c}_ci_high"] = [lo for lo, _ in cis], [hi for _, hi in cis]
     n = int(np.nanmax(mean["samples"])) if mean["samples"].notna().any() else sampled.samples
-    for c in ["greedy_pass_at_1", *ks, *hats, "all_n"]:
-        inst = mean["greedy_instances" if c.startswith("greedy") else "instances"]
-        cis = [_wilson_pct(x, i) for x, i in zip(mean[c], inst)]
-        mean[f"{c}_ci_low"], mean[f"{c}_ci_high"] = [lo for lo, _ in cis], [hi for _, hi in cis]
     cell = lambda c: [with_ci(pm(x), (lo, hi)) for x, lo, hi in zip(mean[c], mean[f"{c}_ci_low"], mean[f"{c}_ci_high"])]  # noqa: E731
     display = pd.DataFrame({"Method": mean.index, "Pass@1 greedy": cell("greedy_pass_at_1")})
     for c in ks:
@@ -600,7 +602,7 @@ def passk_table(runs: Runs) -> Table:
     for c in hats:
         display[f"Pass^{order(c)}"] = cell(c)
     display[f"All-{n}"] = cell("all_n")
-    table.display, table.data = display, mean.reset_index()
+    table.display = display
     return table
 
 
