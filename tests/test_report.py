@@ -137,7 +137,7 @@ def test_tables_agree_with_the_run_files(comparison):
     again = compare([r.values for r in per_task["crr"]], [r.values for r in per_task["grpo"]])
     assert (row.ci_tasks_seeds_low, row.ci_tasks_seeds_high, row.mde) == pytest.approx(
         (100 * again.ci_tasks_seeds[0], 100 * again.ci_tasks_seeds[1], 100 * again.mde))
-    assert "CRR − GRPO (equal wall clock)" in (out / "paired.md").read_text()
+    assert "| CRR - GRPO (equal wall clock) " in (out / "paired.md").read_text()
 
     accounting = pd.read_csv(out / "accounting.csv")
     for arm, folder in (("CRR", "crr"), ("GRPO", "grpo")):

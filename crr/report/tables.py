@@ -670,7 +670,7 @@ def paired_table(runs: Runs) -> Table:
     ci = lambda lo, hi: f"[{lo:+.1f}, {hi:+.1f}]"  # noqa: E731
     table.data = data
     table.display = pd.DataFrame({
-        "A − B": [f"{r.a} − {r.b}" for r in data.itertuples()],
+        "A - B": [f"{r.a} - {r.b}" for r in data.itertuples()],
         "Evaluation": [f"{r.dataset} ({'greedy' if r.samples == 1 else f'{r.samples} samples'}), {r.tasks} tasks, "
                        f"{r.seeds_a} x {r.seeds_b} seeds" for r in data.itertuples()],
         "Δ": [f"{x:+.1f}" for x in data["diff"]],
