@@ -87,3 +87,13 @@ def test_the_committed_report_recomputes_from_its_per_task_records():
     greedy = paired[(paired.a == "CRR") & (paired.b == "GRPO") & (paired.samples == 1)].iloc[0]
     assert [round(x, 1) for x in (greedy["diff"], greedy.ci_tasks_low, greedy.ci_tasks_high, greedy.ci_tasks_seeds_low,
                                   greedy.ci_tasks_seeds_high, greedy.mde)] == [0.5, -2.6, 3.6, -4.7, 5.7, 4.4]
+
+
+def test_the_starting_policys_figures_have_their_per_task_records():
+    """README's 37.5 % (24/64) greedy for the shipped default on the first 64 nano-test tasks, from its records."""
+    (run,) = (ROOT / "results" / "reference" / "default-greedy").glob("*/results.jsonl")
+    records = [json.loads(line) for line in run.read_text().splitlines()]
+    assert len({r["instance_id"] for r in records}) == 64 and sum(r["reward"] for r in records) == 24
+    summary = json.loads((run.parent / "summary.json").read_text())
+    assert summary["pass_at_1_ci"] == pytest.approx(list(wilson(24 / 64, 64)))
+    assert yaml.safe_load((run.parent / "config.yaml").read_text())["model"] == "crr/policy/default"
