@@ -19,9 +19,9 @@ from conftest import ran_task
 from typer.testing import CliRunner
 
 from crr.cli import app
+from crr.eval.stats import compare, wilson
 from crr.experiments import EXPERIMENTS, load_comparison, read_preset
 from crr.report.runs import load_runs
-from crr.eval.stats import compare, wilson
 from crr.rundir import read_jsonl
 from crr.tasks.loaders import write_tasks
 from crr.train.trainer import budget_allows_next

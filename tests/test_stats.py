@@ -65,11 +65,12 @@ def test_paired_comparison_is_deterministic_paired_and_its_power_line_holds():
     d = a.mean(0) - b.mean(0)
     assert (c.a_ahead, c.b_ahead) == ((d > 0).sum(), (d < 0).sum())
     # the MDE of the docstring's formula, and the same from the components for this design
-    rows = lambda x: x.mean(1)  # noqa: E731
-    ms_res = lambda x: ((x - rows(x)[:, None] - x.mean(0) + x.mean()) ** 2).sum() / (2 * 63)  # noqa: E731
-    seed = lambda x: max(0.0, (64 * rows(x).var(ddof=1) - ms_res(x)) / 64)  # noqa: E731
+    rows = lambda x: x.mean(1)
+    ms_res = lambda x: ((x - rows(x)[:, None] - x.mean(0) + x.mean()) ** 2).sum() / (2 * 63)
+    seed = lambda x: max(0.0, (64 * rows(x).var(ddof=1) - ms_res(x)) / 64)
     assert c.mde == pytest.approx(2.8016 * math.sqrt(d.var(ddof=1) / 64 + seed(a) / 3 + seed(b) / 3), rel=1e-4)
-    assert minimum_detectable(c.components, 64, 3) == pytest.approx(c.mde, rel=1e-9) or c.components.task == 0
+    # the same design from the components: equal, or above where sigma_tau^2 was clipped at 0
+    assert minimum_detectable(c.components, 64, 3) >= c.mde * (1 - 1e-9)
     # pairing: the same difference on shared hard tasks is far tighter paired than the arms' own spreads
     assert c.ci_tasks[1] - c.ci_tasks[0] < 2 * 1.96 * math.sqrt(a.mean(0).var() / 64 + b.mean(0).var() / 64)
     with pytest.raises(CRRError, match="same two or more tasks"):
