@@ -2,7 +2,7 @@
 a rate, a paired bootstrap interval of a difference over tasks (and seeds), and the smallest difference a design
 resolves at a given power.
 
-    wilson(0.375, 64)                            # (0.264, 0.501): 24 of 64 tasks
+    wilson(0.375, 64)                            # (0.267, 0.497): 24 of 64 tasks
     compare(crr, grpo)                           # crr, grpo: (seeds, tasks) arrays of per-task success rates
     minimum_detectable(compare(crr, grpo).components, tasks=256, seeds=8)
 
@@ -15,7 +15,7 @@ lines): the normal quantiles come from the standard library's statistics.NormalD
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
@@ -77,9 +77,6 @@ class Comparison:
     b_ahead: int
     components: Components
     mde: float                               # the smallest difference this design resolves (POWER, CONFIDENCE)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def _two_way(x: np.ndarray) -> tuple[float, float] | None:
