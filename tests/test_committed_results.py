@@ -90,10 +90,15 @@ def test_the_committed_report_recomputes_from_its_per_task_records():
 
 
 def test_the_starting_policys_figures_have_their_per_task_records():
-    """README's 37.5 % (24/64) greedy for the shipped default on the first 64 nano-test tasks, from its records."""
+    """README's greedy figures of the shipped default, from their records: 37.5 % (24/64) on the first 64
+    nano-test tasks, 58.8 % (47/80) on nano-band."""
     (run,) = (ROOT / "results" / "reference" / "default-greedy").glob("*/results.jsonl")
     records = [json.loads(line) for line in run.read_text().splitlines()]
     assert len({r["instance_id"] for r in records}) == 64 and sum(r["reward"] for r in records) == 24
     summary = json.loads((run.parent / "summary.json").read_text())
     assert summary["pass_at_1_ci"] == pytest.approx(list(wilson(24 / 64, 64)))
     assert yaml.safe_load((run.parent / "config.yaml").read_text())["model"] == "crr/policy/default"
+    # and its 47 of the 80 nano-band tasks (58.8 %), the "before" of README's training-task figures
+    (band,) = (ROOT / "results" / "reference" / "default-band").glob("*/results.jsonl")
+    records = [json.loads(line) for line in band.read_text().splitlines()]
+    assert len({r["instance_id"] for r in records}) == 80 and sum(r["reward"] for r in records) == 47
