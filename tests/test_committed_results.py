@@ -1,11 +1,21 @@
 """Committed results (results/reference/...) and shipped task sets (crr/tasks/sets/...) must read the same on every clone: no path of the machine that
-made them (its checkout, home, cache or temporary directories), only paths relative to the repository."""
+made them (its checkout, home, cache or temporary directories), only paths relative to the repository; the
+committed study's report recomputes from its per-task records."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from crr.eval.passk import pass_hat_k
+from crr.eval.stats import compare, wilson
 
 ROOT = Path(__file__).resolve().parent.parent
 # an absolute path under a directory that names a machine's layout, not the repository
@@ -30,3 +40,65 @@ def test_the_check_sees_the_paths_it_is_for():
         assert MACHINE_PATH.search(bad), bad
     for fine in (b"--run results/reference/x", b"~/.cache/crr/models/tiny-1", b"/testbed/pkg/core.py", b"a/work/b"):
         assert not MACHINE_PATH.search(fine), fine
+
+
+CPU_MAIN = ROOT / "results" / "reference" / "cpu-main"
+
+
+def _final_task_rates(arm: str, samples: int) -> list[dict[str, float]]:
+    """Per-task success rates of each seed's final model of `arm` in the committed study, from results.jsonl."""
+    out = []
+    for config in sorted((CPU_MAIN / "evals" / arm).glob("*/config.yaml")):
+        cfg = yaml.safe_load(config.read_text())
+        if cfg["checkpoint"] is None and cfg["samples"] == samples:
+            records = [json.loads(line) for line in (config.parent / "results.jsonl").read_text().splitlines()]
+            solved = {}
+            for r in records:
+                solved.setdefault(r["instance_id"], []).append(r["reward"])
+            out.append({iid: float(np.mean(v)) for iid, v in solved.items()})
+    return out
+
+
+def test_the_committed_report_recomputes_from_its_per_task_records():
+    """The CPU study's report (intervals, pass^k, the paired comparison and its power line) from the committed
+    per-task records alone, with crr.eval.stats: what README's CPU-scale section quotes."""
+    main = pd.read_csv(CPU_MAIN / "report" / "main.csv").set_index("arm")
+    paired = pd.read_csv(CPU_MAIN / "report" / "paired.csv")
+    passk = pd.read_csv(CPU_MAIN / "report" / "passk.csv")
+    for label, arm in (("GRPO", "grpo"), ("CRR", "crr")):
+        seeds = _final_task_rates(arm, 1)
+        assert len(seeds) == 3 and all(len(s) == 64 for s in seeds)
+        rate = np.mean([np.mean(list(s.values())) for s in seeds])
+        assert main.at[label, "pass_at_1"] == pytest.approx(100 * rate)
+        assert (main.at[label, "ci_low"], main.at[label, "ci_high"]) == pytest.approx(tuple(100 * x for x in wilson(rate, 64)))
+        sampled = _final_task_rates(arm, 4)
+        hat = np.mean([np.mean([pass_hat_k(4, round(4 * v), 2) for v in s.values()]) for s in sampled])
+        assert passk[passk.arm == label].pass_hat_2.mean() == pytest.approx(100 * hat)
+    for samples in (1, 4):
+        crr, grpo = _final_task_rates("crr", samples), _final_task_rates("grpo", samples)
+        tasks = sorted(crr[0])
+        c = compare([[s[t] for t in tasks] for s in crr], [[s[t] for t in tasks] for s in grpo])
+        row = paired[(paired.a == "CRR") & (paired.b == "GRPO") & (paired.samples == samples)].iloc[0]
+        got = (row["diff"], row.ci_tasks_low, row.ci_tasks_high, row.ci_tasks_seeds_low, row.ci_tasks_seeds_high, row.mde)
+        assert got == pytest.approx(tuple(100 * x for x in (c.diff, *c.ci_tasks, *c.ci_tasks_seeds, c.mde)))
+        assert (row.a_ahead, row.b_ahead) == (c.a_ahead, c.b_ahead)
+    # the figures README quotes: CRR - GRPO, greedy, +0.5 points, [-2.6, +3.6] over tasks, [-4.7, +5.7] over tasks
+    # and seeds, 4.4 points resolvable at 80 % power
+    greedy = paired[(paired.a == "CRR") & (paired.b == "GRPO") & (paired.samples == 1)].iloc[0]
+    assert [round(x, 1) for x in (greedy["diff"], greedy.ci_tasks_low, greedy.ci_tasks_high, greedy.ci_tasks_seeds_low,
+                                  greedy.ci_tasks_seeds_high, greedy.mde)] == [0.5, -2.6, 3.6, -4.7, 5.7, 4.4]
+
+
+def test_the_starting_policys_figures_have_their_per_task_records():
+    """README's greedy figures of the shipped default, from their records: 37.5 % (24/64) on the first 64
+    nano-test tasks, 58.8 % (47/80) on nano-band."""
+    (run,) = (ROOT / "results" / "reference" / "default-greedy").glob("*/results.jsonl")
+    records = [json.loads(line) for line in run.read_text().splitlines()]
+    assert len({r["instance_id"] for r in records}) == 64 and sum(r["reward"] for r in records) == 24
+    summary = json.loads((run.parent / "summary.json").read_text())
+    assert summary["pass_at_1_ci"] == pytest.approx(list(wilson(24 / 64, 64)))
+    assert yaml.safe_load((run.parent / "config.yaml").read_text())["model"] == "crr/policy/default"
+    # and its 47 of the 80 nano-band tasks (58.8 %), the "before" of README's training-task figures
+    (band,) = (ROOT / "results" / "reference" / "default-band").glob("*/results.jsonl")
+    records = [json.loads(line) for line in band.read_text().splitlines()]
+    assert len({r["instance_id"] for r in records}) == 80 and sum(r["reward"] for r in records) == 47

@@ -34,6 +34,7 @@ from crr.eval import (
     summarise_samples,
 )
 from crr.eval.evaluate import INFRA_RETRIED, PREDICTIONS, RESULTS, SUMMARY
+from crr.eval.stats import wilson
 from crr.policy.model import default_model_dir, default_policy_dir, load_policy
 from crr.replay import get_engine
 from crr.rundir import RunDir
@@ -87,7 +88,15 @@ def test_summary_counts_only_scored_samples_per_instance_and_repository():
     assert summary["pass_at_k"]["4"] == pytest.approx((1 + 1) / 2)   # C has only 3 scored samples
     assert set(summary["pass_at_k"]) == {"1", "2", "4"}               # k <= n only
     assert summary["all_n"] == 0.5                                    # A yes, B no; C and D lack 4 samples
-    assert summary["per_repo"] == {"r1": {"instances": 2, "pass_at_1": 0.625}, "r2": {"instances": 2, "pass_at_1": 0.0}}
+    assert summary["pass_hat_k"]["2"] == pytest.approx((1 + 0 + 0) / 3)  # B: C(1,2) = 0; C: none pass
+    assert summary["pass_hat_k"]["4"] == pytest.approx(1 / 2) == summary["all_n"]
+    assert summary["per_repo"] == {"r1": {"instances": 2, "pass_at_1": 0.625, "pass_at_1_ci": list(wilson(0.625, 2))},
+                                   "r2": {"instances": 2, "pass_at_1": 0.0, "pass_at_1_ci": list(wilson(0.0, 1))}}
+    # every rate carries its Wilson interval over the instances it averages (C lacks 4 samples for pass@4)
+    assert summary["pass_at_1_ci"] == pytest.approx(list(wilson(1.25 / 3, 3)))
+    assert summary["pass_at_k_ci"]["4"] == pytest.approx(list(wilson(1.0, 2)))
+    assert summary["pass_hat_k_ci"]["2"] == pytest.approx(list(wilson(1 / 3, 3)))
+    assert summary["all_n_ci"] == pytest.approx(list(wilson(0.5, 2)))
     assert (summary["scored"], summary["infra_errors"], summary["n_instances"]) == (11, 5, 4)
 
 
@@ -372,6 +381,8 @@ def test_eval_micro_writes_a_run_directory_and_resumes_only_what_is_missing(tmp_
 
     shown = invoke("--resume", str(run.path))   # nothing left: the tables of what is there
     assert shown.exit_code == 0 and "pass@1 (greedy)" in shown.stdout and "wrong_localisation" in shown.stdout
+    lo, hi = json.loads((run.path / SUMMARY).read_text())["pass_at_1_ci"]
+    assert "95% CI (Wilson" in shown.stdout and f"[{lo:.1%}, {hi:.1%}]" in shown.stdout
     refused = invoke("--resume", str(run.path), "--temperature", "0.6", "--samples", "2")
     assert refused.exit_code == 2 and "was made with samples=1" in refused.output
 
@@ -410,6 +421,7 @@ def test_a_lora_train_run_is_applied_to_its_base_and_sampled(lora_train_run):
     assert run.config["train_run"] == str(lora_train_run.path) and run.config["base_model"] == str(default_policy_dir())
     assert (summary["method"], summary["train_seed"], summary["samples"], summary["temperature"]) == ("crr", 11, 2, 1.0)
     assert set(summary["pass_at_k"]) == {"1", "2"} and summary["all_n"] in (0.0, 1.0)
+    assert summary["pass_hat_k"]["2"] == summary["all_n"] and len(summary["pass_hat_k_ci"]["2"]) == 2
     results = run.records(RESULTS)
     assert sorted(r["sample"] for r in results) == [0, 1] and len({r["seed"] for r in results}) == 1
     assert run.path.name.endswith("eval-micro-test-" + lora_train_run.path.name)

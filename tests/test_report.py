@@ -19,10 +19,12 @@ from conftest import ran_task
 from typer.testing import CliRunner
 
 from crr.cli import app
+from crr.eval.stats import compare, wilson
 from crr.experiments import EXPERIMENTS, load_comparison, read_preset
 from crr.report.runs import load_runs
 from crr.rundir import read_jsonl
 from crr.tasks.loaders import write_tasks
+from crr.train.trainer import budget_allows_next
 from crr.train.tuples import read_tuples
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -85,7 +87,9 @@ def test_comparison_trains_every_arm_evaluates_and_reports(comparison):
     crr11 = train_dirs(comparison, "crr")[0]
     matched = train_dirs(comparison, "grpo-equal-wall-clock")[0]
     assert yaml.safe_load((matched / "config.yaml").read_text())["budget_hours"] == pytest.approx(wall(crr11) / 3600)
-    assert wall(matched) >= wall(crr11)                      # GRPO ran until it had used CRR's wall clock
+    # GRPO ran until one more update at its mean update time would have passed CRR's wall clock, not past it
+    times = [it["wall_s"] for it in json.loads((matched / "ledger.json").read_text())["iterations"]]
+    assert not budget_allows_next(times, wall(crr11)) and budget_allows_next(times[:-1], wall(crr11))
     evals = eval_dirs(comparison)
     for _, config, summary in evals:
         assert summary["missing"] == 0 and config["dataset"] == "eval"
@@ -114,8 +118,26 @@ def test_tables_agree_with_the_run_files(comparison):
     assert grpo.seeds == 2
     crr = main[(main.arm == "CRR") & (main.dataset == "eval")].iloc[0]
     assert crr.pass_at_1 == pytest.approx(100 * final[("crr", 11, 1)]["pass_at_1"]) and math.isnan(crr["std"])
-    cell = f"{rates.mean():.1f} ± {rates.std(ddof=1):.1f}"
+    lo, hi = wilson(rates.mean() / 100, 2)                 # over the 2 evaluation tasks
+    assert (grpo.ci_low, grpo.ci_high) == pytest.approx((100 * lo, 100 * hi))
+    cell = f"{rates.mean():.1f} ± {rates.std(ddof=1):.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
     assert "| GRPO " in (out / "main.md").read_text() and cell in (out / "main.md").read_text()
+
+    # the paired comparison, recomputed from the evaluations' per-task records
+    per_task = {}
+    for p, c, _ in evals:
+        if c["checkpoint"] is None and c["samples"] == 1:
+            recs = pd.DataFrame(read_jsonl(p / "results.jsonl")).set_index("instance_id")["reward"].sort_index()
+            per_task.setdefault(Path(c["train_run"]).parent.name, []).append(recs)
+    paired = pd.read_csv(out / "paired.csv")
+    row = paired[(paired.a == "CRR") & (paired.b == "GRPO") & (paired.samples == 1)].iloc[0]
+    crr_t, grpo_t = pd.concat(per_task["crr"], axis=1).mean(1), pd.concat(per_task["grpo"], axis=1).mean(1)
+    assert row["diff"] == pytest.approx(100 * (crr_t - grpo_t).mean()) and (row.tasks, row.seeds_a, row.seeds_b) == (2, 1, 2)
+    assert (row.a_ahead, row.b_ahead) == (((crr_t - grpo_t) > 0).sum(), ((crr_t - grpo_t) < 0).sum())
+    again = compare([r.values for r in per_task["crr"]], [r.values for r in per_task["grpo"]])
+    assert (row.ci_tasks_seeds_low, row.ci_tasks_seeds_high, row.mde) == pytest.approx(
+        (100 * again.ci_tasks_seeds[0], 100 * again.ci_tasks_seeds[1], 100 * again.mde))
+    assert "| CRR - GRPO (equal wall clock) " in (out / "paired.md").read_text()
 
     accounting = pd.read_csv(out / "accounting.csv")
     for arm, folder in (("CRR", "crr"), ("GRPO", "grpo")):
@@ -148,6 +170,9 @@ def test_tables_agree_with_the_run_files(comparison):
     row = passk[(passk.arm == "CRR") & (passk.seed == 11)].iloc[0]
     assert row.pass_at_2 == pytest.approx(100 * final[("crr", 11, 2)]["pass_at_k"]["2"])
     assert row.all_n == pytest.approx(100 * final[("crr", 11, 2)]["all_n"])
+    assert row.pass_hat_2 == pytest.approx(100 * final[("crr", 11, 2)]["pass_hat_k"]["2"]) == row.all_n
+    assert (row.pass_at_2_ci_low, row.pass_at_2_ci_high) == pytest.approx(
+        tuple(100 * x for x in final[("crr", 11, 2)]["pass_at_k_ci"]["2"]))
 
     per_repo = pd.read_csv(out / "per_repo.csv")
     results = {c["train_seed"]: pd.DataFrame(read_jsonl(p / "results.jsonl")) for p, c, _ in evals
@@ -174,7 +199,7 @@ def test_every_format_is_written(comparison):
     tables = [e for e in entries if e["kind"] == "table"]
     assert [e["name"] for e in tables] == [
         "main", "composition", "search_select", "accounting", "wallclock", "ablation_k", "ablation_selector",
-        "ablation_horizon", "ablation_cf_temperature", "snr", "covariance", "passk", "errors", "errors_absolute",
+        "ablation_horizon", "ablation_cf_temperature", "paired", "snr", "covariance", "passk", "errors", "errors_absolute",
         "per_repo", "fork_composition"]
     report = (out / "report.md").read_text()
     for e in tables:
@@ -183,7 +208,7 @@ def test_every_format_is_written(comparison):
             tex = (out / f"{e['name']}.tex").read_text()
             assert all(rule in tex for rule in ("\\toprule", "\\midrule", "\\bottomrule", f"\\label{{tab:{e['name']}}}"))
             assert "±" not in tex and not pd.read_csv(out / f"{e['name']}.csv").empty
-    for name in ("main", "accounting", "wallclock", "passk", "errors", "per_repo", "fork_composition", "snr"):
+    for name in ("main", "accounting", "wallclock", "paired", "passk", "errors", "per_repo", "fork_composition", "snr"):
         assert index[f"table/{name}"]["status"] != "missing", name
     for name in ("sample_efficiency", "train_reward", "ablations", "snr", "per_repo"):
         assert index[f"figure/{name}"]["files"] == [f"{name}.png", f"{name}.pdf"], name

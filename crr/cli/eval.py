@@ -55,7 +55,8 @@ def eval_command(
     as_json: bool = json_option("the summary"),
 ) -> None:
     """Evaluate a policy: greedy pass@1 with the 50-turn cap, or `--samples n` for sampled pass@1,
-    pass@k (k = 1, 2, 4, 8; unbiased estimator) and all-n; per-repository pass@1 and the error taxonomy
+    pass@k (k = 1, 2, 4, 8; unbiased estimator), pass^k (all k drawn samples solve) and all-n, each with its
+    95% Wilson interval; per-repository pass@1 and the error taxonomy
     of failed samples. Grades in crr's sandboxes with swebench's grading; writes results.jsonl,
     SWE-bench predictions.jsonl and summary.json to a run directory (resumable)."""
     from crr.eval.evaluate import evaluate, open_eval
@@ -93,25 +94,30 @@ def _eval_tables(summary: dict) -> list:
     from rich.table import Table
 
     pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
+    ci = lambda c: "-" if c is None else f"[{c[0]:.1%}, {c[1]:.1%}]"  # noqa: E731
     n, t = summary["samples"], summary["temperature"]
     head = Table(title=f"crr eval: {summary['dataset']}, {summary['n_instances']} instances, {summary['model']}")
-    head.add_column("metric")
-    head.add_column("value", justify="right")
-    head.add_row(f"pass@1 ({'greedy' if t == 0 else f'sampled, T={t:g}, n={n}'})", pct(summary["pass_at_1"]))
+    for col, justify in (("metric", "left"), ("value", "right"), ("95% CI (Wilson, over instances)", "right")):
+        head.add_column(col, justify=justify)
+    head.add_row(f"pass@1 ({'greedy' if t == 0 else f'sampled, T={t:g}, n={n}'})", pct(summary["pass_at_1"]),
+                 ci(summary["pass_at_1_ci"]))
     for k, v in summary["pass_at_k"].items():
         if k != "1":
-            head.add_row(f"pass@{k}", pct(v))
+            head.add_row(f"pass@{k}", pct(v), ci(summary["pass_at_k_ci"][k]))
+    for k, v in summary["pass_hat_k"].items():
+        if k != "1":   # pass^1 is pass@1
+            head.add_row(f"pass^{k} (all {k} drawn solve)", pct(v), ci(summary["pass_hat_k_ci"][k]))
     if n > 1:
-        head.add_row(f"all-{n}", pct(summary["all_n"]))
-    head.add_row("scored samples", str(summary["scored"]))
-    head.add_row("infrastructure failures (excluded)", str(summary["infra_errors"]))
+        head.add_row(f"all-{n}", pct(summary["all_n"]), ci(summary["all_n_ci"]))
+    head.add_row("scored samples", str(summary["scored"]), "")
+    head.add_row("infrastructure failures (excluded)", str(summary["infra_errors"]), "")
     if summary["missing"]:
-        head.add_row("samples not run yet", str(summary["missing"]))
+        head.add_row("samples not run yet", str(summary["missing"]), "")
     repos = Table(title="per repository")
-    for col, justify in (("repo", "left"), ("instances", "right"), ("pass@1", "right")):
+    for col, justify in (("repo", "left"), ("instances", "right"), ("pass@1", "right"), ("95% CI", "right")):
         repos.add_column(col, justify=justify)
     for repo, r in summary["per_repo"].items():
-        repos.add_row(repo, str(r["instances"]), pct(r["pass_at_1"]))
+        repos.add_row(repo, str(r["instances"]), pct(r["pass_at_1"]), ci(r["pass_at_1_ci"]))
     modes = Table(title="error modes of failed samples")
     for col, justify in (("mode", "left"), ("count", "right"), ("share of failures", "right"),
                          ("rate (all scored)", "right")):

@@ -17,7 +17,8 @@ The run directory (the format crr report reads):
   transcripts.jsonl   each sample's tool calls and observations (what the taxonomy's audit reads)
   predictions.jsonl   SWE-bench predictions of sample 0 (instance_id, model_name_or_path, model_patch),
                       so that the official harness can grade them too
-  summary.json        pass@1, pass@k, all-n, per-repository pass@1, error modes (crr.eval.passk, .taxonomy)
+  summary.json        pass@1, pass@k, pass^k, all-n, per-repository pass@1, each with its Wilson interval
+                      (`*_ci`), error modes (crr.eval.passk, .stats, .taxonomy)
   infra_retried.jsonl infrastructure-failure records set aside when their samples were run again
 
 Resume: evaluating into an existing run directory (`resume_eval`) runs only the (instance, sample) pairs

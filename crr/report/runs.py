@@ -14,12 +14,14 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
 from crr.errors import CRRError
+from crr.eval.passk import instance_counts
 from crr.experiments import ABLATION_KEYS, EXPERIMENTS, Arm, Comparison, comparisons, read_preset
 from crr.rundir import read_jsonl
 
@@ -210,6 +212,18 @@ class EvalRun:
     @property
     def seed(self) -> int | None:
         return self.train.seed if self.train else self.config.get("train_seed")
+
+    @cached_property
+    def task_counts(self) -> dict[str, tuple[int, int]]:
+        """instance_id -> (scored samples, passing) from results.jsonl (the latest record of each sample, as the
+        summary counts them); empty when the run has no per-task records."""
+        latest = {(r["instance_id"], r["sample"]): r for r in read_jsonl(self.path / "results.jsonl")}
+        return instance_counts(r for (_, sample), r in latest.items() if sample < self.samples)
+
+    @property
+    def task_rates(self) -> dict[str, float]:
+        """instance_id -> the share of its scored samples that pass (1 or 0 greedy): what a paired comparison pairs."""
+        return {iid: c / n for iid, (n, c) in self.task_counts.items()}
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """The paper's tables, made from run directories only. Each function takes the loaded runs and returns a
 Table: a display frame (Markdown, LaTeX), a tidy numeric frame (CSV), a caption, and the runs still to make
 with the commands that make them. Values are means over training seeds; `±` is the seed standard deviation
-(ddof 1), shown where two seeds or more exist. Pass rates are percentages.
+(ddof 1), shown where two seeds or more exist. Pass rates are percentages, each with its 95 % Wilson interval in
+brackets (over the evaluation's tasks: the seeds' models share them; crr.eval.stats); the paired table compares
+arms task by task (paired bootstrap intervals, the smallest difference the design resolves).
 
 Which arms and seeds a table needs comes from the comparison specs of the runs' scale (experiments/
 {cpu,paper}-*.comparison.yaml); runs that no spec names still appear where they fit (an extra k value joins
@@ -12,13 +14,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from crr.agent.tools import ToolCallError, parse_tool_call
+from crr.eval.passk import KS, pass_hat_k
+from crr.eval.stats import CONFIDENCE, POWER, compare, seeds_needed, wilson
 from crr.experiments import Comparison, EvalSpec
 from crr.report.runs import ArmRef, EvalRun, Runs, TrainRun
 from crr.rundir import relative_to_cwd
@@ -70,6 +74,28 @@ def pm(mean: float, std: float = math.nan, digits: int = 1) -> str:
 
 def pct(x) -> float:
     return math.nan if x is None else 100.0 * float(x)
+
+
+def rate_ci(found, key: str = "pass_at_1") -> tuple[float, float]:
+    """The 95 % Wilson interval (%) of the seeds' mean rate `key` of these evaluations (EvalRuns or summaries),
+    over their tasks; NaNs when there is none."""
+    summaries = [getattr(e, "summary", e) for e in found if e]
+    values = [s[key] for s in summaries if s.get(key) is not None]
+    ci = wilson(float(np.mean(values)), min(s["n_instances"] for s in summaries)) if values else None
+    return (math.nan, math.nan) if ci is None else (100.0 * ci[0], 100.0 * ci[1])
+
+
+def with_ci(cell: str, ci: tuple[float, float], digits: int = 1) -> str:
+    """A display cell followed by its interval: "39.6 ± 2.4 [28.6, 51.8]"."""
+    if cell == DASH or any(math.isnan(x) for x in ci):
+        return cell
+    return f"{cell} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
+def _wilson_pct(rate_pct: float, n: float) -> tuple[float, float]:
+    """The Wilson interval (%) of a rate given in %, over n tasks; NaNs when either is missing."""
+    ci = None if math.isnan(rate_pct) or math.isnan(n) else wilson(rate_pct / 100, int(n))
+    return (math.nan, math.nan) if ci is None else (100.0 * ci[0], 100.0 * ci[1])
 
 
 def _eval_label(ev: EvalSpec) -> str:
@@ -191,26 +217,30 @@ def main_table(runs: Runs) -> Table:
     for ref in arms:
         trained = needs.train(ref)
         for ev in evals:
-            found = [needs.eval(r, ev) for r in trained]
-            m, s, n = stats(pct(e.summary["pass_at_1"]) for e in found if e)
-            rows.append({"arm": _label(ref), "dataset": ev.dataset, "pass_at_1": m, "std": s, "seeds": n})
+            found = [e for e in (needs.eval(r, ev) for r in trained) if e]
+            m, s, n = stats(pct(e.summary["pass_at_1"]) for e in found)
+            rows.append({"arm": _label(ref), "dataset": ev.dataset, "pass_at_1": m, "std": s, "seeds": n,
+                         **dict(zip(("ci_low", "ci_high"), rate_ci(found)))})
     base = [e for e in runs.evals if e.complete and e.config.get("train_run") is None and e.samples == 1]
     for label in sorted({e.label for e in base}):
         for ds in sorted({e.dataset for e in base if e.label == label}):
-            m, s, n = stats(pct(e.summary["pass_at_1"]) for e in base if e.label == label and e.dataset == ds)
-            rows.append({"arm": label, "dataset": ds, "pass_at_1": m, "std": s, "seeds": n})
-    data = pd.DataFrame(rows, columns=["arm", "dataset", "pass_at_1", "std", "seeds"])
+            found = [e for e in base if e.label == label and e.dataset == ds]
+            m, s, n = stats(pct(e.summary["pass_at_1"]) for e in found)
+            rows.append({"arm": label, "dataset": ds, "pass_at_1": m, "std": s, "seeds": n,
+                         **dict(zip(("ci_low", "ci_high"), rate_ci(found)))})
+    data = pd.DataFrame(rows, columns=["arm", "dataset", "pass_at_1", "std", "seeds", "ci_low", "ci_high"])
     table = Table("main", "Main results: pass@1 (%)",
-                  "Pass@1 (%) of each method's final model; means ± seed standard deviations over training seeds. "
-                  "The last column is the difference from GRPO on the first benchmark. These endpoint runs have "
-                  "equal on-policy trajectories, not equal compute (see the accounting table).",
+                  "Pass@1 (%) of each method's final model; means ± seed standard deviations over training seeds, "
+                  "[the 95 % Wilson interval of the mean over the benchmark's tasks]. The last column is the "
+                  "difference from GRPO on the first benchmark (its paired intervals: the paired table). These "
+                  "endpoint runs have equal on-policy trajectories, not equal compute (see the accounting table).",
                   data=data, missing=needs.missing)
     if data["seeds"].sum() == 0:
         return table
     datasets = list(dict.fromkeys(data["dataset"]))
     display = pd.DataFrame({"Method": list(dict.fromkeys(data["arm"]))})
     for ds in datasets:
-        cell = {r.arm: pm(r.pass_at_1, r.std) for r in data[data.dataset == ds].itertuples()}
+        cell = {r.arm: with_ci(pm(r.pass_at_1, r.std), (r.ci_low, r.ci_high)) for r in data[data.dataset == ds].itertuples()}
         display[ds] = [cell.get(a, DASH) for a in display["Method"]]
     first = data[data.dataset == datasets[0]].set_index("arm")["pass_at_1"]
     if "GRPO" in first.index and not math.isnan(first["GRPO"]):
@@ -251,20 +281,24 @@ def search_select_table(runs: Runs) -> Table:
         trained = needs.train(ref)
         found = [needs.eval(r, ev) for r in trained] if ev else []
         m, s, n = stats(pct(e.summary["pass_at_1"]) for e in found if e)
+        lo, hi = rate_ci(found)
         rm, _, _ = stats(pct(sum(x.get("replaced") or 0 for x in r.metrics.values())
                              / max(1, r.cumulative(r.updates)["trajectories"]))
                          for r in trained) if ref.method == "search-select" else (math.nan, 0, 0)
         rows.append({"arm": _label(ref), "fork_use": use[ref.method], "pass_at_1": m, "std": s, "seeds": n,
-                     "replacement_rate": rm, "train_runs": len(trained)})
-    data = pd.DataFrame(rows, columns=["arm", "fork_use", "pass_at_1", "std", "seeds", "replacement_rate", "train_runs"])
+                     "ci_low": lo, "ci_high": hi, "replacement_rate": rm, "train_runs": len(trained)})
+    data = pd.DataFrame(rows, columns=["arm", "fork_use", "pass_at_1", "std", "seeds", "ci_low", "ci_high",
+                                       "replacement_rate", "train_runs"])
     table = Table("search_select", "Credit assignment versus Search-Select",
                   f"Two uses of the same forks: Search-Select replaces a realised sequence by a strictly better "
                   f"branch, CRR keeps it and uses the return differential. Pass@1 (%) on {ev.dataset if ev else 'the eval set'}, "
-                  "means ± seed standard deviations; the replacement rate is the share of realised trajectories replaced.",
+                  "means ± seed standard deviations [95 % Wilson interval]; the replacement rate is the share of realised "
+                  "trajectories replaced.",
                   data=data, missing=needs.missing)
     if data["train_runs"].sum():
         table.display = pd.DataFrame({"Method": data.arm, "Use of forks": data.fork_use,
-                                      "Pass@1 (%)": [pm(r.pass_at_1, r.std) for r in data.itertuples()],
+                                      "Pass@1 (%)": [with_ci(pm(r.pass_at_1, r.std), (r.ci_low, r.ci_high))
+                                                     for r in data.itertuples()],
                                       "Replaced (%)": [pm(x) for x in data.replacement_rate]})
     return table
 
@@ -312,7 +346,8 @@ def accounting_table(runs: Runs) -> Table:
         display.append({"Accounting item": name, **{a: f"{means.at[a, k]:,.0f}" for a in means.index}})
     if ev is not None:
         display.append({"Accounting item": f"{ev.dataset} pass@1 (%)", **{
-            a: pm(*stats(pct(e.summary["pass_at_1"]) for e in found if e)[:2]) for a, (_, found) in per_arm.items()}})
+            a: with_ci(pm(*stats(pct(e.summary["pass_at_1"]) for e in found if e)[:2]), rate_ci(found))
+            for a, (_, found) in per_arm.items()}})
     table.display, table.data = pd.DataFrame(display), data
     return table
 
@@ -324,7 +359,7 @@ def wallclock_table(runs: Runs) -> Table:
     table = Table("wallclock", "Equal wall clock",
                   "Each column is a fraction of the CRR run's training window (ledger wall clock; per seed), each "
                   "value the state at the saved checkpoint closest to that time (observed, not interpolated): pass@1 "
-                  "(%), completed on-policy trajectories, optimizer updates and generated/effective tokens, means "
+                  "(%) [95 % Wilson interval], completed on-policy trajectories, optimizer updates and generated/effective tokens, means "
                   "over seeds (pass@1 where the spec evaluates that checkpoint). The GRPO arm is given the CRR "
                   "run's measured wall clock as its budget.",
                   missing=needs.missing)
@@ -349,6 +384,7 @@ def wallclock_table(runs: Runs) -> Table:
                 found = needs.eval(run, ev, step) if ev else None
                 records.append({"arm": _label(ref), "seed": run.seed, "fraction": f, "hours": f * window.wall_s / 3600,
                                 "step": step, "wall_s": c["wall_s"], "pass_at_1": pct(found.summary["pass_at_1"]) if found else math.nan,
+                                "instances": found.summary["n_instances"] if found else math.nan,
                                 **{k: c[k] for k in ("trajectories", "updates", "generated_tokens_on_policy",
                                                      "generated_tokens_all", "effective_tokens")}})
     if not records:
@@ -369,6 +405,9 @@ def wallclock_table(runs: Runs) -> Table:
                                 ("effective tokens", "effective_tokens", 0)):
             cells = {c: f"{m.at[f, k]:,.{digits}f}" if f in m.index and not math.isnan(m.at[f, k]) else DASH
                      for c, f in zip(cols, FRACTIONS)}
+            if k == "pass_at_1":
+                cells = {c: with_ci(cells[c], _wilson_pct(m.at[f, k], m.at[f, "instances"])) if f in m.index else cells[c]
+                         for c, f in zip(cols, FRACTIONS)}
             rows.append({"": f"{arm_label} {name}", **cells})
     table.display, table.data = pd.DataFrame(rows).rename(columns={"": "Fraction of CRR training window"}), data
     return table
@@ -402,7 +441,7 @@ def ablation_table(runs: Runs, factor: str) -> Table:
     needs = Needs(runs, spec)
     table = Table(f"ablation_{factor}", f"Ablation: {title}",
                   f"{title} varied alone from the CRR preset ('default' marks the preset's value). Pass@1 (%) of the final "
-                  "model and mean training reward (%), means ± seed standard deviations; for k also forks per "
+                  "model [95 % Wilson interval] and mean training reward (%), means ± seed standard deviations; for k also forks per "
                   "trajectory and the wall clock relative to the default.", missing=needs.missing)
     if spec is None or "crr" not in spec.arms:
         table.notes.append(f"no {runs.scale}-ablations comparison spec with a `crr` arm")
@@ -416,13 +455,14 @@ def ablation_table(runs: Runs, factor: str) -> Table:
         trained = needs.train(ref)
         found = [needs.eval(r, ev) for r in trained] if ev else []
         m, s, n = stats(pct(e.summary["pass_at_1"]) for e in found if e)
+        lo, hi = rate_ci(found)
         rm, rs, _ = stats(pct(np.mean([x for x in (it.get("reward_mean") for it in r.metrics.values()) if x is not None]))
                           for r in trained if any(it.get("reward_mean") is not None for it in r.metrics.values()))
         wall, _, _ = stats(r.wall_s for r in trained)
         forks, _, _ = stats(r.cumulative(r.updates)["forks"] / max(1, r.cumulative(r.updates)["trajectories"])
                             for r in trained)
         rows.append({"value": _factor_value(ref, factor), "arm": ref.label, "default": ref is ref0, "pass_at_1": m,
-                     "std": s, "seeds": n, "train_reward": rm, "train_reward_std": rs, "wall_s": wall,
+                     "std": s, "seeds": n, "ci_low": lo, "ci_high": hi, "train_reward": rm, "train_reward_std": rs, "wall_s": wall,
                      "forks_per_trajectory": forks, "train_runs": len(trained)})
     data = pd.DataFrame(rows)
     data = data.iloc[sorted(range(len(data)), key=lambda i: _sort_key(data.at[i, "value"]))].reset_index(drop=True)
@@ -432,7 +472,8 @@ def ablation_table(runs: Runs, factor: str) -> Table:
     if data["train_runs"].sum() == 0:
         return table
     display = pd.DataFrame({title: [f"{v} (default)" if d else str(v) for v, d in zip(data.value, data.default)],
-                            "Pass@1 (%)": [pm(r.pass_at_1, r.std) for r in data.itertuples()],
+                            "Pass@1 (%)": [with_ci(pm(r.pass_at_1, r.std), (r.ci_low, r.ci_high))
+                                           for r in data.itertuples()],
                             "Train reward (%)": [pm(r.train_reward, r.train_reward_std) for r in data.itertuples()]})
     if factor == "k":
         display["Forks / trajectory"] = [pm(x, digits=2) for x in data.forks_per_trajectory]
@@ -517,10 +558,11 @@ def passk_table(runs: Runs) -> Table:
     needs = Needs(runs, spec)
     arms, _ = main_arms(runs, spec)
     greedy, sampled = _primary(spec, runs), _primary(spec, runs, sampled=True)
-    table = Table("passk", "Multiple-sample evaluation: pass@k and all-n",
+    table = Table("passk", "Multiple-sample evaluation: pass@k, pass^k and all-n",
                   "Greedy pass@1 and, from n sampled trajectories per instance, sampled pass@1, the unbiased pass@k "
-                  "estimate and all-n (the share of instances every sample solves); percentages, means over seeds.",
-                  missing=needs.missing)
+                  "estimate (some of k drawn samples solve the task), pass^k (all k drawn solve it) and all-n (the "
+                  "share of instances every sample solves, pass^n); percentages, means over seeds, [95 % Wilson "
+                  "interval over the instances].", missing=needs.missing)
     if sampled is None:
         table.notes.append("no comparison spec or run has a sampled (--samples N > 1) evaluation")
         return table
@@ -530,22 +572,114 @@ def passk_table(runs: Runs) -> Table:
             g = needs.eval(run, greedy) if greedy else None
             s = needs.eval(run, sampled)
             rows.append({"arm": _label(ref), "seed": run.seed, "greedy_pass_at_1": pct(g.summary["pass_at_1"]) if g else math.nan,
+                         "greedy_instances": g.summary["n_instances"] if g else math.nan,
                          **({f"pass_at_{k}": pct(v) for k, v in s.summary["pass_at_k"].items()} if s else {}),
-                         "all_n": pct(s.summary["all_n"]) if s else math.nan, "samples": s.samples if s else math.nan})
+                         **({f"pass_hat_{k}": pct(v) for k, v in (s.summary.get("pass_hat_k") or _pass_hat(s)).items()
+                             if k != "1"} if s else {}),
+                         "all_n": pct(s.summary["all_n"]) if s else math.nan, "samples": s.samples if s else math.nan,
+                         "instances": s.summary["n_instances"] if s else math.nan})
     if not rows:
         return table
     data = pd.DataFrame(rows)
     table.data = data
     if data.drop(columns=["arm", "seed"]).isna().all().all():
         return table
+    order = lambda c: int(c.rsplit("_", 1)[1])  # noqa: E731
+    ks = sorted((c for c in data.columns if c.startswith("pass_at_")), key=order)
+    hats = sorted((c for c in data.columns if c.startswith("pass_hat_")), key=order)
+    rates = ["greedy_pass_at_1", *ks, *hats, "all_n"]
     mean = data.groupby("arm", sort=False).mean(numeric_only=True)
-    ks = sorted((c for c in mean.columns if c.startswith("pass_at_")), key=lambda c: int(c.rsplit("_", 1)[1]))
+    for frame in (data, mean):    # each seed's interval (the CSV) and that of the seeds' mean (the display)
+        for c in rates:
+            cis = [_wilson_pct(x, i) for x, i in zip(frame[c], frame["greedy_instances" if c.startswith("greedy")
+                                                                       else "instances"])]
+            frame[f"{c}_ci_low"], frame[f"{c}_ci_high"] = [lo for lo, _ in cis], [hi for _, hi in cis]
     n = int(np.nanmax(mean["samples"])) if mean["samples"].notna().any() else sampled.samples
-    display = pd.DataFrame({"Method": mean.index, "Pass@1 greedy": [pm(x) for x in mean.greedy_pass_at_1]})
+    cell = lambda c: [with_ci(pm(x), (lo, hi)) for x, lo, hi in zip(mean[c], mean[f"{c}_ci_low"], mean[f"{c}_ci_high"])]  # noqa: E731
+    display = pd.DataFrame({"Method": mean.index, "Pass@1 greedy": cell("greedy_pass_at_1")})
     for c in ks:
-        display["Pass@1 sampled" if c == "pass_at_1" else f"Pass@{c.rsplit('_', 1)[1]}"] = [pm(x) for x in mean[c]]
-    display[f"All-{n}"] = [pm(x) for x in mean.all_n]
+        display["Pass@1 sampled" if c == "pass_at_1" else f"Pass@{order(c)}"] = cell(c)
+    for c in hats:
+        display[f"Pass^{order(c)}"] = cell(c)
+    display[f"All-{n}"] = cell("all_n")
     table.display = display
+    return table
+
+
+def _pass_hat(e: EvalRun) -> dict[str, float]:
+    """pass^k of an evaluation whose summary predates it (crr eval before pass^k), from its per-task records."""
+    counts = e.task_counts.values()
+    return {str(k): float(np.mean([pass_hat_k(n, c, k) for n, c in counts if n >= k])) for k in KS if 1 < k <= e.samples}
+
+
+TARGET_POINTS = 3.0   # the difference a powered comparison should resolve (issue 30), on
+PLAN_TASKS = 256      # held-out tasks: the seeds per arm that takes
+
+
+def _pairs(runs: Runs, spec: Comparison | None) -> list[tuple[ArmRef, ArmRef]]:
+    """(A, B) arm pairs a paired table compares: every main arm against GRPO, and CRR against GRPO at its wall
+    clock (the equal-wall-clock arm against its source)."""
+    arms, _ = main_arms(runs, spec)
+    grpo = next((r for r in arms if r.method == "grpo"), None)
+    pairs = [(r, grpo) for r in arms if grpo is not None and r is not grpo]
+    for arm in (a for a in spec.arms.values() if a.budget_from) if spec else ():
+        pairs.append((runs.catalogue.ref(spec, arm.budget_from), runs.catalogue.ref(spec, arm.name)))
+    return pairs
+
+
+def paired_table(runs: Runs) -> Table:
+    spec = _main_spec(runs)
+    needs = Needs(runs, spec)
+    level, power = round(100 * (1 - CONFIDENCE)), round(100 * POWER)
+    table = Table("paired", "Paired comparisons between arms (points)",
+                  "A minus B in pass@1 points on the tasks both were evaluated on (each arm's mean over its seeds' "
+                  "final models, task by task). 95 % intervals: a paired bootstrap over tasks (10,000 replicates, "
+                  "RNG seed 0), with the seeds' models fixed, and over tasks and seeds (each arm's seeds resampled "
+                  "too). Tasks A / B ahead: tasks one arm solves more often than the other (one seed each: solves "
+                  "and the other does not). Resolves: the smallest difference this design detects with "
+                  f"{power} % power in a two-sided test at alpha {level / 100:.2f}: (z_0.975 + z_0.8) sqrt(Var(D)), "
+                  "Var(D) = var_t(d_t) / T + sigma_seed,A^2 / S_A + sigma_seed,B^2 / S_B over the T per-task "
+                  "differences d_t and each arm's seed-to-seed variance (two-way ANOVA, tasks x seeds); the last "
+                  f"column: the seeds per arm that would resolve {TARGET_POINTS:g} points on {PLAN_TASKS} tasks "
+                  "with the same variance components (crr.eval.stats.compare).",
+                  missing=needs.missing)
+    rows = []
+    for ev in (_primary(spec, runs), _primary(spec, runs, sampled=True)):
+        if ev is None:
+            continue
+        for a, b in _pairs(runs, spec):
+            rates = [[e.task_rates for e in (needs.eval(r, ev) for r in needs.train(ref)) if e] for ref in (a, b)]
+            if not rates[0] or not rates[1]:
+                continue
+            common = sorted(set.intersection(*(set(r) for arm in rates for r in arm)))
+            if len(common) < 2:
+                table.notes.append(f"{_label(a)} vs {_label(b)} on {_eval_label(ev)}: fewer than two tasks with "
+                                   "per-task records (results.jsonl) in both")
+                continue
+            c = compare(*([[r[t] for t in common] for r in arm] for arm in rates))
+            rows.append({"a": _label(a), "b": _label(b), "dataset": ev.dataset, "samples": ev.samples,
+                         "tasks": c.tasks, "seeds_a": c.seeds_a, "seeds_b": c.seeds_b, "diff": 100 * c.diff,
+                         "ci_tasks_low": 100 * c.ci_tasks[0], "ci_tasks_high": 100 * c.ci_tasks[1],
+                         "ci_tasks_seeds_low": 100 * c.ci_tasks_seeds[0], "ci_tasks_seeds_high": 100 * c.ci_tasks_seeds[1],
+                         "a_ahead": c.a_ahead, "b_ahead": c.b_ahead, "mde": 100 * c.mde,
+                         **{f"var_{k}": v for k, v in asdict(c.components).items()},
+                         "seeds_for_target": seeds_needed(c.components, PLAN_TASKS, TARGET_POINTS / 100)})
+    if not rows:
+        return table
+    data = pd.DataFrame(rows)
+    ci = lambda lo, hi: f"[{lo:+.1f}, {hi:+.1f}]"  # noqa: E731
+    table.data = data
+    table.display = pd.DataFrame({
+        "A - B": [f"{r.a} - {r.b}" for r in data.itertuples()],
+        "Evaluation": [f"{r.dataset} ({'greedy' if r.samples == 1 else f'{r.samples} samples'}), {r.tasks} tasks, "
+                       f"{r.seeds_a} x {r.seeds_b} seeds" for r in data.itertuples()],
+        "Δ": [f"{x:+.1f}" for x in data["diff"]],
+        "95 % CI, tasks": [ci(r.ci_tasks_low, r.ci_tasks_high) for r in data.itertuples()],
+        "95 % CI, tasks x seeds": [ci(r.ci_tasks_seeds_low, r.ci_tasks_seeds_high) for r in data.itertuples()],
+        "Tasks A / B ahead": [f"{r.a_ahead} / {r.b_ahead}" for r in data.itertuples()],
+        f"Resolves ({power} % power)": [f"{x:.1f}" for x in data["mde"]],
+        f"Seeds for {TARGET_POINTS:g} points on {PLAN_TASKS} tasks": [
+            DASH if pd.isna(x) else f"{int(x)}" for x in data["seeds_for_target"]]})
     return table
 
 
@@ -592,7 +726,8 @@ def per_repo_table(runs: Runs) -> Table:
     ev = _primary(spec, runs)
     found = _final_greedy(runs, needs, arms, ev)
     table = Table("per_repo", "Per-repository pass@1 (%)",
-                  f"Pass@1 (%) per repository of {ev.dataset if ev else 'the eval set'}, means over seeds.",
+                  f"Pass@1 (%) per repository of {ev.dataset if ev else 'the eval set'}, means over seeds [95 % Wilson "
+                  "interval over the repository's instances].",
                   missing=needs.missing)
     records = [{"arm": arm, "seed": e.seed, "repo": repo, "instances": v["instances"], "pass_at_1": pct(v["pass_at_1"])}
                for arm, evs in found.items() for e in evs for repo, v in e.summary["per_repo"].items()]
@@ -602,7 +737,8 @@ def per_repo_table(runs: Runs) -> Table:
     wide = data.groupby(["repo", "arm"], sort=False)["pass_at_1"].mean().unstack("arm").reindex(columns=list(found))
     inst = data.groupby("repo")["instances"].max()
     table.display = pd.DataFrame({"Repository": wide.index, "Instances": [int(inst[r]) for r in wide.index],
-                                  **{a: [f"{x:.1f}" for x in wide[a]] for a in wide.columns}})
+                                  **{a: [with_ci(f"{x:.1f}", _wilson_pct(x, inst[r])) for r, x in wide[a].items()]
+                                     for a in wide.columns}})
     table.data = data
     return table
 
@@ -651,6 +787,6 @@ def all_tables(runs: Runs) -> list[Table]:
         lambda: main_table(runs), lambda: composition_table(runs), lambda: search_select_table(runs),
         lambda: accounting_table(runs), lambda: wallclock_table(runs),
         *[(lambda f=f: ablation_table(runs, f)) for f in FACTORS],
-        lambda: snr_table(runs), lambda: covariance_table(runs), lambda: passk_table(runs),
+        lambda: paired_table(runs), lambda: snr_table(runs), lambda: covariance_table(runs), lambda: passk_table(runs),
         lambda: errors, lambda: errors_absolute, lambda: per_repo_table(runs), lambda: fork_composition_table(runs)]
     return [make() for make in makers]

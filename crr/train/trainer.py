@@ -321,6 +321,16 @@ class CRRTrainer(GRPOTrainer):
         return out
 
 
+def budget_allows_next(iteration_s: list[float], budget_s: float) -> bool:
+    """Whether one more iteration fits a wall-clock budget: the ledger wall clock so far (the sum of the
+    finished iterations' `iteration_s`) plus the running mean of an iteration stays at or below `budget_s`. An
+    equal-wall-clock run so stops at or below its budget (unless its last iteration runs longer than the mean of
+    those before), where stopping once the budget is passed overshot it by part of an update."""
+    if not iteration_s:
+        return True
+    return sum(iteration_s) + sum(iteration_s) / len(iteration_s) <= budget_s
+
+
 class _IterationCallback(TrainerCallback):
     """Closes each iteration: update time, ledger, metrics, checkpoints at budget fractions, budget stop.
     Every process takes the same decisions from the merged ledger; the main one writes and reports."""
@@ -354,7 +364,7 @@ class _IterationCallback(TrainerCallback):
         if cfg.budget_hours is not None:
             before = (led.cumulative["wall_s"] - it["wall_s"]) / 3600
             crossed = any(before < f * cfg.budget_hours <= wall_h for f in cfg.checkpoint_fractions)
-            if wall_h >= cfg.budget_hours:
+            if not budget_allows_next([i["wall_s"] for i in led.iterations], cfg.budget_hours * 3600):
                 control.should_training_stop = True
         else:
             crossed = False
