@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from agent_tasks import calc_task
+
 from crr.agent.episode import play_calls
 from crr.eval.evaluate import result_record
 from crr.policy.model import default_model_dir, load_policy
