@@ -40,6 +40,7 @@ import re
 import shlex
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from swebench.harness.constants import (APPLY_PATCH_FAIL, FAIL_TO_PASS, PASS_TO_PASS,
@@ -200,14 +201,14 @@ def verify(sandbox: Sandbox, task: Task, timeout: float = VERIFY_TIMEOUT_S,
 
 
 def grade(task: Task, text: str, patch: str = "", *, timed_out: bool = False, timeout: float = VERIFY_TIMEOUT_S,
-          seed: int | None = None, hidden: list[str] = ()) -> VerifierResult:
+          seed: int | None = None, hidden: Sequence[str] = ()) -> VerifierResult:
     """Grade the log of an eval-script run (`text`) for `task` with the task's swebench parser, then `audit`
     the patch (and the `hidden` harness files found beside it); `verify` without the sandbox, so that logs
     from anywhere (a fixture, the official harness) grade the same."""
     return audit(_grade(task, text, patch, timed_out=timed_out, timeout=timeout, seed=seed), task, hidden)
 
 
-def audit(result: VerifierResult, task: Task, hidden: list[str] = ()) -> VerifierResult:
+def audit(result: VerifierResult, task: Task, hidden: Sequence[str] = ()) -> VerifierResult:
     """The harness audit (module doc): a result whose patch touched harness files, or that left `hidden`
     ones, scores 0.0, also where the tests passed or the run looked like an infrastructure failure (an
     agent must not turn a caught hack into a skipped sample)."""

@@ -229,12 +229,12 @@ def metadata_sandbox(work: Path, house: Path, env: dict[str, str]) -> list[str]:
             args += ["--symlink", os.readlink(path), str(path)]
         elif path.is_dir():
             args += ["--ro-bind", str(path), str(path)]
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # before the binds: a venv may be under /tmp
     for prefix in dict.fromkeys((sys.base_prefix, sys.prefix)):
         real = os.path.realpath(prefix)
-        if not real.startswith("/usr/"):
+        if real != "/usr" and not real.startswith("/usr/"):
             args += [arg for at in dict.fromkeys((real, prefix)) for arg in ("--ro-bind", real, at)]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(work), _WORK_AT,
-             "--ro-bind", str(house), _WHEELHOUSE_AT, "--chdir", _WORK_AT]
+    args += ["--bind", str(work), _WORK_AT, "--ro-bind", str(house), _WHEELHOUSE_AT, "--chdir", _WORK_AT]
     for key, value in env.items():
         args += ["--setenv", key, value]
     return [*args, "--"]
