@@ -172,19 +172,25 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
 """
 
 
-@pytest.mark.parametrize("engine", ["local", pytest.param("docker", marks=pytest.mark.docker)])
-def test_dependencies_come_from_metadata_built_in_a_sandbox_when_pkg_info_has_none(tmp_path, engine):
+@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+def docker_engine(request):
+    """What synth hands the metadata build: the Docker engine, or None (the local engine: bubblewrap)."""
+    if request.param == "local":
+        yield None
+    else:
+        with get_engine("docker") as engine:
+            yield engine
+
+
+def test_dependencies_come_from_metadata_built_in_a_sandbox_when_pkg_info_has_none(tmp_path, docker_engine):
     """An sdist whose PKG-INFO has no Requires-Dist gets them from its build backend, run in a sandbox with no
     network that sees none of this machine's files (bubblewrap for the local engine, a container of the base
     image for Docker): the requirements come back, and what the backend wrote to a host path never lands."""
-    from crr.replay.docker import DEFAULT_BASE_IMAGE
-
-    image = DEFAULT_BASE_IMAGE if engine == "docker" else None
     setup = ("from setuptools import setup\nsetup(name='old', version='1.0', py_modules=['old'], "
              "install_requires=['six>=1.9'], extras_require={'test': ['iniconfig'], 'yaml': ['pyyaml']})\n")
     plain = write_tree(tmp_path / "old", {"PKG-INFO": "Metadata-Version: 1.1\nName: old\nVersion: 1.0\n",
                                           "setup.py": setup, "old.py": "import six\n"})
-    assert sorted(declared_requirements(plain, image)) == ["iniconfig", "six>=1.9"]
+    assert sorted(declared_requirements(plain, docker_engine)) == ["iniconfig", "six>=1.9"]
     assert sorted(p.name for p in plain.iterdir()) == ["PKG-INFO", "old.py", "setup.py"]  # built elsewhere
 
     marks = tmp_path / "marks"  # a host path the backend can name: under /tmp, as the sandbox's own /tmp is
@@ -193,5 +199,5 @@ def test_dependencies_come_from_metadata_built_in_a_sandbox_when_pkg_info_has_no
         "backend.py": HOSTILE_BACKEND.format(marks=str(marks)),
         "pyproject.toml": '[build-system]\nrequires = ["setuptools>=40.8.0"]\nbuild-backend = "backend"\n'
                           'backend-path = ["."]\n'})
-    assert sorted(declared_requirements(hostile, image)) == ["iniconfig", "six>=1.9"]  # the hooks did run
+    assert sorted(declared_requirements(hostile, docker_engine)) == ["iniconfig", "six>=1.9"]  # the hooks did run
     assert not marks.exists()  # ... but not here

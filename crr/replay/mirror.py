@@ -140,15 +140,15 @@ def local_environment(lines: Sequence[str]) -> Path:
     return root
 
 
-def project_metadata(tree: Path, build_requires: Sequence[str], image: str | None = None) -> dict:
+def project_metadata(tree: Path, build_requires: Sequence[str], docker_engine=None) -> dict:
     """The core metadata (as pip's installation report gives it: name, version, requires_dist, ...) of the
     source tree `tree` (left untouched), built by its PEP 517 backend: pip prepares it in an isolated build
     environment installed from the hash-pinned wheelhouse of `build_requires`, with no index.
 
     The backend is the package's own code (an in-tree backend, a setup.py), which nobody here wrote, so it
     never runs on the host (issue 31): pip runs in a sandbox with no network that sees a copy of the tree
-    and the wheelhouse, read-only, and nothing else of this machine. With `image` (the Docker engine's base
-    image), a `docker run --network none` of it; else bubblewrap (`metadata_sandbox`)."""
+    and the wheelhouse, read-only, and nothing else of this machine. With `docker_engine` (a DockerEngine: its
+    client and base image), a `docker run --network none` of its base image; else bubblewrap (`metadata_sandbox`)."""
     house = wheelhouse(lock([*build_requires, "wheel"]))
     pip = next(house.glob("pip-*.whl"), None)  # a container's pip: the lock's own wheel (BASE_REQUIREMENTS)
     if pip is None:
@@ -163,8 +163,8 @@ def project_metadata(tree: Path, build_requires: Sequence[str], image: str | Non
         env = {"PATH": SYSTEM_PATH, "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
                "PIP_CONFIG_FILE": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
         what = f"build the metadata of {tree.name} (in a sandbox with no network)"
-        if image:
-            code, output = _in_container(image, ["python3", f"{_WHEELHOUSE_AT}/{pip.name}/pip", *argv], env,
+        if docker_engine is not None:
+            code, output = _in_container(docker_engine, ["python3", f"{_WHEELHOUSE_AT}/{pip.name}/pip", *argv], env,
                                          Path(tmp), house)
         else:  # this interpreter's own pip, as on the host before (its byte code is cached: ~2x faster than a wheel's)
             code, output = _in_bwrap([sys.executable, "-m", "pip", *argv], env, Path(tmp), house)
@@ -176,15 +176,13 @@ def project_metadata(tree: Path, build_requires: Sequence[str], image: str | Non
 _WORK_AT, _WHEELHOUSE_AT = "/crr-build", "/wheelhouse"  # where a metadata sandbox sees its tree copy and wheels
 
 
-def _in_container(image: str, argv: list[str], env: dict, work: Path, house: Path) -> tuple[int, str]:
-    """`argv` in a throwaway container of `image`: no network, `work` and the wheelhouse (read-only) bound."""
+def _in_container(engine, argv: list[str], env: dict, work: Path, house: Path) -> tuple[int, str]:
+    """`argv` in a throwaway container of the Docker engine's base image: no network, `work` and the
+    wheelhouse (read-only) bound."""
     import docker  # deferred: only synth on the Docker engine needs it here
     import requests
 
-    from crr.replay.docker import docker_client
-
-    client = docker_client()
-    box = client.containers.run(image, argv, detach=True, network_mode="none", environment=env,
+    box = engine.client.containers.run(engine.base_image, argv, detach=True, network_mode="none", environment=env,
                                 working_dir=_WORK_AT, labels={"org.crr.role": "metadata"},
                                 volumes={str(work): {"bind": _WORK_AT, "mode": "rw"},
                                          str(house): {"bind": _WHEELHOUSE_AT, "mode": "ro"}})
