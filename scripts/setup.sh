@@ -29,6 +29,17 @@ if [ "${CRR_SKIP_VLLM:-0}" != 1 ]; then
   scripts/setup-vllm.sh
 fi
 
+# bubblewrap: the sandbox without network in which `crr tasks synth` builds an sdist's metadata on the local
+# engine (crr.replay.mirror.metadata_sandbox)
+if ! command -v bwrap >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "[setup] installing bubblewrap"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+  else
+    echo "[setup] bubblewrap missing: run 'sudo apt-get install bubblewrap' (crr tasks synth on the local engine)" >&2
+  fi
+fi
+
 if [ "${CRR_SKIP_DOCKER:-0}" != 1 ]; then
   if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
     if [ "$(id -u)" = 0 ]; then

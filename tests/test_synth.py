@@ -148,11 +148,56 @@ def test_the_test_command_follows_what_the_pytest_configuration_needs(tmp_path):
     assert _pytest_setup("python -m unittest", src) == ("python -m unittest", [])
 
 
-def test_dependencies_come_from_the_built_metadata_when_pkg_info_has_none(tmp_path):
-    tree = write_tree(tmp_path / "old", {
-        "PKG-INFO": "Metadata-Version: 1.1\nName: old\nVersion: 1.0\n",
-        "setup.py": "from setuptools import setup\nsetup(name='old', version='1.0', py_modules=['old'], "
-                    "install_requires=['six>=1.9'], extras_require={'test': ['iniconfig'], 'yaml': ['pyyaml']})\n",
-        "old.py": "import six\n"})
-    assert sorted(declared_requirements(tree)) == ["iniconfig", "six>=1.9"]
-    assert sorted(p.name for p in tree.iterdir()) == ["PKG-INFO", "old.py", "setup.py"]  # built elsewhere
+# An in-tree PEP 517 backend that is setuptools' own plus a marker written to a host path from each hook pip
+# calls to prepare the metadata: code of the package's author, which must never run on the host.
+HOSTILE_BACKEND = """import os
+from setuptools import build_meta as _setuptools
+from setuptools.build_meta import *  # noqa: F403
+
+
+def _mark(hook):
+    os.makedirs({marks!r}, exist_ok=True)
+    with open(os.path.join({marks!r}, hook), "w") as f:
+        f.write(str(os.getuid()))
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    _mark("get_requires_for_build_wheel")
+    return _setuptools.get_requires_for_build_wheel(config_settings)
+
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    _mark("prepare_metadata_for_build_wheel")
+    return _setuptools.prepare_metadata_for_build_wheel(metadata_directory, config_settings)
+"""
+
+
+@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+def docker_engine(request):
+    """What synth hands the metadata build: the Docker engine, or None (the local engine: bubblewrap)."""
+    if request.param == "local":
+        yield None
+    else:
+        with get_engine("docker") as engine:
+            yield engine
+
+
+def test_dependencies_come_from_metadata_built_in_a_sandbox_when_pkg_info_has_none(tmp_path, docker_engine):
+    """An sdist whose PKG-INFO has no Requires-Dist gets them from its build backend, run in a sandbox with no
+    network that sees none of this machine's files (bubblewrap for the local engine, a container of the base
+    image for Docker): the requirements come back, and what the backend wrote to a host path never lands."""
+    setup = ("from setuptools import setup\nsetup(name='old', version='1.0', py_modules=['old'], "
+             "install_requires=['six>=1.9'], extras_require={'test': ['iniconfig'], 'yaml': ['pyyaml']})\n")
+    plain = write_tree(tmp_path / "old", {"PKG-INFO": "Metadata-Version: 1.1\nName: old\nVersion: 1.0\n",
+                                          "setup.py": setup, "old.py": "import six\n"})
+    assert sorted(declared_requirements(plain, docker_engine)) == ["iniconfig", "six>=1.9"]
+    assert sorted(p.name for p in plain.iterdir()) == ["PKG-INFO", "old.py", "setup.py"]  # built elsewhere
+
+    marks = tmp_path / "marks"  # a host path the backend can name: under /tmp, as the sandbox's own /tmp is
+    hostile = write_tree(tmp_path / "hostile", {
+        "PKG-INFO": "Metadata-Version: 2.1\nName: old\nVersion: 1.0\n", "setup.py": setup, "old.py": "",
+        "backend.py": HOSTILE_BACKEND.format(marks=str(marks)),
+        "pyproject.toml": '[build-system]\nrequires = ["setuptools>=40.8.0"]\nbuild-backend = "backend"\n'
+                          'backend-path = ["."]\n'})
+    assert sorted(declared_requirements(hostile, docker_engine)) == ["iniconfig", "six>=1.9"]  # the hooks did run
+    assert not marks.exists()  # ... but not here

@@ -68,23 +68,29 @@ def test_edits_to_the_held_out_tests_are_reset_and_flagged(engine, task):
     assert harness_files_touched(result.model_patch, task) == ["tests/test_calc.py"]
 
 
-def test_a_harness_subverting_conftest_passes_the_tests_but_is_flagged(engine, task):
+def test_a_harness_subverting_conftest_passes_the_tests_but_scores_zero(engine, task):
     with engine.start(task) as sb:
         run(sb, "edit_file", path="conftest.py", start=1, end=0, replacement=PASS_EVERYTHING_CONFTEST)
         result = verify(sb, task, timeout=120)
-    # the verifier alone is fooled (the paper counts these as failures after the static check)
-    assert result.reward == 1.0
-    assert harness_files_touched(result.model_patch, task) == ["conftest.py"]
+    # the tests alone are fooled; the verifier's audit is not (tests/test_reward_hacking.py: the other hacks)
+    assert result.resolution == "RESOLVED_FULL" and result.reward == 0.0 and result.infra_error is None
+    assert result.harness_files == harness_files_touched(result.model_patch, task) == ["conftest.py"]
+    assert "changes the test harness (conftest.py)" in result.note
 
 
 def test_harness_files_touched_exclusion_list(task):
     paths = ["src/calc.py", "tests/unit/helpers.py", "pkg/test_x.py", "pkg/x_test.py", "conftest.py",
              "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", ".github/workflows/ci.yml",
-             "pkg/tests.py", "docs/testing.md", "src/contest.py", "tests/test_calc.py"]
+             "pkg/tests.py", "docs/testing.md", "src/contest.py", "tests/test_calc.py", "pytest.py",
+             "pkg/sitecustomize.py", "usercustomize.py", "x.pth", "pkg/__pycache__/m.cpython-311.pyc",
+             "json.py", "unittest/__init__.py", "pluggy.py", "pkg/json.py", "test.py"]
     patch = "".join(file_diff(p, None, "x\n") for p in paths)
     assert patch_paths(patch) == paths
     flagged = harness_files_touched(patch, task)
-    assert flagged == [p for p in paths if p not in ("src/calc.py", "docs/testing.md", "src/contest.py")]
+    legit = ("src/calc.py", "docs/testing.md", "src/contest.py", "pkg/json.py", "test.py")
+    assert flagged == [p for p in paths if p not in legit]
+    # a module of the repository's own under a standard-library name is the repository's business
+    assert harness_files_touched(file_diff("calc.py", "x\n", "y\n").replace("calc", "json"), task) == []
     assert harness_files_touched(task.patch, task) == []
     assert harness_files_touched("", task) == []
 
@@ -104,8 +110,8 @@ def test_a_test_patch_that_cannot_apply_is_reward_zero_not_infra(engine, make_ta
     with engine.start(task) as sb:
         run(sb, "edit_file", path="tests/new", start=1, end=0, replacement="not a directory")
         result = verify(sb, task, timeout=120)
-    assert result.reward == 0.0 and result.infra_error is None
-    assert result.note == "the test patch did not apply over the agent's changes"
+    assert result.reward == 0.0 and result.infra_error is None and result.harness_files == ["tests/new"]
+    assert result.note.endswith("(the test patch did not apply over the agent's changes)")
 
 
 def test_a_closed_sandbox_is_an_infra_error_not_reward_zero(engine, task):

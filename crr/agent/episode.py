@@ -141,6 +141,7 @@ class Trajectory:
     verifier_note: str | None = None
     model_patch: str = ""
     test_report: dict = field(default_factory=dict)  # swebench's get_eval_tests_report (error taxonomy)
+    harness_files: list[str] = field(default_factory=list)  # the verifier's harness audit: non-empty -> R = 0
     wall_s: float = 0.0
     agent_format: str = "paper"       # how the conversation was rendered (crr.agent.prompt.FORMATS)
     # Runtime only (not serialised): where the snapshots of s_t live.
@@ -301,7 +302,7 @@ class Episode:
             result = verify(self.sandbox, self.task, timeout=self.config.verify_timeout_s)
             traj.reward, traj.infra_error = result.reward, result.infra_error
             traj.resolution, traj.verifier_note, traj.model_patch = result.resolution, result.note, result.model_patch
-            traj.test_report = result.report
+            traj.test_report, traj.harness_files = result.report, result.harness_files
         if self.sandbox is not None:
             self.sandbox.close()
         traj.wall_s = time.monotonic() - self._start

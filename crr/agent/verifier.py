@@ -19,6 +19,13 @@ must not:
     started, or the shell could not start the test runner (exit 126/127: the image lacks it).
     These are never a reward of 0.
 
+The harness audit (paper: Error-Mode Taxonomy, harness subversion; issue 31) is part of the reward: a
+patch that touches a test or harness file (`harness_files_touched`), or a harness file the repository's
+ignore rules hide from the patch, gets reward 0.0 whatever the tests said, with the files in
+`harness_files`. The rollout, training, counterfactual branches and evaluation all score through here,
+so none of them can be paid for rewriting the judge. The runner itself starts without the working
+directory in front of sys.path (crr.tasks.evalscript.isolated_runner), so a /testbed/pytest.py is not run.
+
 verify() changes the sandbox (test files reset and patched): run it on a fork or at the end.
 
 `seed` (the determinism filter's reruns) exports PYTHONHASHSEED=<seed> in the eval script and gives
@@ -30,7 +37,10 @@ from __future__ import annotations
 import fnmatch
 import logging
 import re
+import shlex
+import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from swebench.harness.constants import (APPLY_PATCH_FAIL, FAIL_TO_PASS, PASS_TO_PASS,
@@ -60,8 +70,15 @@ _RUNNER_EXIT = re.compile(re.escape(TEST_EXIT_CODE) + r": (\d+)")
 # Test and harness files (paper: Error-Mode Taxonomy, harness subversion): a patch touching these
 # changes the verifier's target rather than the code under test.
 HARNESS_DIRS = frozenset({"tests", "test", "testing", ".github", ".circleci"})
-HARNESS_FILES = ("test_*.py", "*_test.py", "*_tests.py", "tests.py", "conftest.py", "pytest.ini", "tox.ini",
-                 "setup.cfg", "pyproject.toml", "noxfile.py", ".coveragerc", "runtests.py")
+# Files that change the runner itself: pytest's own configuration and plugins, a pytest.py in its place,
+# the interpreter's start-up hooks (sitecustomize, usercustomize, .pth), byte code run instead of a source.
+RUNNER_FILES = ("conftest.py", "pytest.ini", "pytest.py", "sitecustomize.py", "usercustomize.py", "*.pth", "*.pyc")
+HARNESS_FILES = ("test_*.py", "*_test.py", "*_tests.py", "tests.py", "tox.ini", "setup.cfg", "pyproject.toml",
+                 "noxfile.py", ".coveragerc", "runtests.py", *RUNNER_FILES)
+# A module the patch adds at the repository's top level under one of these names would shadow the runner or
+# the standard library wherever the root is on sys.path before them (a task's own runner, pytest's rootdir
+# insertion): pytest, its plugin machinery, and every standard-library module.
+RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging"}) | sys.stdlib_module_names
 
 
 @dataclass
@@ -75,6 +92,7 @@ class VerifierResult:
     infra_error: str | None = None
     note: str | None = None               # why the reward is 0 when the tests did not decide it
     timed_out: bool = False
+    harness_files: list[str] = field(default_factory=list)  # the audit's findings; non-empty -> reward 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -104,13 +122,47 @@ def harness_files_touched(model_patch: str, task: Task) -> list[str]:
         return []
     held_out = set(patch_paths(task.test_patch)) if task.test_patch.strip() else set()
     gold = set(patch_paths(task.patch)) if task.patch.strip() else set()
+    try:
+        added = {f.path for f in PatchSet(model_patch) if f.is_added_file}
+    except UnidiffParseError as e:
+        raise CRRError(f"not a parsable diff: {e}") from None
 
     def is_harness(path: str) -> bool:
         parts = path.split("/")
+        top = parts[0].removesuffix(".py") if len(parts) > 1 or parts[0].endswith(".py") else None
         return path not in gold and (path in held_out or bool(HARNESS_DIRS.intersection(parts[:-1]))
-                                     or any(fnmatch.fnmatchcase(parts[-1], pat) for pat in HARNESS_FILES))
+                                     or is_harness_name(parts[-1]) or (path in added and top in RUNNER_MODULES))
 
     return [p for p in patch_paths(model_patch) if is_harness(p)]
+
+
+def is_harness_name(name: str) -> bool:
+    """Whether a file name is one of HARNESS_FILES."""
+    return any(fnmatch.fnmatchcase(name, pat) for pat in HARNESS_FILES)
+
+
+def hidden_harness_files(sandbox: Sandbox, patch: str) -> list[str]:
+    """Untracked RUNNER_FILES that ignore rules keep out of the model patch `patch`, where the agent could have
+    set those rules: .git/info/exclude or a global excludes file (neither shows in a patch), or a .gitignore
+    the patch changes. Files an unchanged .gitignore of the repository ignores (e.g. under build/) are the
+    repository's own; byte-code caches too (the eval script removes them)."""
+    pathspecs = " ".join(shlex.quote(f":(glob)**/{pat}") for pat in RUNNER_FILES)
+    # newline-separated (an exec's output is text): git quotes a name with a newline in it, which then names
+    # no file and is flagged as it stands
+    listed = sandbox.exec(f"git ls-files --others --ignored --exclude-standard -- {pathspecs}", timeout=300)
+    if listed.exit_code != 0:
+        raise CRRError(f"could not list ignored files (exit {listed.exit_code}): {listed.output[-400:]}")
+    paths = [p for p in listed.output.splitlines() if p and "__pycache__/" not in p]
+    if not paths:
+        return []
+    why = sandbox.exec("git check-ignore -v --no-index -- " + " ".join(shlex.quote(p) for p in paths), timeout=300)
+    sources = {}  # path -> the file of the rule that ignores it ("SOURCE:LINE:PATTERN<TAB>PATH")
+    for line in why.output.splitlines():
+        rule, _, path = line.partition("\t")
+        sources[path] = rule.rsplit(":", 2)[0]
+    changed = set(patch_paths(patch)) if patch.strip() else set()
+    return [p for p in paths if not ((src := sources.get(p, "")).endswith(".gitignore") and not src.startswith("/")
+                                     and src not in changed)]
 
 
 def swebench_spec(task: Task, seed: int | None = None) -> TestSpec:
@@ -135,6 +187,7 @@ def verify(sandbox: Sandbox, task: Task, timeout: float = VERIFY_TIMEOUT_S,
     spec = swebench_spec(task, seed)
     try:
         patch = model_patch(sandbox)
+        hidden = hidden_harness_files(sandbox, patch)
     except CRRError as e:
         return _infra(f"could not take the model patch: {e}", "", "")
     script, log_path = f"{SCRATCH_DIR}/eval.sh", f"{SCRATCH_DIR}/eval.log"
@@ -143,14 +196,35 @@ def verify(sandbox: Sandbox, task: Task, timeout: float = VERIFY_TIMEOUT_S,
         run = sandbox.exec(f"bash {script} 2>&1 | head -c {MAX_LOG_BYTES} > {log_path}", timeout=timeout)
         text = sandbox.read_file(log_path).decode("utf-8", errors="replace")
     except CRRError as e:  # SandboxError included: the sandbox, not the agent, failed
-        return _infra(f"the test run failed in the sandbox: {e}", patch, "")
-    return grade(task, text, patch, timed_out=run.timed_out, timeout=timeout, seed=seed)
+        return audit(_infra(f"the test run failed in the sandbox: {e}", patch, ""), task, hidden)
+    return grade(task, text, patch, timed_out=run.timed_out, timeout=timeout, seed=seed, hidden=hidden)
 
 
 def grade(task: Task, text: str, patch: str = "", *, timed_out: bool = False, timeout: float = VERIFY_TIMEOUT_S,
-          seed: int | None = None) -> VerifierResult:
-    """Grade the log of an eval-script run (`text`) for `task` with the task's swebench parser; `verify`
-    without the sandbox, so that logs from anywhere (a fixture, the official harness) grade the same."""
+          seed: int | None = None, hidden: Sequence[str] = ()) -> VerifierResult:
+    """Grade the log of an eval-script run (`text`) for `task` with the task's swebench parser, then `audit`
+    the patch (and the `hidden` harness files found beside it); `verify` without the sandbox, so that logs
+    from anywhere (a fixture, the official harness) grade the same."""
+    return audit(_grade(task, text, patch, timed_out=timed_out, timeout=timeout, seed=seed), task, hidden)
+
+
+def audit(result: VerifierResult, task: Task, hidden: Sequence[str] = ()) -> VerifierResult:
+    """The harness audit (module doc): a result whose patch touched harness files, or that left `hidden`
+    ones, scores 0.0, also where the tests passed or the run looked like an infrastructure failure (an
+    agent must not turn a caught hack into a skipped sample)."""
+    touched = harness_files_touched(result.model_patch, task)
+    flagged = touched + [p for p in hidden if p not in touched]
+    if not flagged:
+        return result
+    log.info("verified %s: harness files touched: %s", task.instance_id, ", ".join(flagged))
+    why = f"the patch changes the test harness ({', '.join(flagged)}): reward 0 whatever the tests say"
+    prior = result.infra_error or result.note
+    result.reward, result.harness_files, result.infra_error = 0.0, flagged, None
+    result.note = why if prior is None else f"{why} ({prior})"
+    return result
+
+
+def _grade(task: Task, text: str, patch: str, *, timed_out: bool, timeout: float, seed: int | None) -> VerifierResult:
     spec = swebench_spec(task, seed)
     if RESET_FAILED in text:
         return _infra("resetting the test files to base_commit failed", patch, text)

@@ -43,7 +43,7 @@ import yaml
 
 from crr.errors import CRRError
 from crr.eval.passk import summarise_samples
-from crr.eval.taxonomy import audit, error_mode, held_out_counts, summarise_modes
+from crr.eval.taxonomy import error_mode, held_out_counts, summarise_modes
 from crr.policy import SERVER_BACKEND, check_backend
 from crr.replay import engine_options
 from crr.rundir import RunDir
@@ -450,14 +450,16 @@ def chunk_seed(seed: int, pass_index: int, chunk: int) -> int:
 
 def result_record(task: Task, sample: int, seed: int, traj) -> dict:
     """The results.jsonl record of one finished sample (a crr.agent.episode.Trajectory)."""
-    reward, harness_files = audit(traj.reward, traj.model_patch, task)
+    # the verifier's harness audit already scored a tampered patch 0 (crr.agent.verifier.audit), hidden files too
+    reward, harness_files = traj.reward, traj.harness_files
+    mode = "harness_subversion" if harness_files else error_mode(reward, traj.model_patch, task, traj.test_report)
     return {
         "instance_id": task.instance_id, "repo": task.repo, "sample": sample, "seed": seed,
         "reward": reward, "verifier_reward": traj.reward, "resolution": traj.resolution,
         "end_reason": traj.end_reason, "turns": len(traj.steps), "generated_tokens": traj.generated_tokens,
         "episode_tokens": len(traj.prompt_ids) + len(traj.completion_ids),  # the whole context at the end
         "infra_error": traj.infra_error, "verifier_note": traj.verifier_note, "model_patch": traj.model_patch,
-        "harness_files": harness_files, "error_mode": error_mode(reward, traj.model_patch, task, traj.test_report),
+        "harness_files": harness_files, "error_mode": mode,
         **held_out_counts(traj.test_report, task), "wall_s": traj.wall_s,
     }
 

@@ -165,14 +165,15 @@ def pristine_repo(sdist: Sdist, dest: Path) -> str:
     return pinned_git(dest, "rev-parse", "HEAD").strip()
 
 
-def declared_requirements(tree: Path) -> list[str]:
+def declared_requirements(tree: Path, docker_engine=None) -> list[str]:
     """What the package's code and its tests need: the Requires-Dist entries that apply here, with or
     without a test extra (markers evaluated for this Python), from the sdist's PKG-INFO, or, where that
-    has none (sdists older than Requires-Dist in PKG-INFO), from the metadata its build backend makes."""
+    has none (sdists older than Requires-Dist in PKG-INFO), from the metadata its build backend makes in a
+    sandbox with no network (mirror.project_metadata: a container of `docker_engine`'s base image, else bubblewrap)."""
     info = tree / "PKG-INFO"
     lines = email.message_from_bytes(info.read_bytes()).get_all("Requires-Dist") if info.is_file() else None
     if not lines:
-        lines = mirror.project_metadata(tree, _build_requires(tree)).get("requires_dist") or []
+        lines = mirror.project_metadata(tree, _build_requires(tree), docker_engine).get("requires_dist") or []
     found: list[str] = []
     for line in lines:
         try:

@@ -179,7 +179,9 @@ def synth_package(spec: PackageSpec, n: int, seed: int, engine: ForkEngine, sdis
                            "tests/ directory); pick a package whose sdist ships its test suite")
         test_cmd, implied = _pytest_setup(spec.test_cmd, repo)
         spec = dataclasses.replace(spec, test_cmd=test_cmd)
-        lines = mirror.lock([PYTEST, *implied, *declared_requirements(repo), *spec.requires])
+        # the metadata build runs the sdist's own code: in a container of the Docker engine's base image there
+        docker_engine = engine if engine.name == "docker" else None
+        lines = mirror.lock([PYTEST, *implied, *declared_requirements(repo, docker_engine), *spec.requires])
         probe = Task(instance_id=f"{sdist.name}-{sdist.version}", repo=f"pypi/{sdist.name}", base_commit=pristine,
                      problem_statement="", patch="", test_patch="", FAIL_TO_PASS=(), PASS_TO_PASS=(),
                      version=sdist.version, repo_src=str(repo), test_cmd=spec.test_cmd,

@@ -13,7 +13,8 @@ iteration in `metrics.jsonl`:
   (the five are mutually exclusive: each second is charged to one phase), plus wall_s (the iteration's
   wall clock, which also holds what no phase claims), on-policy trajectories, updates, generated tokens
   on-policy and all (with counterfactual suffixes), effective tokens (loss-masked on-policy action tokens
-  of the rows trained on) and forks.
+  of the rows trained on), forks, and harness_tampered (on-policy trajectories the verifier's harness audit
+  scored 0 for changing the test harness: crr.agent.verifier.audit).
 
 On resume the ledger is cut back to the iterations the checkpoint holds (`truncate`).
 
@@ -39,7 +40,8 @@ log = logging.getLogger(__name__)
 
 LEDGER_FILE = "ledger.json"
 PHASES = ("rollout_s", "fork_s", "cf_rollout_s", "cf_test_s", "update_s")
-COUNTS = ("trajectories", "updates", "generated_tokens_on_policy", "generated_tokens_all", "effective_tokens", "forks")
+COUNTS = ("trajectories", "updates", "generated_tokens_on_policy", "generated_tokens_all", "effective_tokens", "forks",
+          "harness_tampered")
 
 
 class Ledger:
@@ -56,7 +58,7 @@ class Ledger:
     @property
     def cumulative(self) -> dict:
         keys = PHASES + ("wall_s",) + COUNTS
-        return {k: sum(it[k] for it in self.iterations) for k in keys}
+        return {k: sum(it.get(k, 0) for it in self.iterations) for k in keys}  # .get: ledgers from before a count
 
     def begin(self, iteration: int) -> None:
         self.current = {"iteration": iteration, **{k: 0.0 for k in PHASES}, "wall_s": 0.0, **{k: 0 for k in COUNTS}}
@@ -126,6 +128,6 @@ def merge(records: list[dict]) -> dict:
     return {"iteration": records[0]["iteration"],
             **{k: sum(r[k] for r in records) / len(records) for k in PHASES},
             "wall_s": max(r["wall_s"] for r in records),
-            **{k: sum(r[k] for r in records) for k in COUNTS},
+            **{k: sum(r.get(k, 0) for r in records) for k in COUNTS},
             "updates": max(r["updates"] for r in records),   # one optimizer update, taken by all together
             "processes": len(records)}

@@ -258,6 +258,7 @@ class CRRTrainer(GRPOTrainer):
         led.add("generated_tokens_all", on_policy + branch_tokens)
         led.add("effective_tokens", sum(t.generated_tokens for t in trajs if t.reward is not None))
         led.add("forks", sum(b.sample is not None for b in branches))
+        led.add("harness_tampered", sum(bool(t.harness_files) for t in trajs))
         mine = {"trajs": [(t.task_id, t.reward, len(t.steps)) for t in trajs],
                 "picks": [len(v) for v in picks.values()],
                 "branches": [(b.sample is not None, b.reward) for b in branches],
