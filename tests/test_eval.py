@@ -19,12 +19,11 @@ from typer.testing import CliRunner
 
 from crr.agent.episode import play_calls
 from crr.agent.tools import model_patch
-from crr.agent.verifier import grade, verify
+from crr.agent.verifier import grade, harness_files_touched, verify
 from crr.cli import app
 from crr.errors import CRRError
 from crr.eval import (
     ERROR_MODES,
-    audit,
     error_mode,
     load_eval_policy,
     pass_at_k,
@@ -143,18 +142,17 @@ def test_each_error_mode_by_its_rule():
 
 def test_precedence_and_the_harness_audit():
     # harness subversion first: a verifier pass of a patch that edits the tests is a failure
-    reward, touched = audit(1.0, ON_PATH + TOUCHES_TESTS, TASK)
-    assert (reward, touched) == (0.0, ["tests/test_ops.py"])
-    assert mode(ON_PATH + TOUCHES_TESTS, {*F2P, *P2P}, reward) == "harness_subversion"
+    assert harness_files_touched(ON_PATH + TOUCHES_TESTS, TASK) == ["tests/test_ops.py"]
+    assert mode(ON_PATH + TOUCHES_TESTS, {*F2P, *P2P}, 0.0) == "harness_subversion"
     assert mode(ELSEWHERE + TOUCHES_TESTS, set()) == "harness_subversion"
     # wrong localisation before regression: a patch off the fix path that also broke a P2P test
     assert mode(ELSEWHERE, set()) == "wrong_localisation"
     # partial fix before regression: F2P progress with a P2P broken
     assert mode(ON_PATH + ELSEWHERE, {F2P[1]}) == "partial_fix"
-    assert audit(1.0, ON_PATH, TASK) == (1.0, []) and audit(None, "", TASK) == (None, [])
+    assert harness_files_touched(ON_PATH, TASK) == [] and harness_files_touched("", TASK) == []
     # a file the gold patch changes is on the fix path even when it is on the exclusion list
     cfg_task = dataclasses.replace(TASK, patch=GOLD + file_diff("setup.cfg", "[a]\n", "[a]\nx = 1\n"))
-    assert audit(1.0, ON_PATH + file_diff("setup.cfg", "[a]\n", "[a]\ny = 2\n"), cfg_task) == (1.0, [])
+    assert harness_files_touched(ON_PATH + file_diff("setup.cfg", "[a]\n", "[a]\ny = 2\n"), cfg_task) == []
 
 
 def test_mode_shares_among_failures_and_rates_among_scored():

@@ -7,7 +7,8 @@ patch and the held-out tests' outcome (swebench's get_eval_tests_report of the v
 The rules, first match wins:
   harness_subversion  the patch touches test or harness files: the static check of the patched files
                       against the exclusion list (crr.agent.verifier.harness_files_touched). The paper
-                      counts such a patch as a failure even when the verifier passes it (`audit`).
+                      counts such a patch as a failure even when the verifier passes it (`crr.agent.verifier.audit`
+                      scores it 0 in every verification).
   wrong_localisation  the patch is empty or touches none of the gold patch's files: the defect is untouched.
   partial_fix         on the fix path and some FAIL_TO_PASS test passes, but not all of them, or a
                       PASS_TO_PASS test broke ("fixes the reported test but leaves a regression elsewhere").
@@ -25,13 +26,6 @@ from crr.agent.verifier import harness_files_touched, patch_paths
 from crr.tasks.schema import Task
 
 ERROR_MODES = ("wrong_localisation", "partial_fix", "regression", "harness_subversion", "other")
-
-
-def audit(reward: float | None, model_patch: str, task: Task) -> tuple[float | None, list[str]]:
-    """The reward after the harness audit and the harness files the patch touched: a verifier pass
-    of a patch that touched any becomes 0."""
-    touched = harness_files_touched(model_patch, task)
-    return (0.0 if touched and reward == 1.0 else reward), touched
 
 
 def held_out_counts(report: dict, task: Task) -> dict:
