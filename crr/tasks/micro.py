@@ -17,7 +17,9 @@ replaced by the next attempt for the same index.
 Tiers: "default" (the templates of crr.tasks.templates with filler modules and look-alike decoys, 3 to 20
 modules) and "nano" (crr.tasks.nano: 1-3 short procedurally named modules whose docstrings state what the
 code must do, no fillers or decoys, a one-sentence issue; the learnable tier of the CPU testbed). Both take
-the same path from a template to a row.
+the same path from a template to a row; "multi" (crr.tasks.multi: nano packages with 1-3 bugs, symptom-only
+issues and look-alike modules) reuses its pieces. Nano and multi also have a "val" split: the test split's
+vocabulary, instances of their own.
 
 Flaky tests (`flaky_rate`): a seed-chosen fraction of tasks get one labelled flaky test among
 PASS_TO_PASS that depends on the hash seed, the test order, unseeded randomness or the clock. The
@@ -43,6 +45,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from crr.errors import CRRError
 from crr.tasks.bugs import FAMILIES, Mutant, iter_mutants, mutants
@@ -58,10 +61,13 @@ from crr.tasks.schema import (
 from crr.tasks.templates import FILLERS, TEMPLATES, Module, Template, templates_for
 from crr.tasks.warm import WarmPytest
 
+if TYPE_CHECKING:
+    from crr.tasks.multi import Knobs
+
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "test")
-TIERS = ("default", "nano")
+SPLITS = ("train", "val", "test")   # "val": the nano and multi tiers only (the default tier's templates are two pools)
+TIERS = ("default", "nano", "multi")
 FLAKY_KINDS = ("hash_seed", "test_order", "random", "time")
 MAX_ATTEMPTS = 24         # candidates tried per task before giving up
 MAX_PROBED_MUTANTS = 8    # mutation sites evaluated per candidate
@@ -121,7 +127,7 @@ class _TestFile:
 
 def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rate: float = 0.0,
                    progress: Callable[[Task], None] | None = None, tier: str = "default",
-                   workers: int = 1, first: int = 0, warm: bool = True) -> list[Task]:
+                   workers: int = 1, first: int = 0, warm: bool = True, knobs: Knobs | None = None) -> list[Task]:
     """Generate `n` tasks into `out_dir` (tasks.jsonl + repos/<id>.bundle) and return them.
 
     `out_dir` must not exist or be empty; it is filled atomically (built next to it, then renamed).
@@ -129,11 +135,18 @@ def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rat
     extends a smaller one, `first` > 0 generates tasks first..first+n-1 of that same sequence (a large
     set in chunks), and `workers` processes give the same rows as one. `warm` runs pytest in forks of a
     warm worker (crr.tasks.warm) rather than a fresh interpreter each time: same outcomes, less time.
+    `knobs` (the multi tier only; default Knobs()) set its bug counts, issue styles and distractors.
     """
     if split not in SPLITS:
         raise CRRError(f"unknown micro split {split!r}; use one of {', '.join(SPLITS)}")
     if tier not in TIERS:
         raise CRRError(f"unknown micro tier {tier!r}; use one of {', '.join(TIERS)}")
+    if split == "val" and tier == "default":
+        raise CRRError("the default tier has train and test splits only; --split val is for --tier nano or multi")
+    if tier == "multi" and flaky_rate > 0:
+        raise CRRError("the multi tier plants no flaky tests; drop --flaky-rate")
+    if knobs is not None and tier != "multi":
+        raise CRRError(f"--bugs/--issue/--distractors are the multi tier's knobs, not the {tier} tier's")
     if workers < 1:
         raise CRRError(f"--workers must be at least 1, got {workers}")
     if first < 0 or (first > 0 and flaky_rate > 0):
@@ -152,7 +165,7 @@ def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rat
     try:
         (scratch / f"{_PIN_MODULE}.py").write_text(_PIN_PLUGIN)
         flaky = _flaky_plan(n, seed, split, flaky_rate)
-        jobs = [(index, seed, split, flaky.get(index), build, scratch, tier, warm)
+        jobs = [(index, seed, split, flaky.get(index), build, scratch, tier, warm, knobs)
                 for index in range(first, first + n)]
         tasks = []
         # Processes, not threads: a candidate is mostly Python (AST mutants, git and pytest plumbing).
@@ -216,7 +229,13 @@ def _choices(index: int, seed: int, split: str) -> tuple[str, str, list[Template
 
 
 def _generate_job(job: tuple) -> Task:
-    return _generate_task(*job)
+    *args, knobs = job
+    if args[6] == "multi":
+        from crr.tasks.multi import Knobs, multi_task  # deferred: the multi tier builds on this module
+
+        index, seed, split, _, out, scratch, _, warm = args
+        return multi_task(index, seed, split, knobs or Knobs(), out, scratch, warm)
+    return _generate_task(*args)
 
 
 def _generate_task(index: int, seed: int, split: str, flaky: str | None, out: Path, scratch: Path,
