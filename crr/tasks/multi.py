@@ -222,6 +222,7 @@ def _candidate(instance_id: str, n_bugs: int, style: str, distractors: int, spli
         "n_modules": len(modules), "n_decoys": n_distractors, "package": package,
         "buggy_file": f"{package}/{bugs[0].module.name}.py", "buggy_function": bugs[0].function, "flaky": None,
         "n_bugs": n_bugs, "issue_style": style, "n_distractors": n_distractors,
+        "distractors": [f"{package}/{m.name}.py" for m in modules if m.name not in core],
         "bugs": [{"file": f"{package}/{b.module.name}.py", "function": b.function, "family": b.family,
                   "test": test_ids[b.shown]} for b in bugs],
     }
