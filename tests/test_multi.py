@@ -10,15 +10,17 @@ import re
 import subprocess
 
 import pytest
+from typer.testing import CliRunner
 from unidiff import PatchSet
 
 from crr.agent.expert import MULTI_MAX_DECISIONS, ExpertConfig, call_json, explore_script, fix_edits
 from crr.agent.tools import execute
 from crr.agent.verifier import verify
+from crr.cli import app
 from crr.errors import CRRError
 from crr.eval.evaluate import BENCHMARKS
 from crr.replay import get_engine
-from crr.tasks.loaders import MICRO_DEFAULT_N, MICRO_RANGES, MICRO_SETS
+from crr.tasks.loaders import MICRO_DEFAULT_N, MICRO_RANGES, MICRO_SETS, load_tasks
 from crr.tasks.micro import generate_micro
 from crr.tasks.multi import ISSUE_STYLES, Knobs, multi_template
 
@@ -137,6 +139,19 @@ def test_knobs_cycle_in_equal_shares_and_bad_knobs_are_clear_errors(tmp_path):
     # without distractors, no look-alike module; the names still come from the split's vocabulary
     template, core = multi_template(random.Random(1), "test", 3, 0)
     assert {m.name for m in template.modules} == core and len(core) == 3
+    # the CLI: knobs in, recorded in the row; a bad knob exits 2 with one line
+    runner = CliRunner()
+    out = tmp_path / "cli"
+    result = runner.invoke(app, ["tasks", "micro", "--tier", "multi", "--split", "val", "--n", "1", "--bugs", "2",
+                                 "--issue", "symptom", "--distractors", "0", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "bugs x issue style: 2 symptom: 1" in result.output
+    (task,) = load_tasks(str(out))
+    assert (task.metadata["n_bugs"], task.metadata["issue_style"], task.metadata["n_distractors"]) == (2, "symptom", 0)
+    assert task.instance_id == "multi-val-0-0"
+    result = runner.invoke(app, ["tasks", "micro", "--tier", "multi", "--n", "1", "--issue", "vague",
+                                 "--out", str(tmp_path / "bad")])
+    assert result.exit_code == 2 and "--issue takes styles among named, symptom, test_id" in result.output
 
 
 def test_the_catalogue_names_disjoint_ranges_and_crr_eval_reads_it():
