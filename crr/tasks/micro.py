@@ -45,10 +45,18 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from crr.errors import CRRError
 from crr.tasks.bugs import FAMILIES, Mutant, iter_mutants, mutants
+from crr.tasks.multi import (
+    ISSUE_STYLES,
+    MAX_CORE_MODULES,
+    SITES_PER_BUG,
+    Knobs,
+    Symptom,
+    multi_issue,
+    multi_template,
+)
 from crr.tasks.nano import NANO_FAMILIES, nano_template
 from crr.tasks.schema import (
     DEFAULT_LOG_PARSER,
@@ -60,9 +68,6 @@ from crr.tasks.schema import (
 )
 from crr.tasks.templates import FILLERS, TEMPLATES, Module, Template, templates_for
 from crr.tasks.warm import WarmPytest
-
-if TYPE_CHECKING:
-    from crr.tasks.multi import Knobs
 
 log = logging.getLogger(__name__)
 
@@ -231,10 +236,8 @@ def _choices(index: int, seed: int, split: str) -> tuple[str, str, list[Template
 def _generate_job(job: tuple) -> Task:
     *args, knobs = job
     if args[6] == "multi":
-        from crr.tasks.multi import Knobs, multi_task  # deferred: the multi tier builds on this module
-
         index, seed, split, _, out, scratch, _, warm = args
-        return multi_task(index, seed, split, knobs or Knobs(), out, scratch, warm)
+        return _multi_task(index, seed, split, knobs or Knobs(), out, scratch, warm)
     return _generate_task(*args)
 
 
@@ -381,6 +384,136 @@ def _candidate(instance_id: str, template: Template, family: str, size: str, fla
                 FAIL_TO_PASS=tuple(f2p), PASS_TO_PASS=tuple(p2p), version="1.0",
                 log_parser=DEFAULT_LOG_PARSER, repo_src=str(bundle.resolve()), test_cmd=DEFAULT_TEST_CMD,
                 metadata=metadata)
+
+
+# ------------------------------------------------------------------------------------ the multi tier
+
+@dataclass(frozen=True)
+class _Bug:
+    module: Module
+    source: str       # the module with the bug
+    function: str
+    family: str
+    revealing: tuple[int, ...]
+    shown: int        # the case whose failing test is visible at base_commit (and the issue's symptom)
+    observed: str     # what the shown call does with the bug ("returns 3", "raises ...")
+
+
+def _multi_task(index: int, seed: int, split: str, knobs: Knobs, out: Path, scratch: Path, warm: bool) -> Task:
+    """Task `index` of the multi tier (crr.tasks.multi): candidates are tried until one has every bug revealed
+    and measured."""
+    n_bugs, style = knobs.draw(index, seed, split)
+    instance_id = f"multi-{split}-{seed}-{index}"
+    for attempt in range(MAX_ATTEMPTS):
+        rng = random.Random(f"multi:{seed}:{split}:{index}:{attempt}")
+        work = scratch / f"{instance_id}-{attempt}"
+        try:
+            task = _multi_candidate(instance_id, n_bugs, style, knobs.distractors, split, rng, work, out, warm)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        if task is not None:
+            return task
+    raise CRRError(f"could not generate {instance_id} in {MAX_ATTEMPTS} attempts; this is a bug in crr's "
+                   "multi generator, please report the seed and split")
+
+
+def _multi_candidate(instance_id: str, n_bugs: int, style: str, distractors: int, split: str, rng: random.Random,
+               work: Path, out: Path, warm: bool) -> Task | None:
+    template, core = multi_template(rng, split, rng.randint(n_bugs, MAX_CORE_MODULES), distractors)
+    package, modules = template.packages[0], list(template.modules)
+    cases = [_Case(m.name, fn, args, m.name in core) for m in modules for fn, arg_list in m.cases.items()
+             for args in arg_list]
+
+    # 1. Expected values and candidate bugs (a few per buggy module, of shuffled families), in one probe.
+    repo = work / "repo"
+    files = _package_files(package, template, modules)
+    _write(repo, files)
+    groups = []
+    for module in rng.sample([m for m in modules if m.name in core], n_bugs):
+        families = list(NANO_FAMILIES)
+        rng.shuffle(families)
+        sites = []
+        for family in families:
+            found = mutants(module.source, family, rng)
+            rng.shuffle(found)
+            sites += [(module, mu) for mu in found[:2]]
+        groups.append(sites[:SITES_PER_BUG])
+    probe = _probe(repo, package, cases, [s for g in groups for s in g])
+    reference = probe["reference"]
+    unusable = {i for i, r in enumerate(reference) if "error" in r}
+    results = iter(probe["mutants"])
+    bugs = []
+    for sites in groups:
+        found = [(module, mu, res) for (module, mu), res in zip(sites, [next(results) for _ in sites])
+                 if not res["timeout"] and len(set(res["revealing"]) - unusable) >= 2]
+        if not found:  # each bug needs a visible failing test and a held-out one
+            return None
+        module, mu, res = found[0]
+        revealing = sorted(set(res["revealing"]) - unusable)
+        symptoms = sorted(revealing, key=lambda i: (len(cases[i].args) + len(res["observed"][str(i)]), i))
+        shown = rng.choice(symptoms[:3])
+        bugs.append(_Bug(module, mu.source, mu.function, mu.family, tuple(revealing), shown,
+                         res["observed"][str(shown)]))
+
+    # 2. Held out: every bug's failing cases but the shown one, plus two passing ones of the same function.
+    held_out: set[int] = set()
+    for bug in bugs:
+        peers = [i for i, c in enumerate(cases) if c.module == bug.module.name and c.function == bug.function
+                 and i not in bug.revealing and i not in unusable]
+        held_out |= (set(bug.revealing) - {bug.shown}) | set(rng.sample(peers, min(2, len(peers))))
+
+    # 3. The repository at base_commit: the bugs, one visible failing test per bug.
+    for bug in bugs:
+        files[f"{package}/{bug.module.name}.py"] = bug.source
+    tests, test_ids = _test_files(package, cases, reference, held_out, sorted(unusable))
+    shutil.rmtree(repo)
+    _write(repo, {**files, **{f"tests/test_{t.module}.py": _render(t, held_out=False) for t in tests.values()}})
+    pinned_git(repo, "init", "-q", "-b", "main")
+    pinned_git(repo, "add", "-A")
+    pinned_git(repo, "commit", "-q", "-m", f"{package}: initial import")
+    base_commit = pinned_git(repo, "rev-parse", "HEAD").strip()
+
+    # 4. Test patch and gold patch (every buggy module restored) as git diffs; F2P / P2P measured by pytest.
+    test_patch = files_diff(repo, {f"tests/test_{t.module}.py": _render(t, held_out=True)
+                                   for t in tests.values() if t.held_out})
+    patch = files_diff(repo, {f"{package}/{bug.module.name}.py": bug.module.source for bug in bugs})
+    pinned_git(repo, "apply", "-", stdin=test_patch)
+    before = _pytest(repo, work.parent, warm, lean=warm)
+    pinned_git(repo, "apply", "-", stdin=patch)
+    after = _pytest(repo, work.parent, warm, lean=warm)
+    if not after or any(status != "PASSED" for status in after.values()):
+        return None
+    f2p = [t for t in after if before.get(t) != "PASSED"]
+    p2p = [t for t in after if before.get(t) == "PASSED"]
+    for bug in bugs:  # each bug fails its shown test and a held-out one: no bug is fixed by fixing another
+        own = {test_ids[i] for i in bug.revealing}
+        if test_ids[bug.shown] not in f2p or not (own - {test_ids[bug.shown]}) & set(f2p):
+            return None
+    if not set(f2p) <= {test_ids[i] for bug in bugs for i in bug.revealing}:
+        return None
+
+    bundle = out / "repos" / f"{instance_id}.bundle"
+    bundle.parent.mkdir(parents=True, exist_ok=True)
+    pinned_git(repo, "bundle", "create", "-q", str(bundle), "HEAD", "main")
+    n_distractors = len(modules) - len(core)
+    metadata = {
+        "split": split, "template": "multi", "tier": "multi", "bug_family": bugs[0].family,
+        "difficulty": ("easy", "easy", "medium", "hard", "hard")[n_bugs - 1 + ISSUE_STYLES.index(style)],
+        "n_modules": len(modules), "n_decoys": n_distractors, "package": package,
+        "buggy_file": f"{package}/{bugs[0].module.name}.py", "buggy_function": bugs[0].function, "flaky": None,
+        "n_bugs": n_bugs, "issue_style": style, "n_distractors": n_distractors,
+        "distractors": [f"{package}/{m.name}.py" for m in modules if m.name not in core],
+        "bugs": [{"file": f"{package}/{b.module.name}.py", "function": b.function, "family": b.family,
+                  "test": test_ids[b.shown]} for b in bugs],
+    }
+    return Task(instance_id=instance_id, repo="crr/multi", base_commit=base_commit,
+                problem_statement=multi_issue(package, [
+                    Symptom(b.module.name, b.function, cases[b.shown].args, reference[b.shown], b.observed,
+                            test_ids[b.shown]) for b in bugs], style, rng),
+                patch=patch, test_patch=test_patch, FAIL_TO_PASS=tuple(f2p), PASS_TO_PASS=tuple(p2p),
+                version="1.0", log_parser=DEFAULT_LOG_PARSER, repo_src=str(bundle.resolve()),
+                test_cmd=DEFAULT_TEST_CMD, metadata=metadata)
+
 
 
 def _difficulty(n_modules: int, n_decoys: int, family: str, indirect: bool) -> str:
