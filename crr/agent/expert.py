@@ -25,6 +25,7 @@ import random
 import re
 import shlex
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 from os.path import commonprefix
 
 from unidiff import PatchSet
@@ -547,8 +548,7 @@ class _MultiPlanner(_Planner):
         style, package = meta["issue_style"], meta["package"]
         edits = {c.arguments["path"]: c for c in self.fixes}
         text = self.task.problem_statement
-        key = (lambda b: text.find(b["test"])) if style == "test_id" else (lambda b: text.find(f"{b['function']}("))
-        bugs = sorted(meta["bugs"], key=key)
+        bugs = sorted(meta["bugs"], key=lambda b: text.find(b["test"] if style == "test_id" else f"{b['function']}("))
         per_bug = 2 if style == "named" else 3
         spare = MULTI_MAX_DECISIONS - (3 + per_bug * len(bugs))  # + the first and last run_tests, the submit
         wrong_at = self.rng.randrange(len(bugs)) if spare >= 2 and self.chance(self.cfg.error_rate) else None
@@ -589,8 +589,6 @@ class _MultiPlanner(_Planner):
 
     def multi_lookalike(self, path: str) -> str | None:
         """The distractor module whose name is nearest `path`'s (one edit or two away), if any."""
-        from difflib import SequenceMatcher
-
         near = [(SequenceMatcher(None, path, d).ratio(), d) for d in self.task.metadata.get("distractors", [])]
         near = [(r, d) for r, d in near if r >= 0.8]
         return max(near)[1] if near else None
