@@ -25,6 +25,7 @@ import random
 import re
 import shlex
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 from os.path import commonprefix
 
 from unidiff import PatchSet
@@ -528,9 +529,102 @@ def _is_function(node: ast.AST) -> bool:
     return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
 
 
+# ----------------------------------------------------------------------------- the multi tier's expert
+
+MULTI_MAX_DECISIONS = 12  # the multi expert's horizon: extras (checks, look-alike views, wrong fixes) fit in it
+MULTI_P_LOOKALIKE = 0.5   # per bug: view its module's look-alike first (when the config allows decoy views)
+MULTI_P_CHECK = 0.5       # per fix but the last: run the tests to see what is still broken
+
+
+class _MultiPlanner(_Planner):
+    """Plans a multi-tier episode (crr.tasks.multi: 1-3 bugs in different modules, issues by style): run the
+    tests, then per bug find the module (named: the issue's path; symptom and test_id: a grep for the function,
+    then the module from its def line), view it and fix it; run the tests and submit. Within
+    MULTI_MAX_DECISIONS, some episodes also view a look-alike module first, check with the tests between fixes,
+    or make a wrong fix that the tests show to be wrong and then repair it."""
+
+    def plan(self) -> ExpertPlan:
+        meta = self.task.metadata
+        style, package = meta["issue_style"], meta["package"]
+        edits = {c.arguments["path"]: c for c in self.fixes}
+        text = self.task.problem_statement
+        bugs = sorted(meta["bugs"], key=lambda b: text.find(b["test"] if style == "test_id" else f"{b['function']}("))
+        per_bug = 2 if style == "named" else 3
+        spare = MULTI_MAX_DECISIONS - (3 + per_bug * len(bugs))  # + the first and last run_tests, the submit
+        wrong_at = self.rng.randrange(len(bugs)) if spare >= 2 and self.chance(self.cfg.error_rate) else None
+        if wrong_at is not None:
+            spare -= 2
+        self.add("run_tests", test_filter="")
+        erred = None
+        for i, bug in enumerate(bugs):
+            path, function = bug["file"], bug["function"]
+            lookalike = self.multi_lookalike(path)
+            if lookalike is not None and spare >= 1 and self.cfg.max_decoy_views and self.chance(MULTI_P_LOOKALIKE):
+                self.view(lookalike)
+                spare -= 1
+            if style == "named":
+                self.view(path)
+            else:
+                self.grep(function, package)
+                focus = self.chance(self.cfg.p_focused_view)
+                self.view(path, _function_line(self.text(path), function) if focus else None)
+            fix = edits[path]
+            wrong = self.test_wrong_fix(_Edit(**fix.arguments), bug["test"]) if i == wrong_at else None
+            if wrong is not None:
+                erred = "wrong_fix"
+                self.edit(wrong.call())
+                self.add("run_tests", test_filter=bug["test"])
+                self.edit(_Edit(path, wrong.start, wrong.start + len(wrong.replacement.splitlines()) - 1,
+                                fix.arguments["replacement"]).call())
+            else:
+                if i == wrong_at:
+                    spare += 2
+                self.edit(fix)
+            if i < len(bugs) - 1 and spare >= 1 and self.chance(MULTI_P_CHECK):
+                self.add("run_tests", test_filter="")
+                spare -= 1
+        self.add("run_tests", test_filter="")
+        self.add("submit_patch")
+        return ExpertPlan(self.calls, erred)
+
+    def multi_lookalike(self, path: str) -> str | None:
+        """The distractor module whose name is nearest `path`'s (one edit or two away), if any."""
+        near = [(SequenceMatcher(None, path, d).ratio(), d) for d in self.task.metadata.get("distractors", [])]
+        near = [(r, d) for r, d in near if r >= 0.8]
+        return max(near)[1] if near else None
+
+    def test_wrong_fix(self, edit: _Edit, test_id: str) -> _Edit | None:
+        """The fix's lines changed by another bug-family mutation that the bug's visible test still fails."""
+        buggy = self.text(edit.path)
+        fixed_lines = edit.apply(buggy).splitlines(keepends=True)
+        lo, hi = edit.start - 1, edit.start - 1 + len(edit.replacement.splitlines())
+        families = sorted(FAMILIES)
+        self.rng.shuffle(families)
+        tried = 0
+        for family in families:
+            for mutant in iter_mutants("".join(fixed_lines), family, random.Random(self.rng.random())):
+                lines = mutant.source.splitlines(keepends=True)
+                if (len(lines) != len(fixed_lines) or mutant.source == buggy or lines[:lo] != fixed_lines[:lo]
+                        or lines[hi:] != fixed_lines[hi:]):
+                    continue
+                self.sandbox.write_file(edit.path, mutant.source.encode())
+                try:
+                    failed = self.sandbox.exec(f"python -m pytest -q -p no:cacheprovider {shlex.quote(test_id)}",
+                                               timeout=60).exit_code != 0
+                finally:
+                    self.sandbox.write_file(edit.path, buggy.encode())
+                if failed:
+                    return _Edit(edit.path, edit.start, edit.end, "".join(lines[lo:hi]))
+                tried += 1
+                if tried >= MAX_WRONG_FIX_TRIES:
+                    return None
+        return None
+
+
 def explore_script(task: Task, sandbox: Sandbox, seed: int, config: ExpertConfig | None = None) -> ExpertPlan:
-    """The exploring expert's calls for one episode of `task`. `sandbox` is scratch at base_commit: the plan
-    reads its files and tries candidate wrong fixes in it (restoring each file). Deterministic in
-    (task, seed, config)."""
+    """The exploring expert's calls for one episode of `task` (the multi tier's own plan for its tasks).
+    `sandbox` is scratch at base_commit: the plan reads its files and tries candidate wrong fixes in it
+    (restoring each file). Deterministic in (task, seed, config)."""
     rng = random.Random(f"expert:{seed}:{task.instance_id}")
-    return _Planner(task, sandbox, rng, config or ExpertConfig()).plan()
+    planner = _MultiPlanner if task.metadata.get("tier") == "multi" else _Planner
+    return planner(task, sandbox, rng, config or ExpertConfig()).plan()

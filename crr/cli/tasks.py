@@ -34,10 +34,16 @@ tasks_app = typer.Typer(help="Task sets: generate the embedded micro set; valida
 def tasks_micro(
     n: int = typer.Option(32, "--n", help="Number of tasks."),
     seed: int = seed_option(help="Same seed, same tasks, byte for byte."),
-    split: str = typer.Option("train", "--split", help="train or test (disjoint templates; for nano, disjoint "
-                              "vocabularies)."),
-    tier: str = typer.Option("default", "--tier", help="default (templates, fillers, decoys: 3-20 modules) or nano "
-                             "(1-3 short modules with procedural names: the learnable CPU tier)."),
+    split: str = typer.Option("train", "--split", help="train or test (disjoint templates; for nano and multi, "
+                              "disjoint vocabularies), or val (nano and multi: the test vocabulary, its own instances)."),
+    tier: str = typer.Option("default", "--tier", help="default (templates, fillers, decoys: 3-20 modules), nano "
+                             "(1-3 short modules with procedural names: the learnable CPU tier) or multi (nano "
+                             "packages with 1-3 bugs, symptom-only issues and look-alike modules)."),
+    bugs: str | None = typer.Option(None, "--bugs", help="multi: bug counts the set cycles through [default: 1,2,3]."),
+    issue: str | None = typer.Option(None, "--issue", help="multi: issue styles the set cycles through, among "
+                                     "named, symptom, test_id [default: all three]."),
+    distractors: int | None = typer.Option(None, "--distractors", help="multi: look-alike modules per task, at most "
+                                           "[default: 2]."),
     flaky_rate: float = typer.Option(0.0, "--flaky-rate", help="Fraction of tasks with one labelled flaky test."),
     workers: int = typer.Option(1, "--workers", help="Processes generating tasks (same rows for any number)."),
     warm: bool = typer.Option(True, "--warm-pytest/--fresh-pytest", help="Measure tests in forks of a warm pytest "
@@ -53,12 +59,18 @@ def tasks_micro(
     from rich.table import Table
 
     from crr.tasks.micro import generate_micro
+    from crr.tasks.multi import Knobs
 
+    knobs = None
+    if (bugs, issue, distractors) != (None, None, None):
+        default = Knobs()
+        knobs = Knobs.parse(bugs or ",".join(map(str, default.bugs)), issue or ",".join(default.issue),
+                            default.distractors if distractors is None else distractors)
     with progress_bar("{task.description}") as bar:
         job = bar.add_task(f"{tier} {split} (seed {seed})", total=n)
         start = time.perf_counter()
         tasks = generate_micro(out, n=n, seed=seed, split=split, flaky_rate=flaky_rate, tier=tier, workers=workers,
-                               first=first, warm=warm, progress=lambda _: bar.advance(job))
+                               first=first, warm=warm, progress=lambda _: bar.advance(job), knobs=knobs)
         elapsed = time.perf_counter() - start
     tiers = ("easy", "medium", "hard")
     counts = Counter((t.metadata["bug_family"], t.metadata["difficulty"]) for t in tasks)
@@ -72,6 +84,10 @@ def tasks_micro(
         table.add_row(family, *map(str, row), str(sum(row)))
     table.add_row("[bold]total[/]", *(str(per_tier[t]) for t in tiers), f"[bold]{len(tasks)}[/]")
     console.print(table)
+    if tier == "multi":
+        shares = Counter((t.metadata["n_bugs"], t.metadata["issue_style"]) for t in tasks)
+        console.print("bugs x issue style: " + ", ".join(f"{b} {s}: {c}" for (b, s), c in sorted(shares.items())),
+                      highlight=False)
     flaky = sum(1 for t in tasks if t.metadata.get("flaky"))
     console.print(f"{flaky} with a labelled flaky test; {len(tasks) / elapsed:.2f} tasks/s with {workers} "
                   f"worker(s); wrote {Path(out) / 'tasks.jsonl'}", highlight=False)
@@ -82,8 +98,8 @@ def tasks_micro(
 def tasks_bench(
     n: int = typer.Option(200, "--n", help="Tasks to generate (into a throw-away directory)."),
     seed: int = seed_option(help="Generator seed."),
-    split: str = typer.Option("train", "--split", help="train or test."),
-    tier: str = typer.Option("nano", "--tier", help="default or nano."),
+    split: str = typer.Option("train", "--split", help="train, val (nano, multi) or test."),
+    tier: str = typer.Option("nano", "--tier", help="default, nano or multi."),
     workers: int = typer.Option(1, "--workers", help="Generating processes."),
     warm: bool = typer.Option(True, "--warm-pytest/--fresh-pytest", help="Warm pytest worker or a fresh "
                               "interpreter per pytest run."),
@@ -108,6 +124,8 @@ def tasks_bench(
     for family, count in result["families"].items():
         families.add_row(family, str(count))
     console.print(families)
+    if "n_bugs" in result:
+        console.print("bugs per task: " + ", ".join(f"{k}: {v}" for k, v in result["n_bugs"].items()), highlight=False)
     files = Table(title=f"files at base_commit (first {min(n, 50)} tasks); issue {result['issue_chars']:.0f} chars")
     for col in ("kind", "per task", "lines", "chars", "tokens"):
         files.add_column(col, justify="left" if col == "kind" else "right")

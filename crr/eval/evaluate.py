@@ -47,7 +47,7 @@ from crr.eval.taxonomy import error_mode, held_out_counts, summarise_modes
 from crr.policy import SERVER_BACKEND, check_backend
 from crr.replay import engine_options
 from crr.rundir import RunDir
-from crr.tasks.loaders import load_tasks
+from crr.tasks.loaders import MICRO_SETS, load_tasks
 from crr.tasks.schema import Task
 
 log = logging.getLogger(__name__)
@@ -60,12 +60,10 @@ INFRA_RETRIED = "infra_retried.jsonl"
 DEFAULT_OUT = Path("results/evals")
 SAMPLED_TEMPERATURE = 0.6  # the paper's multi-sample evaluation
 
-# crr eval's benchmark names -> (tasks source for crr.tasks.loaders, dataset adapter)
+# crr eval's benchmark names -> (tasks source for crr.tasks.loaders, dataset adapter): the loaders' named sets
+# (one catalogue: crr.tasks.loaders.MICRO_SETS) and the hub's benchmarks
 BENCHMARKS: dict[str, tuple[str, str | None]] = {
-    "micro-test": ("micro-test", None),
-    "micro-train": ("micro-train", None),
-    "nano-test": ("nano-test", None),
-    "nano-train": ("nano-train", None),
+    **{name: (name, None) for name in MICRO_SETS},
     "verified": ("SWE-bench/SWE-bench_Verified", "swe-bench"),
     "live": ("SWE-bench-Live/SWE-bench-Live", "swe-bench-live"),
     "rebench": ("nebius/SWE-rebench", "swe-rebench"),

@@ -17,7 +17,9 @@ replaced by the next attempt for the same index.
 Tiers: "default" (the templates of crr.tasks.templates with filler modules and look-alike decoys, 3 to 20
 modules) and "nano" (crr.tasks.nano: 1-3 short procedurally named modules whose docstrings state what the
 code must do, no fillers or decoys, a one-sentence issue; the learnable tier of the CPU testbed). Both take
-the same path from a template to a row.
+the same path from a template to a row; "multi" (crr.tasks.multi: nano packages with 1-3 bugs, symptom-only
+issues and look-alike modules) reuses its pieces. Nano and multi also have a "val" split: the test split's
+vocabulary, instances of their own.
 
 Flaky tests (`flaky_rate`): a seed-chosen fraction of tasks get one labelled flaky test among
 PASS_TO_PASS that depends on the hash seed, the test order, unseeded randomness or the clock. The
@@ -46,6 +48,15 @@ from pathlib import Path
 
 from crr.errors import CRRError
 from crr.tasks.bugs import FAMILIES, Mutant, iter_mutants, mutants
+from crr.tasks.multi import (
+    ISSUE_STYLES,
+    MAX_CORE_MODULES,
+    SITES_PER_BUG,
+    Knobs,
+    Symptom,
+    multi_issue,
+    multi_template,
+)
 from crr.tasks.nano import NANO_FAMILIES, nano_template
 from crr.tasks.schema import (
     DEFAULT_LOG_PARSER,
@@ -60,8 +71,8 @@ from crr.tasks.warm import WarmPytest
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "test")
-TIERS = ("default", "nano")
+SPLITS = ("train", "val", "test")   # "val": the nano and multi tiers only (the default tier's templates are two pools)
+TIERS = ("default", "nano", "multi")
 FLAKY_KINDS = ("hash_seed", "test_order", "random", "time")
 MAX_ATTEMPTS = 24         # candidates tried per task before giving up
 MAX_PROBED_MUTANTS = 8    # mutation sites evaluated per candidate
@@ -121,7 +132,7 @@ class _TestFile:
 
 def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rate: float = 0.0,
                    progress: Callable[[Task], None] | None = None, tier: str = "default",
-                   workers: int = 1, first: int = 0, warm: bool = True) -> list[Task]:
+                   workers: int = 1, first: int = 0, warm: bool = True, knobs: Knobs | None = None) -> list[Task]:
     """Generate `n` tasks into `out_dir` (tasks.jsonl + repos/<id>.bundle) and return them.
 
     `out_dir` must not exist or be empty; it is filled atomically (built next to it, then renamed).
@@ -129,11 +140,18 @@ def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rat
     extends a smaller one, `first` > 0 generates tasks first..first+n-1 of that same sequence (a large
     set in chunks), and `workers` processes give the same rows as one. `warm` runs pytest in forks of a
     warm worker (crr.tasks.warm) rather than a fresh interpreter each time: same outcomes, less time.
+    `knobs` (the multi tier only; default Knobs()) set its bug counts, issue styles and distractors.
     """
     if split not in SPLITS:
         raise CRRError(f"unknown micro split {split!r}; use one of {', '.join(SPLITS)}")
     if tier not in TIERS:
         raise CRRError(f"unknown micro tier {tier!r}; use one of {', '.join(TIERS)}")
+    if split == "val" and tier == "default":
+        raise CRRError("the default tier has train and test splits only; --split val is for --tier nano or multi")
+    if tier == "multi" and flaky_rate > 0:
+        raise CRRError("the multi tier plants no flaky tests; drop --flaky-rate")
+    if knobs is not None and tier != "multi":
+        raise CRRError(f"--bugs/--issue/--distractors are the multi tier's knobs, not the {tier} tier's")
     if workers < 1:
         raise CRRError(f"--workers must be at least 1, got {workers}")
     if first < 0 or (first > 0 and flaky_rate > 0):
@@ -152,7 +170,7 @@ def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rat
     try:
         (scratch / f"{_PIN_MODULE}.py").write_text(_PIN_PLUGIN)
         flaky = _flaky_plan(n, seed, split, flaky_rate)
-        jobs = [(index, seed, split, flaky.get(index), build, scratch, tier, warm)
+        jobs = [(index, seed, split, flaky.get(index), build, scratch, tier, warm, knobs)
                 for index in range(first, first + n)]
         tasks = []
         # Processes, not threads: a candidate is mostly Python (AST mutants, git and pytest plumbing).
@@ -216,7 +234,11 @@ def _choices(index: int, seed: int, split: str) -> tuple[str, str, list[Template
 
 
 def _generate_job(job: tuple) -> Task:
-    return _generate_task(*job)
+    *args, knobs = job
+    if args[6] == "multi":
+        index, seed, split, _, out, scratch, _, warm = args
+        return _multi_task(index, seed, split, knobs or Knobs(), out, scratch, warm)
+    return _generate_task(*args)
 
 
 def _generate_task(index: int, seed: int, split: str, flaky: str | None, out: Path, scratch: Path,
@@ -362,6 +384,136 @@ def _candidate(instance_id: str, template: Template, family: str, size: str, fla
                 FAIL_TO_PASS=tuple(f2p), PASS_TO_PASS=tuple(p2p), version="1.0",
                 log_parser=DEFAULT_LOG_PARSER, repo_src=str(bundle.resolve()), test_cmd=DEFAULT_TEST_CMD,
                 metadata=metadata)
+
+
+# ------------------------------------------------------------------------------------ the multi tier
+
+@dataclass(frozen=True)
+class _Bug:
+    module: Module
+    source: str       # the module with the bug
+    function: str
+    family: str
+    revealing: tuple[int, ...]
+    shown: int        # the case whose failing test is visible at base_commit (and the issue's symptom)
+    observed: str     # what the shown call does with the bug ("returns 3", "raises ...")
+
+
+def _multi_task(index: int, seed: int, split: str, knobs: Knobs, out: Path, scratch: Path, warm: bool) -> Task:
+    """Task `index` of the multi tier (crr.tasks.multi): candidates are tried until one has every bug revealed
+    and measured."""
+    n_bugs, style = knobs.draw(index, seed, split)
+    instance_id = f"multi-{split}-{seed}-{index}"
+    for attempt in range(MAX_ATTEMPTS):
+        rng = random.Random(f"multi:{seed}:{split}:{index}:{attempt}")
+        work = scratch / f"{instance_id}-{attempt}"
+        try:
+            task = _multi_candidate(instance_id, n_bugs, style, knobs.distractors, split, rng, work, out, warm)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        if task is not None:
+            return task
+    raise CRRError(f"could not generate {instance_id} in {MAX_ATTEMPTS} attempts; this is a bug in crr's "
+                   "multi generator, please report the seed and split")
+
+
+def _multi_candidate(instance_id: str, n_bugs: int, style: str, distractors: int, split: str, rng: random.Random,
+               work: Path, out: Path, warm: bool) -> Task | None:
+    template, core = multi_template(rng, split, rng.randint(n_bugs, MAX_CORE_MODULES), distractors)
+    package, modules = template.packages[0], list(template.modules)
+    cases = [_Case(m.name, fn, args, m.name in core) for m in modules for fn, arg_list in m.cases.items()
+             for args in arg_list]
+
+    # 1. Expected values and candidate bugs (a few per buggy module, of shuffled families), in one probe.
+    repo = work / "repo"
+    files = _package_files(package, template, modules)
+    _write(repo, files)
+    groups = []
+    for module in rng.sample([m for m in modules if m.name in core], n_bugs):
+        families = list(NANO_FAMILIES)
+        rng.shuffle(families)
+        sites = []
+        for family in families:
+            found = mutants(module.source, family, rng)
+            rng.shuffle(found)
+            sites += [(module, mu) for mu in found[:2]]
+        groups.append(sites[:SITES_PER_BUG])
+    probe = _probe(repo, package, cases, [s for g in groups for s in g])
+    reference = probe["reference"]
+    unusable = {i for i, r in enumerate(reference) if "error" in r}
+    results = iter(probe["mutants"])
+    bugs = []
+    for sites in groups:
+        found = [(module, mu, res) for (module, mu), res in zip(sites, [next(results) for _ in sites])
+                 if not res["timeout"] and len(set(res["revealing"]) - unusable) >= 2]
+        if not found:  # each bug needs a visible failing test and a held-out one
+            return None
+        module, mu, res = found[0]
+        revealing = sorted(set(res["revealing"]) - unusable)
+        symptoms = sorted(revealing, key=lambda i: (len(cases[i].args) + len(res["observed"][str(i)]), i))
+        shown = rng.choice(symptoms[:3])
+        bugs.append(_Bug(module, mu.source, mu.function, mu.family, tuple(revealing), shown,
+                         res["observed"][str(shown)]))
+
+    # 2. Held out: every bug's failing cases but the shown one, plus two passing ones of the same function.
+    held_out: set[int] = set()
+    for bug in bugs:
+        peers = [i for i, c in enumerate(cases) if c.module == bug.module.name and c.function == bug.function
+                 and i not in bug.revealing and i not in unusable]
+        held_out |= (set(bug.revealing) - {bug.shown}) | set(rng.sample(peers, min(2, len(peers))))
+
+    # 3. The repository at base_commit: the bugs, one visible failing test per bug.
+    for bug in bugs:
+        files[f"{package}/{bug.module.name}.py"] = bug.source
+    tests, test_ids = _test_files(package, cases, reference, held_out, sorted(unusable))
+    shutil.rmtree(repo)
+    _write(repo, {**files, **{f"tests/test_{t.module}.py": _render(t, held_out=False) for t in tests.values()}})
+    pinned_git(repo, "init", "-q", "-b", "main")
+    pinned_git(repo, "add", "-A")
+    pinned_git(repo, "commit", "-q", "-m", f"{package}: initial import")
+    base_commit = pinned_git(repo, "rev-parse", "HEAD").strip()
+
+    # 4. Test patch and gold patch (every buggy module restored) as git diffs; F2P / P2P measured by pytest.
+    test_patch = files_diff(repo, {f"tests/test_{t.module}.py": _render(t, held_out=True)
+                                   for t in tests.values() if t.held_out})
+    patch = files_diff(repo, {f"{package}/{bug.module.name}.py": bug.module.source for bug in bugs})
+    pinned_git(repo, "apply", "-", stdin=test_patch)
+    before = _pytest(repo, work.parent, warm, lean=warm)
+    pinned_git(repo, "apply", "-", stdin=patch)
+    after = _pytest(repo, work.parent, warm, lean=warm)
+    if not after or any(status != "PASSED" for status in after.values()):
+        return None
+    f2p = [t for t in after if before.get(t) != "PASSED"]
+    p2p = [t for t in after if before.get(t) == "PASSED"]
+    for bug in bugs:  # each bug fails its shown test and a held-out one: no bug is fixed by fixing another
+        own = {test_ids[i] for i in bug.revealing}
+        if test_ids[bug.shown] not in f2p or not (own - {test_ids[bug.shown]}) & set(f2p):
+            return None
+    if not set(f2p) <= {test_ids[i] for bug in bugs for i in bug.revealing}:
+        return None
+
+    bundle = out / "repos" / f"{instance_id}.bundle"
+    bundle.parent.mkdir(parents=True, exist_ok=True)
+    pinned_git(repo, "bundle", "create", "-q", str(bundle), "HEAD", "main")
+    n_distractors = len(modules) - len(core)
+    metadata = {
+        "split": split, "template": "multi", "tier": "multi", "bug_family": bugs[0].family,
+        "difficulty": ("easy", "easy", "medium", "hard", "hard")[n_bugs - 1 + ISSUE_STYLES.index(style)],
+        "n_modules": len(modules), "n_decoys": n_distractors, "package": package,
+        "buggy_file": f"{package}/{bugs[0].module.name}.py", "buggy_function": bugs[0].function, "flaky": None,
+        "n_bugs": n_bugs, "issue_style": style, "n_distractors": n_distractors,
+        "distractors": [f"{package}/{m.name}.py" for m in modules if m.name not in core],
+        "bugs": [{"file": f"{package}/{b.module.name}.py", "function": b.function, "family": b.family,
+                  "test": test_ids[b.shown]} for b in bugs],
+    }
+    return Task(instance_id=instance_id, repo="crr/multi", base_commit=base_commit,
+                problem_statement=multi_issue(package, [
+                    Symptom(b.module.name, b.function, cases[b.shown].args, reference[b.shown], b.observed,
+                            test_ids[b.shown]) for b in bugs], style, rng),
+                patch=patch, test_patch=test_patch, FAIL_TO_PASS=tuple(f2p), PASS_TO_PASS=tuple(p2p),
+                version="1.0", log_parser=DEFAULT_LOG_PARSER, repo_src=str(bundle.resolve()),
+                test_cmd=DEFAULT_TEST_CMD, metadata=metadata)
+
 
 
 def _difficulty(n_modules: int, n_decoys: int, family: str, indirect: bool) -> str:
@@ -668,4 +820,5 @@ def bench_micro(n: int, seed: int = 0, split: str = "train", tier: str = "nano",
             "files": {kind: {"per_task": round(len(rows) / min(sample, n), 2),
                              "mean_lines": mean([r[0] for r in rows]), "mean_chars": mean([r[1] for r in rows]),
                              "mean_tokens": mean([r[2] for r in rows])} for kind, rows in sizes.items()},
-            "issue_chars": mean([len(t.problem_statement) for t in tasks])}
+            "issue_chars": mean([len(t.problem_statement) for t in tasks]),
+            **({"n_bugs": dict(sorted(Counter(t.metadata["n_bugs"] for t in tasks).items()))} if tier == "multi" else {})}

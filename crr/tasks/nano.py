@@ -33,7 +33,9 @@ from crr.tasks.templates import Module, Template
 
 # One-line bugs only: a missing branch is two or more lines to restore.
 NANO_FAMILIES = tuple(f for f in FAMILIES if f != "missing_branch")
-SPLIT_PARITY = {"train": 0, "test": 1}   # zlib.crc32(word) % 2 of the split's words
+# zlib.crc32(word) % 2 of the split's words. The validation split draws from the test vocabulary (it stands in
+# for the test set when choosing), its instances from their own seeds (crr.tasks.micro: the split is in every seed).
+SPLIT_PARITY = {"train": 0, "test": 1, "val": 1}
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "h", "j", "w", "br", "dr",
            "gl", "kl", "pr", "st")
 _VOWELS = ("a", "e", "i", "o", "u")
@@ -92,12 +94,36 @@ class Vocabulary:
         """A function name: one or two words."""
         return self.word() if self.rng.random() < 0.5 else f"{self.word((1, 2))}_{self.word((1, 2))}"
 
+    def near(self, name: str) -> str | None:
+        """A look-alike of `name` (one of its words with a letter added, dropped or changed: `brami` for `bramu`)
+        whose words are all of this split, or None when none of the tries is."""
+        parts = name.split("_")
+        for _ in range(40):
+            i = self.rng.randrange(len(parts))
+            w, how = parts[i], self.rng.choice(("add", "drop", "vowel"))
+            if how == "add":
+                w = w + self.rng.choice(("s", "a", "o", "i"))
+            elif how == "drop" and len(w) > 3:
+                w = w[:-1]
+            else:
+                j = max((k for k, ch in enumerate(w) if ch in _VOWELS), default=None)
+                if j is None:
+                    continue
+                w = w[:j] + self.rng.choice([v for v in _VOWELS if v != w[j]]) + w[j + 1:]
+            new = "_".join([*parts[:i], w, *parts[i + 1:]])
+            if (new not in self.used and w not in _RESERVED and new not in _RESERVED
+                    and all(zlib.crc32(p.encode()) % 2 == self.parity for p in new.split("_"))):
+                self.used.add(new)
+                return new
+        return None
 
-def _function(shape: str, vocab: Vocabulary, rng: random.Random) -> tuple[str, str, tuple[str, ...]]:
-    """(name, source, case argument sources) of one function of `shape`."""
+
+def make_function(shape: str, vocab: Vocabulary, rng: random.Random,
+              name: str | None = None) -> tuple[str, str, tuple[str, ...]]:
+    """(name, source, case argument sources) of one function of `shape` (called `name`, else a drawn name)."""
     doc, body, params = SHAPES[shape]
     k = rng.randint(2, 9)
-    names = {"f": vocab.name(), "t": vocab.word((1, 2)), "c": vocab.word((1, 2)), "x": vocab.word((1, 1)),
+    names = {"f": name or vocab.name(), "t": vocab.word((1, 2)), "c": vocab.word((1, 2)), "x": vocab.word((1, 1)),
              "K": str(k), "M": str(rng.choice([m for m in range(1, 10) if m != k])), "w": vocab.word((1, 2))}
     kinds = {}
     for p in params:
@@ -128,6 +154,12 @@ def _value(kind: str, k: int, vocab: Vocabulary, rng: random.Random) -> str:
     return "[" + ", ".join(str(rng.choice([k - 1, k, k + 1, rng.randint(0, 12)])) for _ in range(n)) + "]"
 
 
+def helpers_module(name: str, functions: list[tuple[str, str, tuple[str, ...]]]) -> Module:
+    """A module of `make_function` results under a one-line docstring."""
+    source = f'"""{name.capitalize()} helpers."""\n\n\n' + "\n\n".join(src for _, src, _ in functions)
+    return Module(name, source, {fn: cases for fn, _, cases in functions})
+
+
 def nano_template(rng: random.Random, split: str) -> Template:
     """One nano package: 1-3 modules of 2-4 functions each, every name drawn from `split`'s vocabulary."""
     if split not in SPLIT_PARITY:
@@ -137,8 +169,7 @@ def nano_template(rng: random.Random, split: str) -> Template:
     modules = []
     for _ in range(rng.choice((1, 1, 2, 2, 3))):
         name = vocab.word((2, 3))
-        functions = [_function(shape, vocab, rng) for shape in rng.sample(sorted(SHAPES), rng.randint(2, 4))]
-        source = f'"""{name.capitalize()} helpers."""\n\n\n' + "\n\n".join(src for _, src, _ in functions)
-        modules.append(Module(name, source, {fn: cases for fn, _, cases in functions}))
+        functions = [make_function(shape, vocab, rng) for shape in rng.sample(sorted(SHAPES), rng.randint(2, 4))]
+        modules.append(helpers_module(name, functions))
     return Template(name="nano", split=split, packages=(package,), purpose=f"use {package}'s helpers",
                     modules=tuple(modules))
