@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from crr.errors import CRRError
+from crr.tasks.loaders import MICRO_SETS
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 PAPER_SEEDS = (11, 23, 47)
@@ -45,7 +46,9 @@ PAPER_SEEDS = (11, 23, 47)
 # preset lists it, so a run made before a key existed still finds its arm).
 ABLATION_KEYS = ("k", "selector", "horizon", "cf_temperature", "zero_contrast", "cf_samples", "proposal",
                  "fork_cost_multiplier", "replay_noise")
-BENCHMARKS = ("micro-test", "nano-test", "verified", "live", "rebench", "gym")   # `crr eval NAME` (crr.eval.evaluate.BENCHMARKS)
+# `crr eval NAME`: the loaders' named sets and the hub benchmarks (as crr.eval.evaluate.BENCHMARKS, which this
+# commands-layer module cannot import without a cycle through crr.train)
+BENCHMARKS = (*MICRO_SETS, "verified", "live", "rebench", "gym")
 EVAL_SETTINGS = ("samples", "temperature", "seed", "n_tasks", "max_turns", "max_new_tokens", "split", "engine",
                  "ray", "workers", "batch")                          # crr.eval.EvalConfig fields a spec may set
 
