@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import threading
 import uuid
 from collections.abc import Callable
@@ -101,9 +102,12 @@ PROBES: dict[str, tuple[str, Callable[[str, dict], bool]]] = {
                                 "python -c \"import socket,sys; c=socket.socket(socket.AF_UNIX); c.connect(sys.argv[1]); "
                                 "c.sendall(b'GET /_ping HTTP/1.0\\r\\n\\r\\n'); print(c.recv(99))\" $s; done",
                                 lambda out, h: "HTTP/1." not in out),
+    # Only this task's checkout, by its host path and as mountinfo shows it: where a sandbox does see the
+    # host's mounts (the local engine before issue 31), every sandbox's lower layers on the host are
+    # there too, and a probe must not poison other runs' trees.
     "change the shared base checkout": (
-        "for p in $(grep -o 'lowerdir=[^, ]*' /proc/self/mountinfo | cut -d= -f2 | tr : ' ') {base}; do "
-        "echo pwned > $p/README.md; touch $p/poison; done",
+        "for p in $(grep -o 'lowerdir=[^, ]*' /proc/self/mountinfo | cut -d= -f2 | tr : '\\n' | grep -xF {base}) "
+        "{base}; do echo pwned > $p/README.md; touch $p/poison; done",
         lambda out, h: tree_digest_of(h["base"]) == h["base_digest"]),
 }
 
@@ -136,8 +140,9 @@ def probe_all(engine, host: dict) -> dict[str, bool]:
         sb.exec("echo pwned > README.md")
     with engine.start(task) as fresh:  # the next sandbox of the task (a verifier's) starts clean
         refused["change the shared base checkout"] &= tree_digest(fresh) == before
-    for p in (Path(f"/root/crr-probe-{h['tag']}"), Path(h["cwd"]) / f"crr-probe-{h['tag']}"):
+    for p in (Path(f"/root/crr-probe-{h['tag']}"), Path(h["cwd"]) / f"crr-probe-{h['tag']}", base / "poison"):
         p.unlink(missing_ok=True)
+    subprocess.run(["git", "-C", str(base), "checkout", "-q", "--", "."], check=True)  # where a probe got through
     return refused
 
 
@@ -155,14 +160,16 @@ def test_probe_is_refused(engine, refused, probe):
 def test_caps_hold(host, engine_name):
     """A process tree over the memory cap is killed; writing past the disk cap fails, for the sandbox
     as a whole: three processes and three files, each under the per-process and per-file limits."""
-    caps = ({"mem_limit_mb": 256, "disk_limit_mb": 64} if engine_name == "local"
-            else {"mem_limit": "256m", "disk_limit_mb": 64})
+    caps = {"fsize_limit_mb": 40, "disk_limit_mb": 64,
+            **({"mem_limit_mb": 256} if engine_name == "local" else {"mem_limit": "256m"})}
     with _engine(engine_name, **caps) as eng, eng.start(host["task"]) as sb:
         hog = "python -c \"import time; b = b'x' * (110 << 20); time.sleep(4); print('held')\""
         out = sb.exec(f"for i in 1 2 3; do {hog} & done; wait", timeout=60).output
-        assert out.count("held") < 3, f"{engine_name}: three processes held 330 MB under a 256 MB cap"
+        assert out.splitlines().count("held") < 3, f"{engine_name}: three processes held 330 MB under a 256 MB cap"
         where = "/testbed" if engine_name == "local" else "/tmp"
         out = sb.exec(f"for i in 1 2 3; do head -c 30000000 /dev/zero > {where}/f$i || echo FAILED $i; done; "
                       "echo done", timeout=60).output
         assert "FAILED 3" in out and "FAILED 1" not in out, out
         assert "No space left" in out
+        out = sb.exec(f"rm {where}/f*; head -c 50000000 /dev/zero > big; echo $?; stat -c %s big").output.split()
+        assert out[-2:] == ["153", str(40 << 20)]  # 128 + SIGXFSZ, cut at the file-size limit
