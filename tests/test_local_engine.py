@@ -346,11 +346,7 @@ def test_gc_leftovers_removes_crashed_engines_only(task, tmp_path):
     memcg = local._memory_cgroup_root() / dead.name
     # two sandboxes, each a tmpfs (its capped writable state) with the overlay in it
     assert dead.is_dir() and len(_mounts_under(dead)) == 4 and cgroup.is_dir() and memcg.is_dir()
-    for _ in range(100):  # a command in flight dies with its owner (bwrap --die-with-parent)
-        if not procs_with("sleep", "105.7"):
-            break
-        time.sleep(0.05)
-    assert procs_with("sleep", "105.7") == []
+    assert procs_with("sleep", "105.7")  # a command in flight outlived its owner
     with LocalEngine(workdir=workdir) as live, live.start(task) as sb:
         removed = gc_leftovers(workdir)
         assert str(dead) in removed and str(cgroup) in removed and str(memcg) in removed
