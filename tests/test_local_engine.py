@@ -391,7 +391,7 @@ def test_commands_see_the_repository_at_a_fixed_path(engine, task):
 
 
 def test_an_engine_that_cannot_contain_refuses_foreign_tasks(make_task, tmp_path, caplog, monkeypatch):
-    """No sandbox root here (as on a host without bubblewrap or the root filesystem): the engine says
+    """No sandbox root here (as on a host without the root filesystem, or not root): the engine says
     so when made, runs crr's own generated tasks, and refuses any other unless told to trust it."""
     foreign, own = make_task(FILES), make_task(FILES, instance_id="nano-1", repo="crr/nano")
     with caplog.at_level(logging.WARNING, logger="crr.replay.local"):

@@ -225,7 +225,7 @@ def trust_task_code_option() -> Any:
     """`crr --trust-task-code`: for every engine of the command (crr.replay.engine_options reads TRUST_ENV)."""
     return typer.Option(False, "--trust-task-code",
                         help="Run task sets other than crr's own generated ones on a local engine even where this "
-                             "host cannot contain their code (no bubblewrap root, cgroups or tmpfs; the engine says "
+                             "host cannot contain their code (no sandbox root filesystem, cgroups or tmpfs; the engine says "
                              "what is missing when it starts).")
 
 

@@ -17,11 +17,12 @@ How: the root is a mount namespace per sandbox, built once when the sandbox open
 thread, with mount(2) and pivot_root(2), no process: ~25 mounts), which each command's spawn enters
 (setns) before `unshare --pid --mount-proc` and `setpriv` (util-linux, from the root filesystem) drop
 into the command. Not bubblewrap, though it is the well-kept tool for this and works here: bwrap
-builds the root per command, and copying and tearing down the host's mount table each time made a fork
-4.6x today's (322 ms against 71 ms p50, `crr fork bench`, one session, this 2-core host under load),
-against a budget of 2x; building the root once per sandbox keeps a command's cost near today's. The
-order of the steps (mounts private first, binds, read-only remounts, the old root detached after
-pivot_root, capabilities dropped last, in the command's own process) is bwrap's.
+builds the root per command, copying and tearing down the host's mount table each time, and a fork
+(snapshot + restore + one command) cost 4.6x today's (323 against 71 ms p50, `crr fork bench`, one
+session on a loaded 2-core host), against a budget of 2x; built once per sandbox, it costs 1.4x (79
+against 56 ms p50, forks of the two engines taken in turn). The order of the steps (mounts private
+first, binds, read-only remounts, the old root detached after pivot_root, capabilities dropped last,
+in the command's own process) is bwrap's.
 
 What each sandbox is held to as a whole (probed once per engine; what is missing is said at start):
 - its writable state (the overlay's upper dir and /tmp) lives on a tmpfs of `disk_limit_mb`: writing
