@@ -7,6 +7,7 @@ the secret it tried to read is not in its output, the base checkout's digest is 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import subprocess
@@ -113,8 +114,7 @@ PROBES: dict[str, tuple[str, Callable[[str, dict], bool]]] = {
 
 
 def tree_digest_of(path: Path) -> str:
-    import hashlib
-
+    """The files of a host tree (not its .git): tree_digest reads a sandbox, this the checkout itself."""
     h = hashlib.sha256()
     for f in sorted(path.rglob("*")):
         if ".git" not in f.parts and f.is_file():

@@ -478,7 +478,7 @@ class LocalSandbox(ClosingSandbox):
 
 
 def gc_leftovers(workdir: Path | None = None) -> list[str]:
-    """Remove the mounts, dirs and pids cgroups of local engines whose owning process is gone.
+    """Remove the mounts, dirs and (pids and memory) cgroups of local engines whose owning process is gone.
 
     Only crr's: an engine dir carries OWNER_FILE with its owner's pid and start time, so a live
     engine (or a reused pid) is never touched; an engine's cgroup is named after its dir and holds
