@@ -44,6 +44,8 @@ if [ "$have_root" = 0 ]; then
   # and no leftovers of the build (docker export adds an empty /.dockerenv).
   mkdir -p "$NEW/opt/crr"
   rm -f "$NEW/.dockerenv"
+  # debootstrap leaves no /etc/hosts (Docker writes one into every container): `localhost` must resolve
+  [ -s "$NEW/etc/hosts" ] || printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' > "$NEW/etc/hosts"
   chmod 755 "$NEW"
   OLD="$ROOTFS.old.$$"
   [ -e "$ROOTFS" ] && mv "$ROOTFS" "$OLD"

@@ -254,6 +254,8 @@ class LocalEngine:
                 binds = [("rw", str(workspace.tree), FIXED_REPO_DIR), ("rw", str(sb_dir / "tmp"), "/tmp")]
                 if environment is not None:
                     binds.append(("ro", str(environment), mirror.ENV_ROOT))
+                if self.record_http:  # the host's network, and so its resolver
+                    binds.append(("ro", "/etc/resolv.conf", "/etc/resolv.conf"))
                 (sb_dir / "root").mkdir()
                 namespaces[_CLONE_NEWNS] = self._spawner.submit(
                     _new_root, self._host_mntns, [*self._root, *binds], str(sb_dir / "root")).result()
