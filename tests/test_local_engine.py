@@ -19,6 +19,7 @@ from conftest import procs_with
 from crr.errors import CRRError, SandboxError
 from crr.replay import get_engine
 from crr.replay.base import MAX_OUTPUT_BYTES, ForkEngine, Sandbox, tree_digest
+from crr.replay import engine_options, local
 from crr.replay.local import LocalEngine, gc_leftovers
 from crr.replay.overlay import OverlayWorkspace
 
@@ -342,13 +343,15 @@ def test_gc_leftovers_removes_crashed_engines_only(task, tmp_path):
     workdir = tmp_path / "sandboxes"
     dead = _run_owner(task, workdir, "crash")
     cgroup = Path("/sys/fs/cgroup/pids/crr") / dead.name
-    assert dead.is_dir() and len(_mounts_under(dead)) == 2 and cgroup.is_dir()
+    memcg = local._memory_cgroup_root() / dead.name
+    # two sandboxes, each a tmpfs (its capped writable state) with the overlay in it
+    assert dead.is_dir() and len(_mounts_under(dead)) == 4 and cgroup.is_dir() and memcg.is_dir()
     assert procs_with("sleep", "105.7")  # a command in flight outlived its owner
     with LocalEngine(workdir=workdir) as live, live.start(task) as sb:
         removed = gc_leftovers(workdir)
-        assert str(dead) in removed and str(cgroup) in removed
+        assert str(dead) in removed and str(cgroup) in removed and str(memcg) in removed
         assert sum(r.startswith(str(dead)) and r.endswith("/tree") for r in removed) == 2
-        assert not dead.exists() and not _mounts_under(dead) and not cgroup.exists()
+        assert not dead.exists() and not _mounts_under(dead) and not cgroup.exists() and not memcg.exists()
         assert procs_with("sleep", "105.7") == []
         assert sb.exec("echo still here").output == "still here\n"  # a live engine is not touched
         assert [r for r in gc_leftovers(workdir) if str(workdir) in r or live.dir.name in r] == []
@@ -385,3 +388,22 @@ def test_commands_see_the_repository_at_a_fixed_path(engine, task):
         assert outputs[0] == outputs[1] == "/testbed\n/tmp/crr-sandbox\nhome\nscratch\n"
         assert a.repo_dir == "/testbed"
         assert a.read_file("/testbed/pkg/core.py") == a.read_file("pkg/core.py")
+
+
+def test_an_engine_that_cannot_contain_refuses_foreign_tasks(make_task, tmp_path, caplog, monkeypatch):
+    """No sandbox root here (as on a host without the root filesystem, or not root): the engine says
+    so when made, runs crr's own generated tasks, and refuses any other unless told to trust it."""
+    foreign, own = make_task(FILES), make_task(FILES, instance_id="nano-1", repo="crr/nano")
+    with caplog.at_level(logging.WARNING, logger="crr.replay.local"):
+        eng = LocalEngine(workdir=tmp_path / "sb", rootfs=tmp_path / "no-root")
+    with eng:
+        assert "sandbox_root" in eng.uncontained and "cannot contain task code" in caplog.text
+        with pytest.raises(CRRError, match="not one of crr's own.*--trust-task-code"):
+            eng.start(foreign)
+        with eng.start(own) as sb:
+            assert sb.repo_dir != "/testbed" and sb.exec("echo ok").output == "ok\n"
+    monkeypatch.setenv("CRR_TRUST_TASK_CODE", "1")  # what `crr --trust-task-code` sets
+    opts = engine_options("local")
+    assert opts == {"trust_task_code": True} and engine_options("docker") == {}
+    with LocalEngine(workdir=tmp_path / "sb", rootfs=tmp_path / "no-root", **opts) as eng, eng.start(foreign) as sb:
+        assert sb.exec("echo trusted").output == "trusted\n"

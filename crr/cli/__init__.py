@@ -11,10 +11,13 @@ torch, trl, transformers and datasets are imported inside the command functions 
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from crr.cli import demo, doctor
-from crr.cli.common import _library_output, _state, console, emit_json, err_console, friendly, long_command
+from crr.cli.common import (_library_output, _state, console, emit_json, err_console, friendly, long_command,
+                            trust_task_code_option)
 from crr.cli.eval import eval_command
 from crr.cli.experiment import experiment_app
 from crr.cli.filter import filter_app
@@ -24,6 +27,7 @@ from crr.cli.rollout import rollout_app
 from crr.cli.sandbox import fork_app, sandbox_app, tool_command
 from crr.cli.tasks import tasks_app
 from crr.cli.train import replay_app, train_command
+from crr.replay import TRUST_ENV
 
 # Re-exported: what tests and callers used from the single-module crr/cli.py.
 __all__ = ["_SFT_DEFAULTS", "_library_output", "app", "console", "emit_json", "err_console", "friendly",
@@ -37,8 +41,11 @@ app = typer.Typer(help="Counterfactual Rollout Replay: step-level credit for SWE
 @app.callback()
 def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for crr errors."),
           verbose: bool = typer.Option(False, "--verbose", help="Show what libraries say (warnings, log records, "
-                                       "progress bars) here instead of in the run directory's crr.log.")) -> None:
+                                       "progress bars) here instead of in the run directory's crr.log."),
+          trust_task_code: bool = trust_task_code_option()) -> None:
     _state["debug"], _state["verbose"] = debug, verbose
+    if trust_task_code:  # the environment: Ray workers and the commands' subprocesses see it too
+        os.environ[TRUST_ENV] = "1"
 
 
 # `crr --help` lists commands in the order they are added here (single commands first, then groups).

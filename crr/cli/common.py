@@ -221,6 +221,14 @@ def engine_option(default: str | None = "local", help: str = f"Fork engine: {ENG
     return typer.Option(default, "--engine", help=help)
 
 
+def trust_task_code_option() -> Any:
+    """`crr --trust-task-code`: for every engine of the command (crr.replay.engine_options reads TRUST_ENV)."""
+    return typer.Option(False, "--trust-task-code",
+                        help="Run task sets other than crr's own generated ones on a local engine even where this "
+                             "host cannot contain their code (no sandbox root filesystem, cgroups or tmpfs; the engine says "
+                             "what is missing when it starts).")
+
+
 def ray_option() -> Any:
     """--ray, beside every --engine: the Ray cluster of a ray:... engine (crr.replay.engine_options)."""
     return typer.Option(None, "--ray", metavar="ADDRESS",

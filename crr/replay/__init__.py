@@ -17,6 +17,7 @@ sizes a driver's worker threads to the engine (a Ray engine's sandbox slots):
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 from crr.errors import CRRError, SandboxError
@@ -57,6 +58,8 @@ def _on_ray(inner: str) -> Callable[..., ForkEngine]:
 RAY_PREFIX = "ray:"                      # ray:<inner engine>: sandboxes on a Ray cluster's nodes
 DOCKER_ENGINES = ("docker", "ray:docker")  # the engines that take the Docker engine's `mode`
 DOCKER_MODES = ("commit", "overlay")
+LOCAL_ENGINES = ("local", "ray:local")  # the engines that take `trust_task_code` (Docker contains any task)
+TRUST_ENV = "CRR_TRUST_TASK_CODE"  # =1: `crr --trust-task-code`, for every engine this process and its workers make
 
 ENGINES: dict[str, Callable[..., ForkEngine]] = {"local": _local, "docker": _docker,
                                                  "ray:local": _on_ray("local"), "ray:docker": _on_ray("docker")}
@@ -74,12 +77,19 @@ def get_engine(name: str, **opts) -> ForkEngine:
     return ENGINES[name](**opts)
 
 
-def engine_options(engine: str, *, ray: str | None = None, mode: str | None = None) -> dict:
+def engine_options(engine: str, *, ray: str | None = None, mode: str | None = None,
+                   trust_task_code: bool | None = None) -> dict:
     """get_engine's options for an engine's settings as commands and configs give them: `ray`, a Ray
     cluster's address as ray.init takes it, for a `ray:...` engine (None there: "auto", the cluster this
-    machine belongs to); `mode` (commit or overlay) for docker and ray:docker. A setting the engine does
+    machine belongs to); `mode` (commit or overlay) for docker and ray:docker; `trust_task_code` (None:
+    $CRR_TRUST_TASK_CODE, which `crr --trust-task-code` sets) lets a local engine that cannot contain
+    task code on its host run tasks that are not crr's own (crr.replay.local). A setting the engine does
     not take is a CRRError, which a command prints as one line (exit 2)."""
     opts: dict = {}
+    if trust_task_code is None:
+        trust_task_code = os.environ.get(TRUST_ENV) == "1"
+    if trust_task_code and engine in LOCAL_ENGINES:
+        opts["trust_task_code"] = True
     if engine.startswith(RAY_PREFIX):
         opts["address"] = "auto" if ray is None else ray
     elif ray is not None:

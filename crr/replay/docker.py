@@ -20,6 +20,11 @@ overlay fork. PID 1 of every container is a small shell loop that runs action sc
 through a FIFO in a host directory bind-mounted at /run/crr, and streams their output back through
 another FIFO (~10 ms an action). Every container has no network, memory/CPU/pid limits, and the labels
 org.crr.owner=crr + engine id + owner pid, so `gc()` finds what crashed runs left, and only crr's.
+What a container writes is capped: every file at `fsize_limit_mb` (RLIMIT_FSIZE), its /tmp (a tmpfs)
+and, in overlay mode, its /testbed workspace (on a tmpfs of its own) at `disk_limit_mb` each, and its
+whole writable layer at `disk_limit_mb` where the storage driver takes a quota (`--storage-opt size=`:
+overlay2 on xfs with pquota); elsewhere the engine says so when its first container starts, and the
+rest of the writable layer is capped per file only.
 The one door is an engine made with `record_http=True` (the determinism filter's recording run,
 crr.replay.http): its containers share the host's network and record their HTTP traffic.
 
@@ -60,13 +65,13 @@ from typing import Literal, Self
 import docker
 import docker.errors
 import requests
-from docker.types import Mount
+from docker.types import Mount, Ulimit
 
 from crr.errors import CRRError, SandboxError
 from crr.replay import http, mirror
 from crr.replay.base import BoundedOutput, ClosingSandbox, ExecResult, Snapshot, TaskSpec
 from crr.replay.checkout import base_checkout, cache_root, publish
-from crr.replay.overlay import Layer, OverlayWorkspace, mounts_under, process_start, unmount
+from crr.replay.overlay import Layer, OverlayWorkspace, mount_tmpfs, mounts_under, process_start, unmount
 
 log = logging.getLogger(__name__)
 
@@ -404,6 +409,8 @@ class DockerEngine:
 
     image: the base image for tasks without their own (default $CRR_BASE_IMAGE or crr-base:bookworm).
     pool_size: overlay mode, warm containers kept ready per image.
+    fsize_limit_mb: any one file; disk_limit_mb: /tmp, the overlay workspace and, where the storage
+    driver takes a quota, the writable layer (module doc).
     record_http: containers get the host's network and record HTTP (module doc).
     """
 
@@ -411,6 +418,7 @@ class DockerEngine:
 
     def __init__(self, mode: Literal["commit", "overlay"] = "commit", image: str | None = None,
                  mem_limit: str = "2g", cpus: float = 1.0, pids_limit: int = 512,
+                 fsize_limit_mb: int = 1024, disk_limit_mb: int = 1024,
                  flatten_depth: int = 100, pool_size: int = 2, record_http: bool = False):
         if mode not in ("commit", "overlay"):
             raise CRRError(f"unknown docker fork mode {mode!r}; choose commit or overlay")
@@ -419,6 +427,8 @@ class DockerEngine:
                            f"got {flatten_depth}")
         self.mode, self.mem_limit, self.cpus, self.pids_limit = mode, mem_limit, cpus, pids_limit
         self.flatten_depth, self.pool_size = flatten_depth, max(0, pool_size)
+        self.fsize_limit_mb, self.disk_limit_mb = fsize_limit_mb, disk_limit_mb
+        self._layer_quota: bool | None = None  # does the storage driver take --storage-opt size=? (first start)
         self.record_http = record_http
         self.base_image = image or os.environ.get("CRR_BASE_IMAGE", DEFAULT_BASE_IMAGE)
         self.client = docker_client()
@@ -666,13 +676,15 @@ class DockerEngine:
         if slot is not None:
             mounts.append(Mount(REPO_DIR, str(slot), type="bind", propagation="rslave"))
         box = _Container("", name, ctl, slot)
+        fsize = self.fsize_limit_mb << 20
+        settings = dict(entrypoint=_PID1, command=[], name=name, labels={**self.labels, **labels},
+                        working_dir=REPO_DIR, network_mode="host" if self.record_http else "none",
+                        mem_limit=self.mem_limit, nano_cpus=int(self.cpus * 1e9), pids_limit=self.pids_limit,
+                        mounts=mounts, ulimits=[Ulimit(name="fsize", soft=fsize, hard=fsize)],
+                        tmpfs={"/tmp": f"size={self.disk_limit_mb}m,mode=1777"})
         try:
             with _docker_errors(f"start a container from {image}"):
-                container = self.client.containers.create(
-                    image, entrypoint=_PID1, command=[], name=name, labels={**self.labels, **labels},
-                    working_dir=REPO_DIR, network_mode="host" if self.record_http else "none",
-                    mem_limit=self.mem_limit,
-                    nano_cpus=int(self.cpus * 1e9), pids_limit=self.pids_limit, mounts=mounts)
+                container = self._create(image, settings)
                 box.id = container.id
                 container.start()
                 self._wait_for_pid1(box)
@@ -684,6 +696,24 @@ class DockerEngine:
             self._discard(box)
             raise
         return box
+
+    def _create(self, image: str, settings: dict):
+        """Create a container, with a quota on its writable layer where the storage driver takes one
+        (asked once: the daemon refuses `size` unless overlay2 sits on xfs with pquota)."""
+        if self._layer_quota is not False:
+            try:
+                container = self.client.containers.create(
+                    image, storage_opt={"size": f"{self.disk_limit_mb}M"}, **settings)
+                self._layer_quota = True
+                return container
+            except docker.errors.APIError as e:
+                if self._layer_quota or "storage-opt" not in str(e).lower():
+                    raise
+                self._layer_quota = False
+                log.warning(f"the Docker storage driver takes no quota here ({e.explanation or e}): a container's "
+                           f"writable layer is capped per file ({self.fsize_limit_mb} MB), its /tmp and overlay "
+                           f"workspace at {self.disk_limit_mb} MB")
+        return self.client.containers.create(image, **settings)
 
     def _wait_for_pid1(self, box: _Container, limit_s: float = 30.0) -> None:
         """Return once PID 1 holds the request FIFO (open() fails with ENXIO until it does)."""
@@ -733,6 +763,7 @@ class DockerEngine:
                 # it (actions leave none behind; PID 1 sits in /).
                 unmount(str(sb.box.slot))
                 sb.workspace.close()
+                _dispose_root(sb.workspace.root.parent)  # its tmpfs
                 self._background.submit(self._recycle, sb.image, sb.box)
         finally:
             if sb.snapshot_id is not None:
@@ -798,14 +829,17 @@ class DockerEngine:
     def _overlay_sandbox(self, task: TaskSpec, image: str, make_workspace: Callable[[Path], OverlayWorkspace],
                          snapshot_id: str | None = None) -> DockerSandbox:
         box = self._take_warm(image)
-        ws = None
+        ws, scratch = None, self.root / "ws" / box.name
         try:
-            ws = make_workspace(self.root / "ws" / box.name)
+            scratch.mkdir()
+            mount_tmpfs(scratch, self.disk_limit_mb)  # the workspace's writes, capped
+            ws = make_workspace(scratch / "ws")
             # Mounted onto the slot, the workspace propagates into the running container's /testbed.
             _mount_call(str(ws.tree), str(box.slot), _MS_BIND)
         except BaseException:
             if ws is not None:
                 ws.close()
+            _dispose_root(scratch)
             self._background.submit(self._discard, box)
             raise
         return self._register(DockerSandbox(self, task, box, image, snapshot_id=snapshot_id, workspace=ws))
@@ -844,7 +878,8 @@ class DockerEngine:
             room = not self._closed and len(self._warm[image]) < 2 * self.pool_size
         try:
             clean = (room and self.api.inspect_container(box.id)["State"]["Pid"] == box.pid
-                     and _layer_state(box.upper) == box.fresh and not os.listdir(f"/proc/{box.pid}/root/dev/shm"))
+                     and _layer_state(box.upper) == box.fresh and not os.listdir(f"/proc/{box.pid}/root/dev/shm")
+                     and not os.listdir(f"/proc/{box.pid}/root/tmp"))
         except (OSError, docker.errors.DockerException, requests.RequestException):  # it is gone
             clean = False
         if not clean:

@@ -200,6 +200,14 @@ def unmount(path: str) -> None:
         log.warning("could not unmount %s: %s", path, os.strerror(err))
 
 
+def mount_tmpfs(target: Path, size_mb: int) -> None:
+    """A tmpfs of at most `size_mb` at `target`: a sandbox's writable state, capped as a whole (writing
+    more fails with ENOSPC). OSError where it cannot be mounted (not root)."""
+    if _libc.mount(b"tmpfs", str(target).encode(), b"tmpfs", 0, f"size={size_mb}m,mode=0755".encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"tmpfs at {target}: {os.strerror(err)}")
+
+
 def mounts_under(path: Path) -> list[str]:
     """Mount points at or below `path`, deepest first: the order to unmount them in."""
     prefix = str(Path(path).resolve())

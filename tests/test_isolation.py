@@ -1,0 +1,175 @@
+"""Untrusted code stays in its sandbox, on both engines: what a hostile task or a reward-hacking
+policy would try from one command (issue 31), each attempt a case, and the memory and disk caps.
+
+Every probe runs in a real sandbox and is judged on the host: the file it tried to write is absent,
+the secret it tried to read is not in its output, the base checkout's digest is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import git_repo
+
+from crr.errors import SandboxError
+from crr.replay.base import tree_digest
+from crr.replay.checkout import base_checkout
+from crr.tasks.schema import Task
+
+FILES = {"README.md": "hello\n", "pkg/__init__.py": "", "pkg/core.py": "def f():\n    return 1\n"}
+TOKEN = uuid.uuid4().hex  # what the host's loopback server answers, and the host's secret holds
+
+
+def _task(root: Path) -> Task:
+    repo = root / "repo"
+    repo.mkdir()
+    return Task(instance_id="iso-1", repo="local/iso", base_commit=git_repo(repo, FILES), problem_statement="",
+                patch="", test_patch="", FAIL_TO_PASS=(), PASS_TO_PASS=(), version="0", repo_src=str(repo))
+
+
+def _engine(name: str, **caps):
+    if name == "local":
+        from crr.replay.local import LocalEngine
+
+        return LocalEngine(**caps)
+    from crr.replay.docker import DockerEngine, docker_client
+
+    try:
+        docker_client()
+    except SandboxError as e:
+        pytest.skip(str(e))
+    return DockerEngine(**caps)
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    """What a sandbox must not reach: a secret in /root and in the working dir, and a server on the
+    host's loopback."""
+    root = tmp_path_factory.mktemp("iso")
+    secrets = [Path("/root") / f"crr-secret-{TOKEN[:8]}", root / "secret.txt"]
+    for s in secrets:
+        s.write_text(TOKEN)
+    server = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=_serve, args=(server,), daemon=True).start()
+    yield {"root": root, "secrets": secrets, "port": server.getsockname()[1], "task": _task(root)}
+    server.close()
+    for s in secrets:
+        s.unlink(missing_ok=True)
+
+
+def _serve(server: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        with conn:
+            conn.sendall(TOKEN.encode())
+
+
+@pytest.fixture(scope="module", params=["local", "docker"])
+def engine(request):
+    eng = _engine(request.param)
+    yield eng
+    eng.close()
+
+
+# name -> (command, refused(output, host) judged on the host). {...} are filled from `host`.
+PROBES: dict[str, tuple[str, Callable[[str, dict], bool]]] = {
+    "write /root": ("echo pwned > /root/crr-probe-{tag}",
+                    lambda out, h: not Path(f"/root/crr-probe-{h['tag']}").exists()),
+    "write the working dir": ("echo pwned > {cwd}/crr-probe-{tag}; echo pwned > {root}/crr-probe-{tag}",
+                              lambda out, h: not (Path(h["cwd"]) / f"crr-probe-{h['tag']}").exists()
+                              and not (h["root"] / f"crr-probe-{h['tag']}").exists()),
+    "read a secret in /root and the working dir": ("cat {secret0} {secret1}", lambda out, h: TOKEN not in out),
+    "read the host's /etc/shadow": ("stat -c '%d:%i' /etc/shadow; cat /etc/shadow",
+                                    lambda out, h: h["shadow"] not in out.split()),
+    "list host processes": ("ls /proc; cat /proc/{pid}/environ",
+                            lambda out, h: str(h["pid"]) not in out.split() and "PATH=" not in out
+                            and sum(w.isdigit() for w in out.split()) < 10),
+    "reach the host's loopback": ("exec 3<>/dev/tcp/127.0.0.1/{port} && cat <&3", lambda out, h: TOKEN not in out),
+    "nsenter a host namespace": ("for t in 1 {pid}; do nsenter -t $t -n -m bash -c "
+                                 "'exec 3<>/dev/tcp/127.0.0.1/{port} && cat <&3; cat {secret0}'; done",
+                                 lambda out, h: TOKEN not in out),
+    "reach the Docker socket": ("for s in /var/run/docker.sock /run/docker.sock; do "
+                                "python -c \"import socket,sys; c=socket.socket(socket.AF_UNIX); c.connect(sys.argv[1]); "
+                                "c.sendall(b'GET /_ping HTTP/1.0\\r\\n\\r\\n'); print(c.recv(99))\" $s; done",
+                                lambda out, h: "HTTP/1." not in out),
+    # Only this task's checkout, by its host path and as mountinfo shows it: where a sandbox does see the
+    # host's mounts (the local engine before issue 31), every sandbox's lower layers on the host are
+    # there too, and a probe must not poison other runs' trees.
+    "change the shared base checkout": (
+        "for p in $(grep -o 'lowerdir=[^, ]*' /proc/self/mountinfo | cut -d= -f2 | tr : '\\n' | grep -xF {base}) "
+        "{base}; do echo pwned > $p/README.md; touch $p/poison; done",
+        lambda out, h: tree_digest_of(h["base"]) == h["base_digest"]),
+}
+
+
+def tree_digest_of(path: Path) -> str:
+    """The files of a host tree (not its .git): tree_digest reads a sandbox, this the checkout itself."""
+    h = hashlib.sha256()
+    for f in sorted(path.rglob("*")):
+        if ".git" not in f.parts and f.is_file():
+            h.update(str(f.relative_to(path)).encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def probe_all(engine, host: dict) -> dict[str, bool]:
+    """name -> refused, for every probe, in one sandbox of `engine` (the table of the issue's note)."""
+    task = host["task"]
+    base = base_checkout(task)
+    st = os.stat("/etc/shadow")
+    h = {**host, "tag": uuid.uuid4().hex[:8], "cwd": os.getcwd(), "pid": os.getpid(), "base": base,
+         "base_digest": tree_digest_of(base), "shadow": f"{st.st_dev}:{st.st_ino}"}
+    fill = {"tag": h["tag"], "cwd": h["cwd"], "root": h["root"], "pid": h["pid"], "port": h["port"],
+            "secret0": h["secrets"][0], "secret1": h["secrets"][1], "base": base}
+    refused = {}
+    with engine.start(task) as sb:
+        before = tree_digest(sb)
+        for name, (command, judge) in PROBES.items():
+            out = sb.exec(command.format(**fill), timeout=20).output
+            refused[name] = judge(out, h)
+        sb.exec("echo pwned > README.md")
+    with engine.start(task) as fresh:  # the next sandbox of the task (a verifier's) starts clean
+        refused["change the shared base checkout"] &= tree_digest(fresh) == before
+    for p in (Path(f"/root/crr-probe-{h['tag']}"), Path(h["cwd"]) / f"crr-probe-{h['tag']}", base / "poison"):
+        p.unlink(missing_ok=True)
+    subprocess.run(["git", "-C", str(base), "checkout", "-q", "--", "."], check=True)  # where a probe got through
+    return refused
+
+
+@pytest.fixture(scope="module")
+def refused(engine, host) -> dict[str, bool]:
+    return probe_all(engine, host)  # one sandbox per engine runs every probe: a container start is ~1 s
+
+
+@pytest.mark.parametrize("probe", list(PROBES))
+def test_probe_is_refused(engine, refused, probe):
+    assert refused[probe], f"{engine.name}: {probe} was allowed"
+
+
+@pytest.mark.parametrize("engine_name", ["local", "docker"])
+def test_caps_hold(host, engine_name):
+    """A process tree over the memory cap is killed; writing past the disk cap fails, for the sandbox
+    as a whole: three processes and three files, each under the per-process and per-file limits."""
+    caps = {"fsize_limit_mb": 40, "disk_limit_mb": 64,
+            **({"mem_limit_mb": 256} if engine_name == "local" else {"mem_limit": "256m"})}
+    with _engine(engine_name, **caps) as eng, eng.start(host["task"]) as sb:
+        hog = "python -c \"import time; b = b'x' * (110 << 20); time.sleep(4); print('held')\""
+        out = sb.exec(f"for i in 1 2 3; do {hog} & done; wait", timeout=60).output
+        assert out.splitlines().count("held") < 3, f"{engine_name}: three processes held 330 MB under a 256 MB cap"
+        where = "/testbed" if engine_name == "local" else "/tmp"
+        out = sb.exec(f"for i in 1 2 3; do head -c 30000000 /dev/zero > {where}/f$i || echo FAILED $i; done; "
+                      "echo done", timeout=60).output
+        assert "FAILED 3" in out and "FAILED 1" not in out, out
+        assert "No space left" in out
+        out = sb.exec(f"rm {where}/f*; head -c 50000000 /dev/zero > big; echo $?; stat -c %s big").output.split()
+        assert out[-2:] == ["153", str(40 << 20)]  # 128 + SIGXFSZ, cut at the file-size limit
