@@ -9,10 +9,10 @@ import json
 import shutil
 
 import pytest
+from test_trainer import SMALL, run_train
 
 from crr.train.records import RECORDS_DIR, part_path, read_records
 from crr.train.tuples import read_tuples
-from test_trainer import SMALL, run_train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

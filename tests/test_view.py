@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from test_trainer import SMALL, run_train
 from typer.testing import CliRunner
 
 from crr.cli import app
 from crr.train.records import read_records
-from test_trainer import SMALL, run_train
 
 CHROMIUM = shutil.which("chromium")
 EVALS = Path(__file__).resolve().parents[1] / "results" / "reference" / "cpu-main" / "evals" / "crr"
@@ -26,10 +26,16 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def test_view_in_a_browser(ran_tasks_file, tmp_path):
     if CHROMIUM is None:
         pytest.skip("no chromium on PATH: scripts/setup.sh installs Debian's (apt-get install chromium), as root")
-    from playwright.sync_api import sync_playwright
 
     _, run = run_train(["--method", "crr", "--out", str(tmp_path), "--max-updates", "1", f"tasks={ran_tasks_file}",
                         *SMALL], tmp_path)
+    check_page(run, tmp_path, CHROMIUM)
+
+
+def check_page(run: Path, tmp_path: Path, chromium: str) -> None:
+    """The page of `run` and two committed evaluations, in the browser."""
+    from playwright.sync_api import sync_playwright
+
     evals = sorted(p for p in EVALS.iterdir() if "checkpoint" not in p.name)[:2]
     result = CliRunner().invoke(app, ["view", str(run), *map(str, evals), "--out", str(tmp_path / "v.html")])
     assert result.exit_code == 0, result.output
@@ -43,14 +49,14 @@ def test_view_in_a_browser(ran_tasks_file, tmp_path):
     branch = next(b for b in recs if b["kind"] == "branch" and b["row"] == forked["row"] and b["proposal"])
     differing = sum(any(s["advantage"] != s["grpo_advantage"] for s in t["steps"]) for t in trajs)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM)
+        browser = p.chromium.launch(executable_path=chromium)
         page = browser.new_page(viewport={"width": 1300, "height": 850})
         errors, urls = [], []
-        page.on("pageerror", errors.append)
+        page.on("pageerror", lambda e: errors.append(e))
         page.on("request", lambda r: urls.append(r.url))
         page.goto((tmp_path / "v.html").as_uri())
         page.wait_for_function("window.crrRendered !== undefined", timeout=20_000)
-        assert page.locator(".traj").count() == len(trajs) == 3
+        assert page.locator(".traj").count() == len(trajs)
         assert page.locator("svg.curve").count() >= 5
 
         page.locator(f'.traj[data-row="{forked["row"]}"]').click()
