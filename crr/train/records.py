@@ -75,7 +75,7 @@ def write_update(run_path: Path | str, update: int, parts: list[dict], rows: lis
                  advantages: list[list[float] | None]) -> Path:
     """Join every process's `collect` (in process order: the batch's row order) with the batch's step
     advantages and GRPO's, and write the update's part atomically."""
-    from crr.train.advantages import estimate   # deferred: torch (see the TYPE_CHECKING imports)
+    from crr.train.advantages import estimate  # deferred: torch (see the TYPE_CHECKING imports)
 
     grpo = estimate("grpo", rows)
     records, offset = [], 0

@@ -15,9 +15,11 @@ One iteration = one TRL generation batch = one optimizer update:
   2. _generate_and_score_completions (the one override, as notes/trl.md section 1 says): TRL's own
      scoring runs first (reference log-probabilities, its logging); then the (B, T) advantages from the
      estimator named by the method replace TRL's (B,) ones, and rows whose trajectory hit an
-     infrastructure failure are masked out of the loss entirely.
+     infrastructure failure are masked out of the loss entirely. With keep_trajectories, the update's
+     trajectories and branches go to trajectories/ with these advantages and GRPO's (crr.train.records).
   3. TRL's clipped surrogate + beta KL with the paper's settings (config.paper_loss_settings); then the
-     callback closes the ledger iteration, logs, checkpoints and enforces the budget.
+     callback closes the ledger iteration, logs (metrics.jsonl, and as crr/... scalars through TRL's log to
+     every report_to integration), checkpoints and enforces the budget.
 
 Across N processes (`accelerate launch --num_processes N -m crr train`, crr.train.distributed) each process
 runs steps 1-3 on its tasks_per_iteration / N whole groups with its own engine; the tuples, the iteration's
@@ -55,10 +57,10 @@ from crr.rollout import RolloutConfig, rollout, rollout_pool
 from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
+from crr.train import records
 from crr.train.advantages import RowCredit, estimate, search_select_choice, token_advantages
 from crr.train.config import CRRConfig, load_config, paper_loss_settings, parse_overrides
 from crr.train.counterfactual import Branch, run_branches
-from crr.train import records
 from crr.train.diagnostics import advantage_snr, bucket_covariance, prefix_signature
 from crr.train.distributed import barrier, broadcast, gather, gather_one, is_main
 from crr.train.ledger import Ledger, merge

@@ -41,7 +41,7 @@ function textBlock(text, cls) {
 }
 
 function stepView(s, withAdvantage) {
-  const meta = [`H_t ${fmt(s.entropy)}`];
+  const meta = s.entropy === null || s.entropy === undefined ? [] : [`H_t ${fmt(s.entropy)}`];
   if (withAdvantage) meta.unshift(`advantage ${fmt(s.advantage)}`, `GRPO ${fmt(s.grpo_advantage)}`);
   if (s.selected) meta.push("selected");
   if (s.is_error) meta.push("rejected call");
