@@ -95,7 +95,7 @@ function showTrajectory(run, u, traj, row) {
     detail.append(stepView(s, true));
     for (const b of branches.filter(b => b.t === s.t)) {
       const head = el("div", {class: "head",
-        text: `⑂ fork ${b.k_index} at step ${b.t} → return ${b.proposal === null ? "(proposal skipped)" : fmt(b.reward)}` +
+        text: `↳ fork ${b.k_index} at step ${b.t} → return ${b.proposal === null ? "(proposal skipped)" : fmt(b.reward)}` +
               (b.infra_error ? ` (failed: ${b.infra_error})` : "")});
       const fork = el("div", {class: "fork", "data-t": b.t}, head,
         el("div", {class: "branch-steps"},
