@@ -11,7 +11,7 @@ from crr.cli.common import console, friendly
 
 @friendly
 def view_command(
-    runs: list[Path] = typer.Argument(..., metavar="RUN_DIR...", help="Training or evaluation run directories, or folders holding them "
+    runs: list[Path] = typer.Argument(..., help="Training or evaluation run directories, or folders holding them "
                                                 "(searched recursively)."),
     out: Path | None = typer.Option(None, "--out", help="The HTML file to write (default: view.html in the one run "
                                                         "named, else crr-view.html here)."),
