@@ -3,6 +3,7 @@
 #  - the Python environment (.venv) with crr, its dev tools, the synth extra (SWE-smith) and the ray
 #    extra (the ray:local / ray:docker engines and their tests), at the versions requirements.lock pins;
 #    torch 2.13.0 is the CPU build;
+#  - Chromium (Debian's), for the browser test of `crr view` (tests/test_view.py), when we are root and it is missing;
 #  - Docker (Debian's docker.io) with dockerd running, when we are root and it is missing;
 #  - crr's sandbox base image, built without a registry (scripts/build-base-image.sh), and the same root
 #    filesystem as a directory, the local engine's sandbox root (as root; also with CRR_SKIP_DOCKER=1);
@@ -24,6 +25,17 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements.lock -
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -c requirements.lock -e '.[dev,synth,ray]'
   touch "$stamp"
+fi
+
+# Chromium (Debian's), which tests/test_view.py drives headless through Playwright's executable_path: Playwright
+# downloads no browser of its own
+if ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "[setup] installing chromium"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "[setup] chromium missing: run 'sudo apt-get install chromium' (tests/test_view.py skips without it)" >&2
+  fi
 fi
 
 if [ "${CRR_SKIP_VLLM:-0}" != 1 ]; then

@@ -27,6 +27,7 @@ from crr.cli.rollout import rollout_app
 from crr.cli.sandbox import fork_app, sandbox_app, tool_command
 from crr.cli.tasks import tasks_app
 from crr.cli.train import replay_app, train_command
+from crr.cli.view import view_command
 from crr.replay import TRUST_ENV
 
 # Re-exported: what tests and callers used from the single-module crr/cli.py.
@@ -55,6 +56,7 @@ app.command()(demo.demo)
 app.command("sft")(sft_command)
 app.command("train")(train_command)
 app.command("eval")(eval_command)
+app.command("view")(view_command)
 
 app.add_typer(fork_app, name="fork")
 app.add_typer(model_app, name="model")

@@ -76,6 +76,7 @@ class CRRConfig(GRPOConfig):
     checkpoint_fractions: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
     save_every: int = 1                        # also keep the latest checkpoint every N updates (resume)
     diagnostics_every: int = 1                 # advantage SNR and bucket covariance every N updates
+    keep_trajectories: bool = True             # every trajectory and branch to trajectories/ (crr.train.records)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

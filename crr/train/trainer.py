@@ -15,9 +15,11 @@ One iteration = one TRL generation batch = one optimizer update:
   2. _generate_and_score_completions (the one override, as notes/trl.md section 1 says): TRL's own
      scoring runs first (reference log-probabilities, its logging); then the (B, T) advantages from the
      estimator named by the method replace TRL's (B,) ones, and rows whose trajectory hit an
-     infrastructure failure are masked out of the loss entirely.
+     infrastructure failure are masked out of the loss entirely. With keep_trajectories, the update's
+     trajectories and branches go to trajectories/ with these advantages and GRPO's (crr.train.records).
   3. TRL's clipped surrogate + beta KL with the paper's settings (config.paper_loss_settings); then the
-     callback closes the ledger iteration, logs, checkpoints and enforces the budget.
+     callback closes the ledger iteration, logs (metrics.jsonl, and as crr/... scalars through TRL's log to
+     every report_to integration), checkpoints and enforces the budget.
 
 Across N processes (`accelerate launch --num_processes N -m crr train`, crr.train.distributed) each process
 runs steps 1-3 on its tasks_per_iteration / N whole groups with its own engine; the tuples, the iteration's
@@ -55,6 +57,7 @@ from crr.rollout import RolloutConfig, rollout, rollout_pool
 from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
+from crr.train import records
 from crr.train.advantages import RowCredit, estimate, search_select_choice, token_advantages
 from crr.train.config import CRRConfig, load_config, paper_loss_settings, parse_overrides
 from crr.train.counterfactual import Branch, run_branches
@@ -93,6 +96,7 @@ class CRRTrainer(GRPOTrainer):
         self.backend: TransformersBackend | None = None
         self.weight_syncs = 0   # backend=vllm or vllm-server: pushes of the policy's weights into vLLM
         self.iteration: dict = {}
+        self.records: dict | None = None   # this update's trajectory records until its advantages are known
         peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
                                  target_modules=cfg.lora_target_modules) if cfg.use_lora else None
         super().__init__(model=model, reward_funcs=verifier_reward, args=cfg, processing_class=tokenizer,
@@ -146,6 +150,7 @@ class CRRTrainer(GRPOTrainer):
             finally:
                 model.train(was_training)
         out = self._rows(trajs, picks, branches, offset)
+        self.records = records.collect(trajs, branches, out, picks) if cfg.keep_trajectories else None
         result.release()
         shared = self._gather_iteration(trajs, picks, branches, tuples)
         if self.accelerator.is_main_process:
@@ -285,6 +290,7 @@ class CRRTrainer(GRPOTrainer):
             "replay_noise_injected": sum(n for n, _ in shared["noise"]),
             "replay_noise_steps": sum(n for _, n in shared["noise"]),
             "covariance": bucket_covariance(pd.DataFrame(tuples)) if tuples else None,
+            "outcome_pairs": records.outcome_pairs([(t["reward"], t["cf_reward"]) for t in tuples]),
         }
         if self.cfg.backend != "transformers":   # syncs so far; |vLLM - policy| behaviour log-prob since the last sync
             self.iteration.update({"vllm_weight_syncs": self.weight_syncs,
@@ -301,6 +307,10 @@ class CRRTrainer(GRPOTrainer):
         every_adv = estimate(self.cfg.estimator, rows)
         start = self.accelerator.process_index * len(local)
         step_adv = every_adv[start:start + len(local)]
+        if self.records is not None:   # every process's trajectories and branches, with these advantages
+            parts = gather_one(self.records)
+            if self.accelerator.is_main_process:
+                records.write_update(self.run.path, self.state.global_step, parts, rows, every_adv)
         B, T = out["completion_ids"].shape
         out["advantages"] = token_advantages(local, step_adv, T).to(out["completion_ids"].device)
         excluded = torch.tensor([a is None for a in step_adv], device=out["completion_mask"].device)
@@ -341,7 +351,8 @@ class _IterationCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.trainer.accelerator.is_main_process:   # TRL's logs are already reduced over the processes
-            self.trainer.run.log_metrics({"event": "trl", "step": state.global_step, **(logs or {})})
+            self.trainer.run.log_metrics({"event": "trl", "step": state.global_step,
+                                          **{k: v for k, v in (logs or {}).items() if not k.startswith("crr/")}})
 
     def on_step_end(self, args, state, control, **kwargs):
         tr, cfg = self.trainer, self.trainer.cfg
@@ -356,6 +367,8 @@ class _IterationCallback(TrainerCallback):
                   "ledger": {k: it[k] for k in it if k != "iteration"}}
         if state.global_step % cfg.diagnostics_every:
             record.pop("advantage_snr"), record.pop("covariance")
+        for key, value in records.tracker_scalars(record).items():   # TRL's next log: every report_to gets them
+            tr._metrics["train"][key].append(value)
         if tr.accelerator.is_main_process:
             tr.run.log_metrics(record)
             if self.on_iteration is not None:
@@ -402,7 +415,8 @@ def resume_run(path: Path | str) -> tuple[CRRConfig, RunDir, str | None]:
         run.lock()
         Ledger(run, cfg.fork_cost_multiplier).truncate(done)
         dropped = drop_parts_from(run.path, done)
-        run.log_metrics({"event": "resume", "checkpoint": ckpt, "from_step": done, "dropped_tuple_parts": dropped})
+        run.log_metrics({"event": "resume", "checkpoint": ckpt, "from_step": done, "dropped_tuple_parts": dropped,
+                         "dropped_record_parts": records.drop_records_from(run.path, done)})
         log.info("resuming %s from %s", run.path, ckpt or "the start")
     barrier()   # the ledger is cut back before any process reads it
     return cfg, run, ckpt

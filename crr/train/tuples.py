@@ -56,11 +56,12 @@ def read_tuples(run_path: Path | str) -> pd.DataFrame:
     return ds.dataset([str(p) for p in parts], schema=SCHEMA, format="parquet").to_table().to_pandas()
 
 
-def drop_parts_from(run_path: Path, iteration: int) -> int:
-    """Remove the parts of iterations >= `iteration` (not covered by the checkpoint a resume starts from)."""
-    folder = Path(run_path) / TUPLES_DIR
+def drop_parts_from(run_path: Path, iteration: int, folder: str = TUPLES_DIR) -> int:
+    """Remove the parts of iterations >= `iteration` (not covered by the checkpoint a resume starts from)
+    from `folder` (any folder of `part-{iteration:06d}.*` files: the tuples, the trajectory records)."""
+    folder = Path(run_path) / folder
     gone = 0
-    for p in folder.glob("part-*.parquet*") if folder.is_dir() else []:
+    for p in folder.glob("part-*") if folder.is_dir() else []:
         if p.name.endswith(".tmp") or int(p.name.split("-")[1].split(".")[0]) >= iteration:
             p.unlink()
             gone += 1

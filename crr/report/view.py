@@ -1,0 +1,139 @@
+"""`crr view RUN_DIR...`: one self-contained HTML file to look at runs in a browser (no server, no network:
+the data is a JSON block in the page, the script and styles are inlined; docs/view.md).
+
+    path = write_view([Path("results/runs/...-train-crr-seed11")])      # RUN_DIR/view.html
+    path = write_view([Path("results/reference/cpu-main/evals")], Path("evals.html"))
+
+A training run (config.yaml, metrics.jsonl, trajectories/ when it kept them: crr.train.records) shows its
+learning curves, each update's groups (G siblings per task), each trajectory as a timeline of steps coloured
+by the advantage the update gave them (tool call, observation, an edit's diff), the counterfactual branches
+forked off their step (their actions and return), and a filter for the steps where the run's advantage
+differs from GRPO's. Evaluations (`crr eval` runs: results.jsonl, transcripts.jsonl, summary.json) show the
+task-by-task table of the runs (a filter for the tasks some run solves and another does not), each transcript,
+the patch and the error mode of crr.eval.taxonomy. A folder that is not a run is searched for runs inside.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from importlib.resources import files
+from pathlib import Path
+
+import yaml
+
+from crr.agent.tools import truncate
+from crr.errors import CRRError
+from crr.rundir import read_jsonl
+from crr.train.records import read_records
+
+_TIMESTAMP = re.compile(r"\d{8}-\d{6}-")
+_CURVES = ("reward_mean", "adv_std", "contrasts", "cf_share", "fork_share")   # of the iteration records
+
+
+def is_eval_run(path: Path) -> bool:
+    return (path / "results.jsonl").is_file() and (path / "transcripts.jsonl").is_file()
+
+
+def is_train_run(path: Path) -> bool:
+    return (path / "metrics.jsonl").is_file() and (path / "config.yaml").is_file() and not is_eval_run(path)
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """The run directories named, or found (sorted) inside a folder that is not one."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise CRRError(f"{p}: no such directory")
+        if is_eval_run(p) or is_train_run(p):
+            out.append(p)
+            continue
+        found = sorted({q.parent for name in ("results.jsonl", "config.yaml") for q in p.rglob(name)
+                        if is_eval_run(q.parent) or is_train_run(q.parent)})
+        # a training run's own evaluations (eval-before/, eval-after/) are part of it, not runs of their own
+        out.extend(q for q in found if not any(o in q.parents for o in found))
+    if not out:
+        raise CRRError(f"no training or evaluation run in {', '.join(map(str, paths))}")
+    return out
+
+
+def label(path: Path, dataset: str | None = None) -> str:
+    """A run's name without creation timestamps; an evaluation's without "eval-<dataset>-train-" (what the
+    evaluated training run is called: "crr-seed11-checkpoint-17")."""
+    name = _TIMESTAMP.sub("", path.name)
+    return name.removeprefix(f"eval-{dataset}-").removeprefix("train-") if dataset else name
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of k passes in n (by hand: one formula, not worth scipy here)."""
+    if n == 0:
+        return (math.nan, math.nan)
+    p, d = k / n, 1 + z * z / n
+    c, h = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (max(0.0, c - h), min(1.0, c + h))
+
+
+def load_train(path: Path) -> dict:
+    config = yaml.safe_load((path / "config.yaml").read_text()) or {}
+    metrics = list(read_jsonl(path / "metrics.jsonl"))
+    iterations = {r["step"]: r for r in metrics if r.get("event") == "iteration"}   # a resume's redo wins
+    trl = {r["step"]: r for r in metrics if r.get("event") == "trl" and "loss" in r}
+    curves = {k: [[s, iterations[s].get(k)] for s in sorted(iterations)] for k in _CURVES}
+    curves["loss"] = [[s, trl[s]["loss"]] for s in sorted(trl)]
+    curves["wall_s"] = [[s, iterations[s]["ledger"]["wall_s"]] for s in sorted(iterations)]
+    updates: dict[int, dict] = {}
+    for r in read_records(path):
+        u = updates.setdefault(r["update"], {"update": r["update"], "trajectories": [], "branches": []})
+        u["trajectories" if r["kind"] == "trajectory" else "branches"].append(r)
+    return {"kind": "train", "label": label(path), "path": str(path),
+            "settings": {k: config.get(k) for k in ("method", "seed", "tasks", "num_generations", "k", "max_turns")},
+            "curves": curves, "updates": [updates[u] for u in sorted(updates)]}
+
+
+def load_eval(path: Path) -> dict:
+    summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").is_file() else {}
+    transcripts = {(t["instance_id"], t.get("sample", 0)): t["steps"] for t in read_jsonl(path / "transcripts.jsonl")}
+    results = []
+    for r in read_jsonl(path / "results.jsonl"):
+        steps = transcripts.get((r["instance_id"], r.get("sample", 0)), [])
+        results.append({k: r.get(k) for k in ("instance_id", "sample", "reward", "error_mode", "resolution",
+                                               "end_reason", "infra_error", "model_patch", "turns")}
+                       | {"steps": [{**s, "observation": truncate(s.get("observation", ""))} for s in steps]})
+    scored = [r["reward"] for r in results if r["reward"] is not None]
+    return {"kind": "eval", "label": label(path, summary.get("dataset")), "path": str(path), "dataset": summary.get("dataset"),
+            "model": summary.get("model"), "passes": int(sum(scored)), "scored": len(scored),
+            "interval": wilson(int(sum(scored)), len(scored)), "results": results}
+
+
+def render(runs: list[dict]) -> str:
+    data = json.dumps({"runs": runs}, separators=(",", ":"), allow_nan=False, default=str)
+    data = data.replace("</", "<\\/")   # the JSON sits in a <script> element
+    assets = files("crr.report") / "view_assets"
+    return ((assets / "view.html").read_text(encoding="utf-8")
+            .replace("/*CSS*/", (assets / "view.css").read_text(encoding="utf-8"))
+            .replace("/*JS*/", (assets / "view.js").read_text(encoding="utf-8"))
+            .replace("{{DATA}}", data))
+
+
+def _clean(obj):
+    """JSON has no NaN: a missing interval or curve value becomes null."""
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def write_view(paths: list[Path], out: Path | None = None) -> Path:
+    """Write the page for the runs in `paths` to `out` (default: view.html in the one run named, else
+    crr-view.html here) and return its path."""
+    runs = find_runs(paths)
+    data = [_clean(load_train(p) if is_train_run(p) else load_eval(p)) for p in runs]
+    out = Path(out) if out is not None else (runs[0] / "view.html" if len(paths) == 1 and runs == [Path(paths[0])]
+                                             else Path("crr-view.html"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(data), encoding="utf-8")
+    return out
