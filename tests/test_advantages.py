@@ -9,8 +9,15 @@ import torch
 
 from crr.agent.episode import Step, Trajectory
 from crr.errors import CRRError
-from crr.train.advantages import (ESTIMATORS, RowCredit, estimate, estimator, search_select_choice, state_keys,
-                                  token_advantages)
+from crr.train.advantages import (
+    ESTIMATORS,
+    RowCredit,
+    estimate,
+    estimator,
+    search_select_choice,
+    state_keys,
+    token_advantages,
+)
 
 
 def make_traj(lengths: list[tuple[int, int]], reward: float | None, group: int = 0) -> Trajectory:

@@ -14,8 +14,16 @@ from crr.errors import CRRError
 from crr.policy.backend import StepSample, TransformersBackend
 from crr.policy.model import default_model_dir, load_policy
 from crr.train.proposals import get_proposal
-from crr.train.selectors import (SELECTORS, STATE_SELECTORS, Context, SelectorParams, eligible, score, select,
-                                 sibling_values)
+from crr.train.selectors import (
+    SELECTORS,
+    STATE_SELECTORS,
+    Context,
+    SelectorParams,
+    eligible,
+    score,
+    select,
+    sibling_values,
+)
 
 
 @dataclass

@@ -125,7 +125,7 @@ def test_an_estimator_outside_crr_and_the_new_methods_train(ran_tasks_file, tmp_
     assert "1/1 R" in out and len(rows) == 3 and lora_b_norm(run / "model") > 0
     assert all(len(r.state_keys) == len(r.spans) > 0 for r in rows)
     assert len({r.state_keys[0] for r in rows}) == 1          # the G siblings all start in the same s_0
-    it = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "iteration"][0]
+    it = next(r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "iteration")
     assert it["gigpo_groups"] >= 1 and 0 < it["gigpo_steps_grouped"] <= 1 and it["adv_mean"] == pytest.approx(
         np.mean([r.reward - 0.25 for r in rows for _ in r.spans]))
 

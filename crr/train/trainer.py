@@ -16,8 +16,8 @@ One iteration = one TRL generation batch = one optimizer update:
      whichever advantage estimator the config names.
   2. _generate_and_score_completions (the one override, as notes/trl.md section 1 says): TRL's own
      scoring runs first (reference log-probabilities, its logging); then the (B, T) advantages from the
-     config's estimator (advantage_estimator, by default the method's) replace TRL's (B,) ones, and rows whose trajectory hit an
-     infrastructure failure are masked out of the loss entirely.
+     config's estimator (advantage_estimator, by default the method's) replace TRL's (B,) ones, and
+     rows whose trajectory hit an infrastructure failure are masked out of the loss entirely.
   3. TRL's clipped surrogate + beta KL with the paper's settings (config.paper_loss_settings); then the
      callback closes the ledger iteration, logs, checkpoints and enforces the budget.
 
@@ -57,8 +57,14 @@ from crr.rollout import RolloutConfig, rollout, rollout_pool
 from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
-from crr.train.advantages import (RowCredit, estimate, search_select_choice, state_groups, state_keys,
-                                  token_advantages)
+from crr.train.advantages import (
+    RowCredit,
+    estimate,
+    search_select_choice,
+    state_groups,
+    state_keys,
+    token_advantages,
+)
 from crr.train.config import CRRConfig, load_config, paper_loss_settings, parse_overrides
 from crr.train.counterfactual import Branch, continuations, run_branches
 from crr.train.diagnostics import advantage_snr, bucket_covariance, prefix_signature
@@ -141,8 +147,9 @@ class CRRTrainer(GRPOTrainer):
                 picks = self._select(trajs, seed) if cfg.row.selects else {}
                 # injected replay noise rho draws from this iteration's realised outputs (none to gather at rho = 0)
                 noise = RerunOutputs(trajs, cfg.replay_noise, seed + 2) if cfg.replay_noise else None
-                forking = dict(backend=self.backend, engine=self.engine, tokenizer=self.processing_class,
-                              episode=self.episode, seed=seed + 1, pool=self.pool, ledger=self.ledger, noise=noise)
+                forking = {"backend": self.backend, "engine": self.engine, "tokenizer": self.processing_class,
+                           "episode": self.episode, "seed": seed + 1, "pool": self.pool, "ledger": self.ledger,
+                           "noise": noise}
                 if cfg.forks == "counterfactual":
                     branches = run_branches(trajs, picks, cf_samples=cfg.cf_samples, proposal=cfg.proposal,
                                             cf_temperature=cfg.cf_temperature, horizon=cfg.horizon, **forking)
