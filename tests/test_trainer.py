@@ -72,10 +72,11 @@ def test_crr_end_to_end_and_resume(ran_tasks_file, tmp_path):
     assert report["sampled"] == min(3, len(after.dropna(subset=["cf_reward"]))) and report["fraction"] == 1.0
 
 
-@pytest.mark.parametrize("method", ["grpo", "search-select"])
+@pytest.mark.parametrize("method", ["grpo", "search-select", "mc-values"])
 def test_other_methods_end_to_end(method, ran_tasks_file, tmp_path):
     # max_turns=3: returns then differ between the G siblings of the first group (seed 11)
-    extra = ["replay_noise=1.0"] if method == "search-select" else ["--eval", str(ran_tasks_file), "--eval-n", "1"]
+    extra = {"search-select": ["replay_noise=1.0"], "mc-values": ["cf_samples=1"]}.get(
+        method, ["--eval", str(ran_tasks_file), "--eval-n", "1"])
     out, run = run_train(["--method", method, "--out", str(tmp_path), "--max-updates", "1", f"tasks={ran_tasks_file}",
                           *SMALL, "max_turns=3", *extra], tmp_path)
     assert "1/1 R" in out
@@ -90,6 +91,10 @@ def test_other_methods_end_to_end(method, ran_tasks_file, tmp_path):
     it = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "iteration"][0]
     if method == "grpo":
         assert ledger["forks"] == 0 and not (run / "tuples").exists() and it["selected"] == 0
+    elif method == "mc-values":   # K = 1 on-policy continuation from every non-terminal state, charged like forks
+        assert ledger["forks"] == len(read_tuples(run)) > 0 and it["selected"] == 0 and it["replaced"] is None
+        assert ledger["cf_rollout_s"] > 0 and ledger["cf_test_s"] > 0
+        assert ledger["generated_tokens_all"] > ledger["generated_tokens_on_policy"]
     else:
         assert ledger["forks"] > 0 and it["replaced"] is not None and 0 <= it["replaced"] <= 3
         assert it["replay_noise_steps"] > 0 and 0 <= it["replay_noise_injected"] <= it["replay_noise_steps"]
@@ -110,7 +115,7 @@ def test_overrides_parse_numbers_as_yaml_and_python_write_them():
     assert load_config(None, parse_overrides(["learning_rate=2e-3"])).learning_rate == 0.002
 
 
-def test_an_estimator_outside_crr_and_the_new_methods_train(ran_tasks_file, tmp_path, monkeypatch):
+def test_an_estimator_outside_crr_trains_and_gets_the_state_keys(ran_tasks_file, tmp_path, monkeypatch):
     # A toy estimator in a module of its own, named by dotted path with a parameter, on the GiGPO method (state
     # keys recorded): it trains one update and sees the same record as any estimator.
     (tmp_path / "toy_credit.py").write_text(
@@ -128,11 +133,3 @@ def test_an_estimator_outside_crr_and_the_new_methods_train(ran_tasks_file, tmp_
     it = next(r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "iteration")
     assert it["gigpo_groups"] >= 1 and 0 < it["gigpo_steps_grouped"] <= 1 and it["adv_mean"] == pytest.approx(
         np.mean([r.reward - 0.25 for r in rows for _ in r.spans]))
-
-    # Monte-Carlo values: K = 1 on-policy continuation from every non-terminal state, in the ledger as forks.
-    out, run = run_train(["--method", "mc-values", "--out", str(tmp_path / "mc"), "--max-updates", "1",
-                          f"tasks={ran_tasks_file}", *SMALL, "cf_samples=1"], tmp_path / "mc")
-    ledger = json.loads((run / "ledger.json").read_text())["cumulative"]
-    tuples = read_tuples(run)
-    assert ledger["forks"] == len(tuples) > 0 and ledger["cf_rollout_s"] > 0 and ledger["cf_test_s"] > 0
-    assert ledger["generated_tokens_all"] > ledger["generated_tokens_on_policy"] and lora_b_norm(run / "model") > 0
