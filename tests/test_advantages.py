@@ -9,7 +9,15 @@ import torch
 
 from crr.agent.episode import Step, Trajectory
 from crr.errors import CRRError
-from crr.train.advantages import RowCredit, estimate, search_select_choice, token_advantages
+from crr.train.advantages import (
+    ESTIMATORS,
+    RowCredit,
+    estimate,
+    estimator,
+    search_select_choice,
+    state_keys,
+    token_advantages,
+)
 
 
 def make_traj(lengths: list[tuple[int, int]], reward: float | None, group: int = 0) -> Trajectory:
@@ -58,6 +66,9 @@ def test_crr_every_selected_step_of_every_sample_gets_its_own_contrast():
     assert adv[5] is None                                # infra: excluded even with forks
     zero = estimate("zero_contrast", rows)
     assert zero[0] == pytest.approx([0.0, 0.0, 1 / 3]) and zero[3] == pytest.approx([0.0, 0.0])
+    # the control never forks: every selected step gets 0, with or without counterfactual returns
+    assert zero[2] == [0.0] and estimate("zero_contrast", [credit(TRAJS[0], [1]), credit(TRAJS[1])])[0] == \
+        pytest.approx([1 / 2, 0.0, 1 / 2])
     # Each forked step carries its own R - R~ (the bug elsewhere: most step samples zeroed); ties give 0.
     contrasts = [adv[i][t] for i, r in enumerate(rows) if adv[i] for t in r.selected if r.counterfactuals.get(t)]
     assert contrasts == pytest.approx([1.0, 0.0, -0.5, 0.0, -1.0])
@@ -95,3 +106,59 @@ def test_search_select_replaces_only_on_strictly_higher_return():
     assert estimate("search_select", rows) == estimate("grpo", rows)
     with pytest.raises(CRRError, match="unknown advantage"):
         estimate("ppo", rows)
+
+
+def test_gigpo_adds_omega_times_the_step_advantage_within_groups_of_equal_states():
+    # task 0, G = 3, rewards 1, 0, 1: all start in s0; rows 0 and 1 then reach state "b", row 2 reaches "c"
+    rows = [RowCredit(0, 1.0, [(0, 1)] * 3, state_keys=["s0", "b", "x"]), RowCredit(0, 0.0, [(0, 1)] * 2, state_keys=["s0", "b"]),
+            RowCredit(0, 1.0, [(0, 1)] * 2, state_keys=["s0", "c"]), RowCredit(1, 0.0, [(0, 1)], state_keys=["s0"]),
+            RowCredit(1, None, [(0, 1)], state_keys=["s0"]), RowCredit(1, 1.0, [(0, 1)])]   # no keys: episode only
+    adv = estimate("gigpo", rows, omega=0.5)
+    e = 1 - 2 / 3                                                       # A^E of rows 0 and 2
+    assert adv[0] == pytest.approx([e + 0.5 * e, e + 0.5 * 0.5, e])   # s0: the group's A^E; b: 1 - 1/2; x alone
+    assert adv[1] == pytest.approx([-2 / 3 + 0.5 * -2 / 3, -2 / 3 + 0.5 * -0.5])
+    assert adv[2] == pytest.approx([e + 0.5 * e, e])                   # c: a group of one
+    assert adv[3] == pytest.approx([-0.5]) and adv[4] is None and adv[5] == pytest.approx([0.5])  # infra row left out
+    assert estimate("gigpo", [RowCredit(r.group, r.reward, r.spans) for r in rows]) == estimate("grpo", rows)
+
+
+def test_mc_values_is_the_difference_of_successive_monte_carlo_values():
+    rows = [RowCredit(0, 1.0, [(0, 1)] * 3, continuations={0: [0.0, 1.0], 1: [1.0, 1.0]}),   # t = 2: submit, no forks
+            RowCredit(0, 0.0, [(0, 1)] * 2, continuations={0: [1.0], 1: [0.0, 0.0]}), RowCredit(0, None, [(0, 1)])]
+    adv = estimate("mc_values", rows)
+    assert adv[0] == pytest.approx([0.5, 0.0, 0.0])       # V = 0.5, 1, (1), R = 1
+    assert adv[1] == pytest.approx([-1.0, 0.0]) and adv[2] is None
+
+
+def test_estimators_register_by_decorator_or_dotted_path_and_check_their_params(tmp_path, monkeypatch):
+    @estimator("toy")
+    def toy(rows, scale: float = 1.0):
+        return [[scale] * len(r.spans) for r in rows]
+
+    try:
+        rows = [credit(TRAJS[1])]
+        assert estimate("toy", rows) == [[1.0, 1.0]] and estimate("toy", rows, scale=2.0) == [[2.0, 2.0]]
+        with pytest.raises(CRRError, match="does not take advantage_params"):
+            estimate("toy", rows, omega=1.0)
+    finally:
+        del ESTIMATORS["toy"]
+    (tmp_path / "outside_crr.py").write_text("def half(rows):\n    return [[0.5] * len(r.spans) for r in rows]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert estimate("outside_crr:half", [credit(TRAJS[1])]) == estimate("outside_crr.half", [credit(TRAJS[1])]) == [[0.5, 0.5]]
+    for bad, why in [("outside_crr:nope", "has no"), ("no_such_module_xyz.fn", "cannot import"), ("ppo", "unknown")]:
+        with pytest.raises(CRRError, match=why):
+            estimate(bad, [])
+
+
+def test_state_keys_are_the_tree_digest_and_the_observations_so_far():
+    def traj(digests, observations):
+        t = make_traj([(1, 1)] * len(digests), 1.0)
+        for s, d, o in zip(t.steps, digests, observations):
+            s.digest, s.observation = d, o
+        return t.steps
+
+    a = state_keys(traj(["d0", "d1", "d1"], ["ls", "x", "y"]))
+    b = state_keys(traj(["d0", "d1", "d1"], ["ls", "z", "y"]))
+    assert a[:2] == b[:2] and a[2] != b[2]              # same tree, different observation history at s_2
+    assert state_keys(traj(["d0", "d2"], ["ls", "x"]))[1] != a[1]                      # another tree
+    assert len(set(a)) == 3 and state_keys(traj(["d0", None], ["ls", "x"])) == []     # a missing digest: unknown

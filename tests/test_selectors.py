@@ -14,7 +14,16 @@ from crr.errors import CRRError
 from crr.policy.backend import StepSample, TransformersBackend
 from crr.policy.model import default_model_dir, load_policy
 from crr.train.proposals import get_proposal
-from crr.train.selectors import SELECTORS, SelectorParams, eligible, score, select
+from crr.train.selectors import (
+    SELECTORS,
+    STATE_SELECTORS,
+    Context,
+    SelectorParams,
+    eligible,
+    score,
+    select,
+    sibling_values,
+)
 
 
 @dataclass
@@ -48,12 +57,46 @@ def test_other_selectors_share_the_eligible_set_and_cap():
     assert [c.t for c in select("stride", STEPS, P)] == [0, 4, 6]
     rng_picks = [c.t for c in select("random", STEPS, P, np.random.default_rng(11))]
     assert rng_picks == [c.t for c in select("random", STEPS, P, np.random.default_rng(11))]  # seeded
-    for name in SELECTORS:
+    for name in sorted(set(SELECTORS) - STATE_SELECTORS):   # those two keep only some eligible steps (below)
         picks = [c.t for c in select(name, STEPS, P, np.random.default_rng(0))]
         assert len(picks) == 3 and set(picks) <= {0, 1, 4, 5, 6} and picks == sorted(picks), name
         few = [c.t for c in select(name, STEPS, SelectorParams(k=3, eta=0.85), np.random.default_rng(0))]
         assert few == [0, 5], name                      # fewer eligible than k: all of them, no more
         assert select(name, STEPS, SelectorParams(k=0), np.random.default_rng(0)) == []
+
+
+def test_mid_value_forks_where_siblings_through_the_state_both_succeed_and_fail():
+    # task 0, G = 4: every row starts in state a; rows 0 and 1 reach b, row 2 reaches c, row 3 reaches d then
+    # b. Rewards 1, 0, 1, 0 -> p(a) = 1/2, p(b) = 1/3 (rows 0, 1, 3), p(c) = 1, p(d) = 0; task 1 is apart.
+    keys = [["a", "b", "x"], ["a", "b"], ["a", "c"], ["a", "d", "b"], ["a"]]
+    values = sibling_values(keys, [1.0, 0.0, 1.0, 0.0, 0.0], [0, 0, 0, 0, 1])
+    assert values[0] == pytest.approx([0.5, 1 / 3, 1.0]) and values[2] == pytest.approx([0.5, 1.0])
+    assert values[3] == pytest.approx([0.5, 0.0, 1 / 3]) and values[4] == [0.0]   # another task: its own p
+    assert sibling_values([["a"], []], [None, 1.0], [0, 0]) == [[None], []]      # unscored: no estimate
+    steps = [S(0.9, 0.0), S(0.8, 1.0), S(1.0, 0.0)]
+    chosen = select("mid_value", steps, SelectorParams(k=1), context=Context(1.0, values[0]))
+    assert [c.t for c in chosen] == [0]                 # closest to 1/2; step 2 (p = 1) never
+    assert [c.t for c in select("mid_value", steps, SelectorParams(k=3), context=Context(1.0, values[0]))] == [0, 1]
+    assert select("mid_value", steps[:2], SelectorParams(k=3), context=Context(1.0, [0.0, 1.0])) == []
+    with pytest.raises(CRRError, match="mid_value"):
+        select("mid_value", steps, P)
+
+
+@dataclass
+class D(S):
+    digest: str | None = None
+
+
+def test_first_edit_of_failure_is_the_first_step_that_changed_the_repository():
+    # recorded digests: step 1 (a shell command) changed the tree, step 2 (an edit) too
+    steps = [D(0.9, 0.0, digest="a"), D(0.8, 0.75, digest="a"), D(0.8, 1.0, digest="b"), D(0.9, 0.0, digest="c"),
+             D(1.0, None, terminal=True, digest="c")]
+    assert [c.t for c in select("first_edit_of_failure", steps, P, context=Context(0.0))] == [1]
+    assert select("first_edit_of_failure", steps, P, context=Context(1.0)) == []     # a success: nothing
+    assert select("first_edit_of_failure", steps, SelectorParams(k=0), context=Context(0.0)) == []
+    # without digests: the first eligible edit_file call (step 2 of STEPS has H below eta)
+    assert [c.t for c in select("first_edit_of_failure", STEPS, P, context=Context(0.0))] == [1]
+    assert select("first_edit_of_failure", STEPS[:1], P, context=Context(0.0)) == []
 
 
 def test_random_is_uniform_over_the_eligible_set():

@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from safetensors.torch import load_file
 from typer.testing import CliRunner
@@ -71,10 +72,11 @@ def test_crr_end_to_end_and_resume(ran_tasks_file, tmp_path):
     assert report["sampled"] == min(3, len(after.dropna(subset=["cf_reward"]))) and report["fraction"] == 1.0
 
 
-@pytest.mark.parametrize("method", ["grpo", "search-select"])
+@pytest.mark.parametrize("method", ["grpo", "search-select", "mc-values"])
 def test_other_methods_end_to_end(method, ran_tasks_file, tmp_path):
     # max_turns=3: returns then differ between the G siblings of the first group (seed 11)
-    extra = ["replay_noise=1.0"] if method == "search-select" else ["--eval", str(ran_tasks_file), "--eval-n", "1"]
+    extra = {"search-select": ["replay_noise=1.0"], "mc-values": ["cf_samples=1"]}.get(
+        method, ["--eval", str(ran_tasks_file), "--eval-n", "1"])
     out, run = run_train(["--method", method, "--out", str(tmp_path), "--max-updates", "1", f"tasks={ran_tasks_file}",
                           *SMALL, "max_turns=3", *extra], tmp_path)
     assert "1/1 R" in out
@@ -89,6 +91,10 @@ def test_other_methods_end_to_end(method, ran_tasks_file, tmp_path):
     it = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "iteration"][0]
     if method == "grpo":
         assert ledger["forks"] == 0 and not (run / "tuples").exists() and it["selected"] == 0
+    elif method == "mc-values":   # K = 1 on-policy continuation from every non-terminal state, charged like forks
+        assert ledger["forks"] == len(read_tuples(run)) > 0 and it["selected"] == 0 and it["replaced"] is None
+        assert ledger["cf_rollout_s"] > 0 and ledger["cf_test_s"] > 0
+        assert ledger["generated_tokens_all"] > ledger["generated_tokens_on_policy"]
     else:
         assert ledger["forks"] > 0 and it["replaced"] is not None and 0 <= it["replaced"] <= 3
         assert it["replay_noise_steps"] > 0 and 0 <= it["replay_noise_injected"] <= it["replay_noise_steps"]
@@ -107,3 +113,23 @@ def test_overrides_parse_numbers_as_yaml_and_python_write_them():
     parsed = parse_overrides(["learning_rate=2e-3", "beta=1E-2", "k=2", "eta=0.5", "tasks=nano-band", "horizon=null"])
     assert parsed == {"learning_rate": 0.002, "beta": 0.01, "k": 2, "eta": 0.5, "tasks": "nano-band", "horizon": None}
     assert load_config(None, parse_overrides(["learning_rate=2e-3"])).learning_rate == 0.002
+
+
+def test_an_estimator_outside_crr_trains_and_gets_the_state_keys(ran_tasks_file, tmp_path, monkeypatch):
+    # A toy estimator in a module of its own, named by dotted path with a parameter, on the GiGPO method (state
+    # keys recorded): it trains one update and sees the same record as any estimator.
+    (tmp_path / "toy_credit.py").write_text(
+        "SEEN = []\n\n\ndef toy(rows, bonus=0.0):\n    SEEN.extend(rows)\n"
+        "    return [None if r.reward is None else [r.reward - 0.5 + bonus] * len(r.spans) for r in rows]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out, run = run_train(["--method", "gigpo", "--out", str(tmp_path / "toy"), "--max-updates", "1", f"tasks={ran_tasks_file}",
+                          *SMALL, "advantage_estimator=toy_credit:toy", "advantage_params={bonus: 0.25}"], tmp_path / "toy")
+    import toy_credit
+
+    rows = toy_credit.SEEN
+    assert "1/1 R" in out and len(rows) == 3 and lora_b_norm(run / "model") > 0
+    assert all(len(r.state_keys) == len(r.spans) > 0 for r in rows)
+    assert len({r.state_keys[0] for r in rows}) == 1          # the G siblings all start in the same s_0
+    it = next(r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "iteration")
+    assert it["gigpo_groups"] >= 1 and 0 < it["gigpo_steps_grouped"] <= 1 and it["adv_mean"] == pytest.approx(
+        np.mean([r.reward - 0.25 for r in rows for _ in r.spans]))

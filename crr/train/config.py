@@ -24,17 +24,41 @@ from crr.errors import CRRError
 from crr.experiments import EXPERIMENTS, read_preset
 from crr.policy import SERVER_BACKEND, check_backend
 from crr.replay import engine_options
+from crr.train.advantages import check as check_estimator
 from crr.train.distributed import launched_processes
+from crr.train.selectors import STATE_SELECTORS
 
 DEFAULT_PRESET = EXPERIMENTS / "cpu-crr.yaml"
-METHODS = {"grpo": "grpo", "crr": "crr", "search-select": "search_select"}   # method -> advantage estimator
+
+
+@dataclass(frozen=True)
+class Method:
+    """What a method collects for its advantage estimator (crr.train.advantages), one row of METHODS."""
+    estimator: str                 # the advantage_estimator it defaults to
+    selects: bool = False          # the selector picks up to k steps of every scored trajectory (RowCredit.selected)
+    forks: str | None = None       # None; "counterfactual": K alternative actions a~_t != a_t at each selected
+    #                                step, each run forward (RowCredit.counterfactuals); "continuation": K
+    #                                on-policy continuations from every non-terminal s_t (RowCredit.continuations)
+    swaps: bool = False            # Search-Select: a row is replaced by its verifier-best branch, and the
+    #                                ratio is taken against the behaviour policy that generated each row
+    state_keys: bool = False       # record tree digests: RowCredit.state_keys
+    control: str | None = None     # the estimator under zero_contrast=true (selected steps, no forks)
+
+
+METHODS = {
+    "grpo": Method("grpo"),
+    "crr": Method("crr", selects=True, forks="counterfactual", control="zero_contrast"),
+    "search-select": Method("search_select", selects=True, forks="counterfactual", swaps=True),
+    "gigpo": Method("gigpo", state_keys=True),
+    "mc-values": Method("mc_values", forks="continuation"),
+}
 _PREFIXES = ("crr.", "trl.")
 
 
 @dataclass
 class CRRConfig(GRPOConfig):
     # --- what is trained, on what
-    method: str = field(default="crr", metadata={"help": "grpo | crr | search-select"})
+    method: str = field(default="crr", metadata={"help": " | ".join(METHODS)})
     model: str | None = field(default=None, metadata={"help": "model directory or hub id; None: the warm-started "
                                                                 "tiny default if built, else the tiny default"})
     tasks: str = "micro-train"
@@ -57,12 +81,16 @@ class CRRConfig(GRPOConfig):
     selector: str = "entropy_type"
     proposal: str = "tempered"
     k: int = 4                                 # fork budget per trajectory
-    cf_samples: int = 1                        # K counterfactuals per selected step
+    cf_samples: int = 1                        # K counterfactuals per selected step (mc-values: continuations per state)
     cf_temperature: float = 0.7                # T_cf
     eta: float = 0.4                           # entropy threshold
     lambda_type: float = 0.6
     horizon: int | None = None                 # counterfactual horizon h in steps; None: to the end
     zero_contrast: bool = False                # control: selected steps get A = 0, no forks
+    # --- the advantage estimator (crr.train.advantages): None = the method's; a registered name or a
+    #     function by dotted path (mypkg.mod:fn), called with advantage_params as keywords
+    advantage_estimator: str | None = None
+    advantage_params: dict = field(default_factory=dict)
     fork_cost_multiplier: float = 1.0          # m: (m - 1) x measured fork cost added as a real delay
     replay_noise: float = 0.0                  # rho: share of branch steps whose output is resampled
     # --- LoRA (PEFT) or full fine-tuning
@@ -81,6 +109,9 @@ class CRRConfig(GRPOConfig):
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise CRRError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if not isinstance(self.advantage_params, dict):
+            raise CRRError(f"advantage_params must be a mapping of keyword parameters, got {self.advantage_params!r}")
+        check_estimator(self.estimator, self.advantage_params)
         for name in ("k", "tasks_per_iteration", "max_turns", "max_new_tokens", "cf_samples", "save_every",
                      "diagnostics_every"):
             if getattr(self, name) < (0 if name == "k" else 1):
@@ -120,13 +151,29 @@ class CRRConfig(GRPOConfig):
                            "from stale weights (off-policy); train with backend=vllm or transformers here")
 
     @property
-    def estimator(self) -> str:
-        return "zero_contrast" if self.zero_contrast and self.method == "crr" else METHODS[self.method]
+    def row(self) -> Method:
+        return METHODS[self.method]
 
     @property
-    def forks(self) -> bool:
-        """Whether iterations fork (the zero-contrast control selects but never forks)."""
-        return self.method != "grpo" and not (self.method == "crr" and self.zero_contrast) and self.k > 0
+    def control(self) -> bool:
+        """The zero-contrast control of a method that has one (it selects but never forks)."""
+        return self.zero_contrast and self.row.control is not None
+
+    @property
+    def estimator(self) -> str:
+        return self.advantage_estimator or (self.row.control if self.control else self.row.estimator)
+
+    @property
+    def forks(self) -> str | None:
+        """What iterations fork: "counterfactual", "continuation" or None."""
+        if self.row.forks == "counterfactual" and (self.control or self.k == 0):
+            return None
+        return self.row.forks
+
+    @property
+    def state_keys(self) -> bool:
+        """Whether rollouts record tree digests (RowCredit.state_keys; the selectors that read them)."""
+        return self.row.state_keys or (self.row.selects and self.selector in STATE_SELECTORS)
 
     def resolved(self) -> dict:
         """Every settable field, as written to the run directory's config.yaml (and read back on resume).

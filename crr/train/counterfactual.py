@@ -8,6 +8,11 @@ trajectory starts with the realised prefix a_0..a_{t-1} (so the turn cap H count
 branch's token stream is a full trajectory, which Search-Select can train on) and whose sandbox and
 conversation are the fork's. Seconds are charged to the ledger: restores to fork_s (plus the
 fork-cost surcharge), proposal and continuation to cf_rollout_s, the verifier to cf_test_s.
+
+`continuations` is the same machinery for Monte-Carlo values (VinePPO, arXiv 2410.01679): K on-policy
+continuations from a fork of every non-terminal s_t of every scored trajectory, their first action drawn
+from pi at the rollout temperature (the `on_policy` proposal) instead of from an alternative-action
+proposal; their seconds and tokens go to the same ledger phases and counts.
 """
 
 from __future__ import annotations
@@ -89,6 +94,17 @@ def run_branches(trajs: list[Trajectory], picks: dict[int, list[Selection]], *, 
                 e.sandbox.close()
         raise
     return branches
+
+
+def continuations(trajs: list[Trajectory], *, samples: int, backend: GenerationBackend, engine: ForkEngine,
+                  tokenizer: PreTrainedTokenizerBase, episode: EpisodeConfig, seed: int, pool: WorkerPool,
+                  ledger: Ledger, noise: RerunOutputs | None = None) -> list[Branch]:
+    """`samples` on-policy continuations from every non-terminal state of every scored trajectory."""
+    points = {i: [Selection(s.t, 0.0) for s in t.steps if not s.terminal]
+              for i, t in enumerate(trajs) if t.reward is not None}
+    return run_branches(trajs, points, cf_samples=samples, backend=backend, engine=engine, tokenizer=tokenizer,
+                        episode=episode, proposal="on_policy", cf_temperature=episode.temperature, seed=seed,
+                        horizon=None, pool=pool, ledger=ledger, noise=noise)
 
 
 def _fork_episode(traj: Trajectory, b: Branch, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,

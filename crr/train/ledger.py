@@ -10,6 +10,9 @@ iteration in `metrics.jsonl`:
     cf_rollout_s   counterfactual rollout (proposal, on-policy continuation)
     cf_test_s      counterfactual tests (the verifier on each branch)
     update_s       learner update
+  A method that forks on-policy continuations instead of counterfactuals (mc-values: Monte-Carlo values)
+  charges them to the same three phases (fork_s, cf_rollout_s, cf_test_s), its continuations to `forks`
+  and their tokens to generated_tokens_all, so its extra rollouts compare with CRR's one for one
   (the five are mutually exclusive: each second is charged to one phase), plus wall_s (the iteration's
   wall clock, which also holds what no phase claims), on-policy trajectories, updates, generated tokens
   on-policy and all (with counterfactual suffixes), effective tokens (loss-masked on-policy action tokens

@@ -7,9 +7,13 @@
     validity_filtered  the same, then a proposal that fails the syntax/schema check (a call cut off by
                        the token budget, a wrong argument) is resampled up to 3 times; still invalid:
                        skipped. This removes the "immediately invalid alternative" class of forks.
+    on_policy          not a counterfactual: a_t resampled from pi at the given (the rollout) temperature, with
+                       no exclusion, so it may repeat a_t. The first action of an on-policy continuation of
+                       s_t (VinePPO's Monte-Carlo value, crr.train.counterfactual.continuations).
 
 A proposal returns, per selected step, the StepSample to play instead of a_t or None (skip the fork).
-It never returns the realised action: the canonical forms are compared here as well as in the backend.
+A counterfactual one never returns the realised action: the canonical forms are compared here as well as
+in the backend.
 """
 
 from __future__ import annotations
@@ -61,8 +65,14 @@ def validity_filtered(backend: GenerationBackend, conversations: list[list[dict]
     return [s if s is not None and _canonical(s.text) is not None else None for s in out]
 
 
+def on_policy(backend: GenerationBackend, conversations: list[list[dict]], realised: list[str], *,
+              temperature: float, seed: int, max_new_tokens: int) -> list[StepSample | None]:
+    return backend.generate(conversations, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens)
+
+
 PROPOSALS: dict[str, Callable[..., list[StepSample | None]]] = {"tempered": tempered,
-                                                                "validity_filtered": validity_filtered}
+                                                                "validity_filtered": validity_filtered,
+                                                                "on_policy": on_policy}
 
 
 def get_proposal(name: str) -> Callable[..., list[StepSample | None]]:

@@ -12,20 +12,29 @@ steps they keep:
     type          top-k of type(a_t), ties broken by H_t
     random        k uniformly without replacement (seeded)
     stride        k evenly spaced time quantiles of the eligible steps
+    mid_value     forks where a branch can change the outcome: the states whose estimated success
+                  probability p(s_t) is mid-range (0 < p < 1, closest to 1/2 first, then Eq. 4), p the
+                  fraction of successes among the siblings whose trajectories pass through s_t (equal
+                  state keys, `sibling_values`); a state only this trajectory reached is never mid-range
+    first_edit_of_failure  the first consequential action of a failed trajectory (none of a success): the
+                  first step that changed the repository (its tree digest differs from the next state's)
+                  or, without recorded digests, the first edit_file call
 
-Selectors are plain functions over anything with `entropy`, `tool_type` and `terminal` (crr's Step),
-so they are testable without a model or a sandbox. Each returns the chosen indices in time order with
-the Eq. 4 score of each (recorded in the tuples whatever the selector).
+Selectors are plain functions over anything with `entropy`, `tool_type` and `terminal` (crr's Step; and
+`digest` for first_edit_of_failure), so they are testable without a model or a sandbox. Each returns the
+chosen indices in time order with the Eq. 4 score of each (recorded in the tuples whatever the selector).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
+from crr.agent.tools import TOOL_TYPE_SCORES
 from crr.errors import CRRError
 
 
@@ -49,6 +58,13 @@ class SelectorParams:
 
 
 @dataclass(frozen=True)
+class Context:
+    """What a selector may know beyond the steps: R(tau), and p(s_t) per step (None: no estimate)."""
+    reward: float | None = None
+    values: Sequence[float | None] | None = None
+
+
+@dataclass(frozen=True)
 class Selection:
     t: int
     score: float                # Eq. 4's score of step t
@@ -68,25 +84,25 @@ def _top(steps: Sequence[SelectableStep], pool: list[int], k: int, key: Callable
     return sorted(sorted(pool, key=key)[:k])   # `key` sorts best first; ties fall to the earlier step
 
 
-def entropy_type(steps, pool, p, rng):
+def entropy_type(steps, pool, p, rng, ctx):
     return _top(steps, pool, p.k, lambda t: (-score(steps[t], p.lambda_type), t))
 
 
-def entropy(steps, pool, p, rng):
+def entropy(steps, pool, p, rng, ctx):
     return _top(steps, pool, p.k, lambda t: (-steps[t].entropy, t))
 
 
-def type_(steps, pool, p, rng):
+def type_(steps, pool, p, rng, ctx):
     return _top(steps, pool, p.k, lambda t: (-steps[t].tool_type, -steps[t].entropy, t))
 
 
-def random(steps, pool, p, rng):
+def random(steps, pool, p, rng, ctx):
     if len(pool) <= p.k:
         return pool
     return sorted(int(t) for t in rng.choice(pool, size=p.k, replace=False))
 
 
-def stride(steps, pool, p, rng):
+def stride(steps, pool, p, rng, ctx):
     if len(pool) <= p.k:
         return pool
     if p.k == 0:
@@ -94,16 +110,54 @@ def stride(steps, pool, p, rng):
     return [pool[int(round(q))] for q in np.linspace(0, len(pool) - 1, p.k)]
 
 
+def mid_value(steps, pool, p, rng, ctx):
+    if ctx.values is None:
+        raise CRRError("the mid_value selector needs p(s_t) from the siblings' state keys (sibling_values)")
+    mid = [t for t in pool if t < len(ctx.values) and ctx.values[t] is not None and 0.0 < ctx.values[t] < 1.0]
+    return _top(steps, mid, p.k, lambda t: (abs(ctx.values[t] - 0.5), -score(steps[t], p.lambda_type), t))
+
+
+def first_edit_of_failure(steps, pool, p, rng, ctx):
+    if ctx.reward != 0.0 or p.k == 0:
+        return []
+    return next(([t] for t in pool if _changes_repository(steps, t)), [])
+
+
+def _changes_repository(steps, t: int) -> bool:
+    before = getattr(steps[t], "digest", None)
+    after = getattr(steps[t + 1], "digest", None) if t + 1 < len(steps) else None
+    if before is not None and after is not None:
+        return before != after
+    return steps[t].tool_type == TOOL_TYPE_SCORES["edit_file"]
+
+
+def sibling_values(keys: Sequence[Sequence[str]], rewards: Sequence[float | None],
+                   groups: Sequence[int]) -> list[list[float | None]]:
+    """p(s_t) for every step of every row: the fraction of successes among the scored rows of the same
+    group (task) that pass through a state with s_t's key (the row itself included). None for the steps
+    of a row without a return; [] for a row without keys."""
+    through: dict[tuple[int, str], set[int]] = defaultdict(set)
+    for i, (ks, r, g) in enumerate(zip(keys, rewards, groups)):
+        if r is not None:
+            for key in ks:
+                through[(g, key)].add(i)
+    return [[None if r is None else float(np.mean([rewards[j] for j in through[(g, key)]])) for key in ks]
+            for ks, r, g in zip(keys, rewards, groups)]
+
+
 SELECTORS: dict[str, Callable] = {"entropy_type": entropy_type, "entropy": entropy, "type": type_,
-                                  "random": random, "stride": stride}
+                                  "random": random, "stride": stride, "mid_value": mid_value,
+                                  "first_edit_of_failure": first_edit_of_failure}
+STATE_SELECTORS = frozenset({"mid_value", "first_edit_of_failure"})   # read the recorded tree digests
 
 
 def select(name: str, steps: Sequence[SelectableStep], params: SelectorParams,
-           rng: np.random.Generator | None = None) -> list[Selection]:
-    """Up to k indices of `steps` chosen by the selector `name`, in time order. `rng` drives `random`."""
+           rng: np.random.Generator | None = None, context: Context = Context()) -> list[Selection]:
+    """Up to k indices of `steps` chosen by the selector `name`, in time order. `rng` drives `random`;
+    `context` holds R(tau) (first_edit_of_failure) and p(s_t) (mid_value)."""
     if name not in SELECTORS:
         raise CRRError(f"unknown selector {name!r}; choose one of {', '.join(SELECTORS)}")
     if name == "random" and rng is None:
         raise CRRError("the random selector needs a seeded numpy Generator (rng=)")
-    chosen = SELECTORS[name](steps, eligible(steps, params.eta), params, rng)
+    chosen = SELECTORS[name](steps, eligible(steps, params.eta), params, rng, context)
     return [Selection(t, score(steps[t], params.lambda_type)) for t in chosen]

@@ -7,16 +7,19 @@ Eq. 3 and the loss; Appendix "Search-Select protocol", "Compute Accounting").
 
 One iteration = one TRL generation batch = one optimizer update:
   1. rollout_func: G trajectories per task in sandboxes (crr.rollout, the prompts TRL repeats G times);
-     for crr / search-select the selector picks up to k steps of every scored trajectory, and each is
-     forked K times (crr.train.counterfactual); the branches go to tuples/ as one parquet part.
-     Search-Select swaps a realised row for its verifier-best branch when that branch scores strictly
-     higher. The rows go back to TRL with env_mask (observations masked) and, per row, the credit the
-     advantage estimator needs.
+     what else an iteration collects is the method's row in config.METHODS: for a method that selects
+     (crr, search-select) the selector picks up to k steps of every scored trajectory, and each is
+     forked K times (crr.train.counterfactual); mc-values plays K on-policy continuations from every
+     state; the branches go to tuples/ as one parquet part. A swapping method (Search-Select) replaces a
+     realised row by its verifier-best branch when that branch scores strictly higher. The rows go back
+     to TRL with env_mask (observations masked) and, per row, the same credit record (RowCredit) for
+     whichever advantage estimator the config names.
   2. _generate_and_score_completions (the one override, as notes/trl.md section 1 says): TRL's own
      scoring runs first (reference log-probabilities, its logging); then the (B, T) advantages from the
-     estimator named by the method replace TRL's (B,) ones, and rows whose trajectory hit an
-     infrastructure failure are masked out of the loss entirely. With keep_trajectories, the update's
-     trajectories and branches go to trajectories/ with these advantages and GRPO's (crr.train.records).
+     config's estimator (advantage_estimator, by default the method's) replace TRL's (B,) ones, and
+     rows whose trajectory hit an infrastructure failure are masked out of the loss entirely. With
+     keep_trajectories, the update's trajectories and branches go to trajectories/ with these advantages
+     and GRPO's (crr.train.records).
   3. TRL's clipped surrogate + beta KL with the paper's settings (config.paper_loss_settings); then the
      callback closes the ledger iteration, logs (metrics.jsonl, and as crr/... scalars through TRL's log to
      every report_to integration), checkpoints and enforces the budget.
@@ -58,14 +61,21 @@ from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
 from crr.train import records
-from crr.train.advantages import RowCredit, estimate, search_select_choice, token_advantages
+from crr.train.advantages import (
+    RowCredit,
+    estimate,
+    search_select_choice,
+    state_groups,
+    state_keys,
+    token_advantages,
+)
 from crr.train.config import CRRConfig, load_config, paper_loss_settings, parse_overrides
-from crr.train.counterfactual import Branch, run_branches
+from crr.train.counterfactual import Branch, continuations, run_branches
 from crr.train.diagnostics import advantage_snr, bucket_covariance, prefix_signature
 from crr.train.distributed import barrier, broadcast, gather, gather_one, is_main
 from crr.train.ledger import Ledger, merge
 from crr.train.replay_noise import RerunOutputs
-from crr.train.selectors import SelectorParams, select
+from crr.train.selectors import Context, SelectorParams, select, sibling_values
 from crr.train.tuples import drop_parts_from, write_part
 
 log = logging.getLogger(__name__)
@@ -92,7 +102,8 @@ class CRRTrainer(GRPOTrainer):
         self.pool = rollout_pool(engine, cfg.workers)  # rollouts and forks; unset: a Ray engine's slots
         self.episode = EpisodeConfig(max_turns=cfg.max_turns, temperature=cfg.rollout_temperature,
                                      max_new_tokens=cfg.max_new_tokens, time_limit_s=cfg.episode_time_limit_s,
-                                     snapshots=cfg.forks, agent_format=cfg.agent_format or "paper")
+                                     snapshots=cfg.forks is not None, digests=cfg.state_keys,
+                                     agent_format=cfg.agent_format or "paper")
         self.backend: TransformersBackend | None = None
         self.weight_syncs = 0   # backend=vllm or vllm-server: pushes of the policy's weights into vLLM
         self.iteration: dict = {}
@@ -138,14 +149,19 @@ class CRRTrainer(GRPOTrainer):
                 trajs = result.trajectories
                 self.ledger.move(sum((s.snapshot_ms or 0.0) for t in trajs for s in t.steps) / 1e3, "rollout_s",
                                  "fork_s")
-                picks = self._select(trajs, seed) if cfg.method != "grpo" else {}
+                picks = self._select(trajs, seed) if cfg.row.selects else {}
                 # injected replay noise rho draws from this iteration's realised outputs (none to gather at rho = 0)
                 noise = RerunOutputs(trajs, cfg.replay_noise, seed + 2) if cfg.replay_noise else None
-                branches = run_branches(trajs, picks, cf_samples=cfg.cf_samples, backend=self.backend,
-                                        engine=self.engine, tokenizer=self.processing_class, episode=self.episode,
-                                        proposal=cfg.proposal, cf_temperature=cfg.cf_temperature, seed=seed + 1,
-                                        horizon=cfg.horizon, pool=self.pool, ledger=self.ledger,
-                                        noise=noise) if cfg.forks else []
+                forking = {"backend": self.backend, "engine": self.engine, "tokenizer": self.processing_class,
+                           "episode": self.episode, "seed": seed + 1, "pool": self.pool, "ledger": self.ledger,
+                           "noise": noise}
+                if cfg.forks == "counterfactual":
+                    branches = run_branches(trajs, picks, cf_samples=cfg.cf_samples, proposal=cfg.proposal,
+                                            cf_temperature=cfg.cf_temperature, horizon=cfg.horizon, **forking)
+                elif cfg.forks == "continuation":
+                    branches = continuations(trajs, samples=cfg.cf_samples, **forking)
+                else:
+                    branches = []
                 tuples = [self._tuple(trajs[b.row], b, step, offset) for b in branches if b.sample is not None]
             finally:
                 model.train(was_training)
@@ -206,29 +222,35 @@ class CRRTrainer(GRPOTrainer):
     def _select(self, trajs: list[Trajectory], seed: int) -> dict:
         params = SelectorParams(k=self.cfg.k, eta=self.cfg.eta, lambda_type=self.cfg.lambda_type)
         rng = np.random.default_rng(seed)
-        return {i: select(self.cfg.selector, t.steps, params, rng)
+        values = sibling_values([state_keys(t.steps) for t in trajs], [t.reward for t in trajs],
+                                [t.task_index for t in trajs]) if self.cfg.state_keys else None
+        return {i: select(self.cfg.selector, t.steps, params, rng,
+                          Context(t.reward, None if values is None else values[i]))
                 for i, t in enumerate(trajs) if t.reward is not None}
 
     def _rows(self, trajs: list[Trajectory], picks: dict, branches: list[Branch], offset: int = 0) -> dict:
+        """TRL's rows, each with the same credit record whatever the method: the selected steps and the
+        scored returns of its forks (counterfactuals or continuations), its state keys. A row swapped for
+        a branch (Search-Select) is that branch's trajectory: the realised one's picks and forks are not its."""
         cfg = self.cfg
         out = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward", "policy_logprobs",
                                "crr_credit")}
         self.replaced = 0
         for i, traj in enumerate(trajs):
             mine = [b for b in branches if b.row == i]
-            if cfg.method == "search-select":
-                j = search_select_choice(traj.reward, [b.reward for b in mine])
-                if j is not None:
-                    traj, self.replaced = mine[j].traj, self.replaced + 1
+            j = search_select_choice(traj.reward, [b.reward for b in mine]) if cfg.row.swaps else None
+            if j is not None:
+                traj, self.replaced, mine = mine[j].traj, self.replaced + 1, []
             row = traj.trl_row()
-            counterfactuals: dict[int, list[float]] = {}
-            if cfg.method == "crr":
-                for b in mine:
-                    if b.reward is not None:
-                        counterfactuals.setdefault(b.t, []).append(b.reward)
+            returns: dict[int, list[float]] = {}
+            for b in mine:
+                if b.reward is not None:
+                    returns.setdefault(b.t, []).append(b.reward)
             credit = RowCredit(group=offset + traj.task_index, reward=traj.reward, spans=row["step_spans"],
-                               selected=[s.t for s in picks.get(i, [])] if cfg.method == "crr" else [],
-                               counterfactuals=counterfactuals)
+                               selected=[s.t for s in picks.get(i, [])] if j is None else [],
+                               counterfactuals=returns if cfg.forks == "counterfactual" else {},
+                               state_keys=state_keys(traj.steps),
+                               continuations=returns if cfg.forks == "continuation" else {})
             for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward"):
                 out[key].append(row[key])
             out["policy_logprobs"].append([lp for s in traj.steps for lp in s.policy_logprobs + [0.0] * len(s.observation_ids)])
@@ -286,7 +308,7 @@ class CRRTrainer(GRPOTrainer):
             "branches": len(branches), "proposal_skips": sum(not sampled for sampled, _ in branches),
             "branch_infra_errors": sum(sampled and r is None for sampled, r in branches),
             "cf_reward_mean": float(np.mean(cf)) if cf else None,
-            "replaced": sum(shared["replaced"]) if self.cfg.method == "search-select" else None,
+            "replaced": sum(shared["replaced"]) if self.cfg.row.swaps else None,
             "replay_noise_injected": sum(n for n, _ in shared["noise"]),
             "replay_noise_steps": sum(n for _, n in shared["noise"]),
             "covariance": bucket_covariance(pd.DataFrame(tuples)) if tuples else None,
@@ -304,7 +326,7 @@ class CRRTrainer(GRPOTrainer):
         # as TRL does with its rewards: the whole batch's rows (every process's; groups carry global ids),
         # advantages within complete groups, then this process's slice (the batches are equal in size)
         rows = gather(local)
-        every_adv = estimate(self.cfg.estimator, rows)
+        every_adv = estimate(self.cfg.estimator, rows, **self.cfg.advantage_params)
         start = self.accelerator.process_index * len(local)
         step_adv = every_adv[start:start + len(local)]
         if self.records is not None:   # every process's trajectories and branches, with these advantages
@@ -315,20 +337,23 @@ class CRRTrainer(GRPOTrainer):
         out["advantages"] = token_advantages(local, step_adv, T).to(out["completion_ids"].device)
         excluded = torch.tensor([a is None for a in step_adv], device=out["completion_mask"].device)
         out["completion_mask"] = out["completion_mask"] * (~excluded).unsqueeze(1).to(out["completion_mask"].dtype)
-        if self.cfg.method == "search-select":   # ratio against the behaviour policy that generated each row
+        if self.cfg.row.swaps:   # ratio against the behaviour policy that generated each row
             old = torch.zeros(B, T, device=out["completion_ids"].device)
             for i, x in enumerate(inputs):
                 lps = x["policy_logprobs"][:T]
                 old[i, :len(lps)] = torch.tensor(lps)
             out["old_per_token_logps"] = old
         flat = [a for adv in every_adv if adv is not None for a in adv]
+        # a swapping method's forks replace rows (its estimator is GRPO's): they are not contrasts
         selected = [adv[t] for r, adv in zip(rows, every_adv) if adv is not None for t in r.selected
-                    if r.counterfactuals.get(t)]
+                    if r.counterfactuals.get(t)] if not self.cfg.row.swaps else []
         self.iteration.update({
             "adv_mean": float(np.mean(flat)) if flat else None, "adv_std": float(np.std(flat)) if flat else None,
             "adv_nonzero": float(np.mean([a != 0 for a in flat])) if flat else None,
             "contrast_mean": float(np.mean(selected)) if selected else None, "contrasts": len(selected),
             "advantage_snr": advantage_snr([a for a in every_adv if a is not None])})
+        if any(r.state_keys for r in rows):
+            self.iteration.update(step_group_counts(rows))
         return out
 
 
@@ -340,6 +365,15 @@ def budget_allows_next(iteration_s: list[float], budget_s: float) -> bool:
     if not iteration_s:
         return True
     return sum(iteration_s) + sum(iteration_s) / len(iteration_s) <= budget_s
+
+
+def step_group_counts(rows: list[RowCredit]) -> dict:
+    """How often GiGPO's step groups form (steps of the siblings that share a state key): the groups of
+    two or more steps, those past s_0 (every sibling starts in the same s_0), the share of steps in one."""
+    groups = [m for m in state_groups(rows).values() if len(m) > 1]
+    steps = sum(len(r.state_keys) for r in rows if r.reward is not None)
+    return {"gigpo_groups": len(groups), "gigpo_groups_after_s0": sum(m[0][1] > 0 for m in groups),
+            "gigpo_steps_grouped": sum(map(len, groups)) / steps if steps else None}
 
 
 class _IterationCallback(TrainerCallback):
