@@ -15,6 +15,7 @@ import math
 import re
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -274,7 +275,9 @@ def load_config(preset: Path | str | None = None, overrides: dict | None = None)
         raise CRRError(f"{path}: unknown config key(s) {unknown}")
     data.update(overrides or {})
     try:
-        return CRRConfig(**data)
+        with warnings.catch_warnings():   # TRL 1.16 defaults the name transformers 5 deprecated: every config warns
+            warnings.filterwarnings("ignore", message="`gradient_checkpointing", category=FutureWarning)
+            return CRRConfig(**data)
     except (TypeError, ValueError) as e:   # TRL's own validation (its messages span lines: one here)
         raise CRRError(f"invalid config: {' '.join(str(e).split())}") from None
 
