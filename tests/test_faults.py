@@ -149,3 +149,32 @@ def test_a_full_or_read_only_disk_is_one_line_and_loses_nothing(tmp_path, ran_ta
         one_error(*crr("train", "--out", str(disk / "ro"), f"tasks={ran_tasks_file}", "n_tasks=1",
                        "tasks_per_iteration=1"), f"{disk / 'ro'}", "Read-only file system")
         assert log.read_bytes() == whole and json.loads(whole)["step"] == 1
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_sample_whose_transcript_write_failed_is_run_again_on_resume(tmp_path, monkeypatch):
+    """crr eval appends a sample's transcript before its result: a refused transcript write leaves no result,
+    so the resume runs that sample again and every result has its transcript (the tiny policy, one task)."""
+    from crr import rundir
+    from crr.eval.evaluate import RESULTS, TRANSCRIPTS
+
+    real, refused = rundir.append_jsonl, []
+
+    def full_at_first_transcript(path: Path, record: dict) -> None:
+        if path.name == TRANSCRIPTS and not refused:
+            refused.append(path)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(path, record)
+
+    monkeypatch.setattr(rundir, "append_jsonl", full_at_first_transcript)
+    code, lines = crr("eval", "micro", "--n-tasks", "1", "--max-turns", "2", "--max-new-tokens", "32", "--out",
+                      str(tmp_path))
+    (run,) = tmp_path.glob("*-eval-*")
+    assert code == 2 and lines[-1].startswith(f"error: {run / TRANSCRIPTS}: No space left on device; finished work "
+                                              f"is kept: make room (or make it writable), then resume with: crr eval")
+    assert RunDir.open(run).records(RESULTS) == []
+    monkeypatch.undo()
+    code, lines = crr("eval", "--resume", str(run))
+    assert code == 0, lines
+    keys = lambda name: [(r["instance_id"], r["sample"]) for r in RunDir.open(run).records(name)]
+    assert len(keys(RESULTS)) == 1 and keys(TRANSCRIPTS) == keys(RESULTS)

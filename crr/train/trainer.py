@@ -333,7 +333,6 @@ class CRRTrainer(GRPOTrainer):
             "advantage_snr": advantage_snr([a for a in every_adv if a is not None])})
         return out
 
-
     # ------------------------------------------------------------------ 3. checkpoints
     def _save_checkpoint(self, model, trial) -> None:
         """Transformers writes checkpoint-N in place, so an interrupted save leaves a torn checkpoint that looks
