@@ -116,10 +116,13 @@ def tmpfs(path: Path, size: str) -> Path:
         subprocess.run(["umount", "-l", str(path)], check=True)
 
 
-def fill(path: Path) -> None:
-    with open(path / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
-        while True:
-            f.write(b"\0" * 4096)
+def fill(path: Path, leave: int = 0) -> None:
+    """Fill the filesystem of `path` up, then free `leave` bytes."""
+    with open(path / "filler", "wb", buffering=0) as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 4096)
+        f.truncate(max(0, f.seek(0, os.SEEK_END) - leave))
 
 
 def test_a_full_or_read_only_disk_is_one_line_and_loses_nothing(tmp_path, ran_tasks_file):
@@ -178,3 +181,32 @@ def test_a_sample_whose_transcript_write_failed_is_run_again_on_resume(tmp_path,
     assert code == 0, lines
     keys = lambda name: [(r["instance_id"], r["sample"]) for r in RunDir.open(run).records(name)]
     assert len(keys(RESULTS)) == 1 and keys(TRANSCRIPTS) == keys(RESULTS)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_disk_full_at_a_checkpoint_publishes_nothing_and_the_resume_redoes_the_update(tmp_path, ran_tasks_file):
+    """A real update whose checkpoint save meets a full disk (a tmpfs filled up once the update is logged): one
+    line naming the checkpoint, no torn checkpoint-1 and no staging left; the resume starts over with every
+    record of the lost update cut (it will be redone)."""
+    from test_trainer import SMALL
+
+    from crr.errors import CRRError
+    from crr.train.config import parse_overrides
+    from crr.train.trainer import CHECKPOINTS, resume_run, train
+
+    with tmpfs(tmp_path / "disk", "64m") as disk:
+        cfg = load_config(None, {**parse_overrides([*SMALL, f"tasks={ran_tasks_file}", "max_steps=1"]),
+                                 "method": "grpo", "output_dir": str(disk)})
+        run = start_run(cfg, disk / "runs")
+        checkpoint = run.path / CHECKPOINTS / "checkpoint-1"
+        with pytest.raises(CRRError, match=rf"^cannot save {checkpoint}: .* \(0 MiB free there\)$"):
+            train(cfg, run, on_iteration=lambda record: fill(disk, leave=64 * 1024))   # room for the records only
+        release_locks()
+        assert not checkpoint.exists() and not (run.path / CHECKPOINTS / ".staging").exists()
+        assert [r["step"] for r in run.records("metrics.jsonl") if r.get("event") == "iteration"] == [1]
+        (disk / "filler").unlink()
+        _, _, resumed_from = resume_run(run.path)
+        release_locks()
+        assert resumed_from is None
+        assert not [r for r in run.records("metrics.jsonl") if r.get("event") in ("iteration", "trl", "ledger")]
+        assert json.loads((run.path / "ledger.json").read_text())["iterations"] == []

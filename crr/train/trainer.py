@@ -45,6 +45,7 @@ import torch
 import yaml
 from datasets import Dataset
 from peft import LoraConfig
+from safetensors import SafetensorError
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import GRPOTrainer
@@ -80,6 +81,15 @@ RESUMABLE = ("max_steps", "budget_hours")   # what `--resume` may change: when t
 TRAINER_STATE, OPTIMIZER, DEEPSPEED_LATEST = "trainer_state.json", "optimizer.pt", "latest"
 WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin", "model.safetensors", "model.safetensors.index.json",
            "pytorch_model.bin", "pytorch_model.bin.index.json")
+# How saving weights fails on a full or read-only disk: torch says RuntimeError ("unexpected pos ..."), safetensors
+# its own error, the rest OSError.
+SAVE_ERRORS = (OSError, RuntimeError, SafetensorError)
+
+
+def save_failed(path: Path, run_path: Path, e: Exception) -> CRRError:
+    """One line for a save of `path` that failed (SAVE_ERRORS), with the space left, since torch's words are cryptic."""
+    free = shutil.disk_usage(run_path).free / 2**20
+    return CRRError(f"cannot save {path}: {' '.join(str(e).split())[:200]} ({free:.0f} MiB free there)")
 
 
 def verifier_reward(completions, reward, **kwargs) -> list[float | None]:
@@ -344,9 +354,10 @@ class CRRTrainer(GRPOTrainer):
         self.args.output_dir = str(staging)
         try:
             super()._save_checkpoint(model, trial)
-        except (OSError, RuntimeError) as e:   # torch and safetensors report a full disk as a RuntimeError
+        except SAVE_ERRORS as e:
+            error = save_failed(final / name, self.run.path, e)   # (the space left before the part saved is freed)
             shutil.rmtree(staging, ignore_errors=True)
-            raise CRRError(f"cannot save the checkpoint {final / name}: {' '.join(str(e).split())[:200]}") from None
+            raise error from None
         finally:
             self.args.output_dir = str(final)
         barrier()   # every process's part (its RNG state) is written
@@ -556,7 +567,10 @@ def train(cfg: CRRConfig, run: RunDir, checkpoint: str | None = None, *,
         finally:
             trainer.pool.close()
         final = run.path / "model"
-        trainer.save_model(str(final))   # the main process's (TRL/transformers save on it only)
+        try:
+            trainer.save_model(str(final))   # the main process's (TRL/transformers save on it only)
+        except SAVE_ERRORS as e:
+            raise save_failed(final, run.path, e) from None
         if is_main():
             write_agent_record(final, trainer.episode.agent_format, cfg.max_turns)
     summary = {"cumulative": trainer.ledger.cumulative, "updates": trainer.state.global_step, "model": str(final)}
