@@ -9,15 +9,21 @@ A run directory has one writer at a time: `create` and `open(..., write=True)` t
 (flock on LOCK_FILE) that the process holds until `release_locks()` (the CLI calls it when a command
 ends) or its death, when the kernel drops it (SIGKILL included), so no stale lock outlives a crash.
 Readers (`open(path)`: reports, replay verification, evaluating a run's checkpoints) take no lock.
+
+A run file that is missing or corrupt (`read_run_file`, `read_jsonl`), or a write the disk refuses (full,
+read-only, no permission: `OUTPUT_ERRNOS`), is one line naming the file: a CRRError, or an OSError whose
+filename is the file (the CLI prints it as one line).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -43,6 +49,13 @@ RUN_LOG = "crr.log"  # what libraries said while a command wrote the run (the CL
 _locks: dict[Path, int] = {}  # run directory (resolved) -> fd of the lock this process holds
 # Called with a run directory when this process becomes its writer: the CLI points its run log there.
 writer_hooks: list[Callable[[Path], None]] = []
+# The errors of a write that the machine refuses (disk full, quota, read-only, no permission): the user's to fix.
+OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def _refused(path: Path, e: OSError) -> OSError:
+    """The OSError `e` of writing `path`, naming `path` itself (not a temporary sibling)."""
+    return OSError(e.errno, e.strerror, str(path)) if e.errno in OUTPUT_ERRNOS else e
 
 
 def lock_run(path: Path, command: str) -> None:
@@ -51,7 +64,10 @@ def lock_run(path: Path, command: str) -> None:
     key = Path(path).resolve()
     if key in _locks:
         return
-    fd = os.open(key / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(key / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:   # a read-only or full disk
+        raise _refused(key / LOCK_FILE, e) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -65,8 +81,12 @@ def lock_run(path: Path, command: str) -> None:
                if "pid" in owner else "another crr process")
         raise CRRError(f"{path} is in use by {who}: a run directory has one writer at a time; wait for it to "
                        "end or stop it, then resume") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps({"pid": os.getpid(), "command": command, "host": socket.gethostname()}).encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "command": command, "host": socket.gethostname()}).encode(), 0)
+    except OSError as e:
+        os.close(fd)
+        raise _refused(key / LOCK_FILE, e) from None
     _locks[key] = fd
     for hook in writer_hooks:
         hook(key)
@@ -82,16 +102,21 @@ def release_locks() -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write `text` to `path` so that readers see the old file or the new one, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise _refused(path, e) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise _refused(path, e) from None
         raise
 
 
@@ -117,34 +142,67 @@ def append_jsonl(path: Path, record: dict) -> None:
     A torn last record (a crash mid-append; read_jsonl skips it) is cut first, so that the new record
     starts on a line of its own instead of being glued to the fragment.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(record, sort_keys=True, default=str)
-    with open(path, "a+b") as f:
-        size = f.seek(0, os.SEEK_END)
-        if size and (f.seek(size - 1), f.read(1))[1] != b"\n":
-            f.seek(0)
-            keep = f.read().rfind(b"\n") + 1
-            log.warning("%s: dropping a torn last record (%d bytes) left by an interrupted run", path, size - keep)
-            f.truncate(keep)
-        f.write(line.encode("utf-8") + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size and (f.seek(size - 1), f.read(1))[1] != b"\n":
+                f.seek(0)
+                keep = f.read().rfind(b"\n") + 1
+                log.warning("%s: dropping a torn last record (%d bytes) left by an interrupted run", path, size - keep)
+                f.truncate(keep)
+            start = f.seek(0, os.SEEK_END)
+            try:
+                f.write(line.encode("utf-8") + b"\n")
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError:   # the disk took part of it: cut it back, so the log ends on a whole record
+                f.truncate(start)
+                raise
+    except OSError as e:
+        raise _refused(path, e) from None
 
 
 def read_jsonl(path: Path) -> Iterator[dict]:
-    """Records of an append-only log; a torn last line (a crash mid-append) is skipped."""
+    """Records of an append-only log; a torn last line (a crash mid-append) is skipped; any other line that is
+    not a JSON object is a CRRError naming path:line."""
     if not path.exists():
         return
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = path.read_bytes().splitlines()
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            yield json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
+            record = json.loads(line)
+        except (ValueError, UnicodeDecodeError):   # (JSONDecodeError is a ValueError)
+            if i == len(lines) - 1 and line.lstrip().startswith(b"{"):
                 return  # the record in flight when the writer died
             raise CRRError(f"{path}:{i + 1}: corrupt JSON record in an append-only log") from None
+        if not isinstance(record, dict):
+            raise CRRError(f"{path}:{i + 1}: a {type(record).__name__}, not a JSON object, in an append-only log")
+        yield record
+
+
+def read_run_file(path: Path, parse: Callable[[str], Any] = json.loads, what: str = "JSON") -> Any:
+    """`parse` of a run file's text (JSON unless told); missing or corrupt, a CRRError naming the file."""
+    try:
+        return parse(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CRRError(f"{path} is missing: the run directory is incomplete (deleted or never written)") from None
+    except (ValueError, UnicodeDecodeError, yaml.YAMLError) as e:
+        reason = " ".join(str(e).split())[:160]
+        raise CRRError(f"{path} is corrupt (not {what}: {reason})") from None
+
+
+def read_run_mapping(path: Path, what: str = "JSON") -> dict:
+    """A run file that holds one mapping (config.yaml, manifest.json, ledger.json)."""
+    data = read_run_file(path, yaml.safe_load if what == "YAML" else json.loads, what)
+    if what == "YAML" and data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise CRRError(f"{path} is corrupt (a {type(data).__name__}, not a {what} mapping)")
+    return data
 
 
 def _git_commit() -> str | None:
@@ -180,17 +238,30 @@ class RunDir:
         while path.exists():  # two runs in the same second
             n += 1
             path = base.with_name(f"{base.name}-{n}")
-        path.mkdir(parents=True)
-        lock_run(path, command)
-        run = cls(path)
-        atomic_write_text(path / "config.yaml", yaml.safe_dump(config or {}, sort_keys=False))
-        atomic_write_json(path / "manifest.json", {
-            "crr_version": __version__, "git_commit": _git_commit(), "command": command,
-            "argv": sys.argv, "created_utc": stamp, "host": socket.gethostname(),
-            "platform": platform.platform(), "python": platform.python_version(),
-            "packages": _package_versions(), "seeds": seeds or {},
-        })
-        return run
+        try:
+            path.mkdir(parents=True)
+        except OSError as e:
+            raise _refused(path, e) from None
+        try:
+            lock_run(path, command)
+            atomic_write_text(path / "config.yaml", yaml.safe_dump(config or {}, sort_keys=False))
+            atomic_write_json(path / "manifest.json", {
+                "crr_version": __version__, "git_commit": _git_commit(), "command": command,
+                "argv": sys.argv, "created_utc": stamp, "host": socket.gethostname(),
+                "platform": platform.platform(), "python": platform.python_version(),
+                "packages": _package_versions(), "seeds": seeds or {},
+            })
+        except BaseException:
+            cls(path).discard()
+            raise
+        return cls(path)
+
+    def discard(self) -> None:
+        """Remove a run directory that could not be made whole (a refused or failed start leaves nothing)."""
+        fd = _locks.pop(self.path.resolve(), None)
+        if fd is not None:
+            os.close(fd)
+        shutil.rmtree(self.path, ignore_errors=True)
 
     @classmethod
     def open(cls, path: Path | str, *, write: bool = False) -> "RunDir":
@@ -210,11 +281,11 @@ class RunDir:
 
     @property
     def config(self) -> dict:
-        return yaml.safe_load((self.path / "config.yaml").read_text()) or {}
+        return read_run_mapping(self.path / "config.yaml", "YAML")
 
     @property
     def manifest(self) -> dict:
-        return json.loads((self.path / "manifest.json").read_text())
+        return read_run_mapping(self.path / "manifest.json")
 
     def write_json(self, name: str, obj: Any) -> Path:
         atomic_write_json(self.path / name, obj)
@@ -229,6 +300,10 @@ class RunDir:
 
     def records(self, name: str) -> list[dict]:
         return list(read_jsonl(self.path / name))
+
+    def rewrite_records(self, name: str, records: list[dict]) -> None:
+        """Replace a JSONL log by `records` at once (what was cut from it is gone, nothing else is)."""
+        self.write_text(name, "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in records))
 
     def log_metrics(self, record: dict) -> None:
         self.append("metrics.jsonl", {"time": time.time(), **record})

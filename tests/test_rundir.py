@@ -37,6 +37,12 @@ def test_corruption_before_the_last_line_is_an_error(tmp_path):
     log.write_text('{"a": 1}\nnot json\n' + json.dumps({"b": 2}) + "\n")
     with pytest.raises(CRRError, match="m.jsonl:2"):
         list(read_jsonl(log))
+    log.write_text('{"a": 1}\n[1, 2]\n')   # whole JSON, but not a record: no torn append looks like that
+    with pytest.raises(CRRError, match="m.jsonl:2: a list, not a JSON object"):
+        list(read_jsonl(log))
+    log.write_bytes(b'{"a": 1}\n\xff\xfe garbage\n')
+    with pytest.raises(CRRError, match="m.jsonl:2: corrupt JSON record"):
+        list(read_jsonl(log))
 
 
 def test_a_run_directory_has_one_writer_and_the_kernel_frees_it_with_its_owner(tmp_path):

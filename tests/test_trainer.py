@@ -1,6 +1,6 @@
 """`crr train` end to end on CPU: the real tiny model, real local sandboxes and forks, real TRL updates for
-each method; a complete run directory; resume after an interrupted iteration reproduces it exactly;
-`crr replay verify` re-executes recorded suffixes."""
+each method; a complete run directory; resume after an interrupted iteration (torn checkpoints included)
+reproduces it exactly and records every update once; `crr replay verify` re-executes recorded suffixes."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from crr.cli import app
 from crr.policy.model import default_model_dir
+from crr.rundir import RunDir, release_locks
+from crr.train.trainer import checkpoint_gap, checkpoints, resume_run, update_rewards
 from crr.train.tuples import read_tuples
 
 SMALL = ["n_tasks=1", "tasks_per_iteration=1", "num_generations=3", "max_turns=2", "max_new_tokens=40", "k=2", "eta=0.0", "workers=2", "warmup_steps=0",
@@ -32,6 +35,18 @@ def run_train(args: list[str], root: Path) -> tuple[str, Path]:
     runs = sorted(root.glob("*-train-*"))
     assert len(runs) == 1
     return result.output, runs[0]
+
+
+def assert_each_update_once(run: Path, updates: int) -> None:
+    """metrics.jsonl, ledger.json and the reward curve hold each of the first `updates` updates exactly once."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for event, key, first in (("iteration", "step", 1), ("ledger", "iteration", 0)):
+        assert [r[key] for r in records if r.get("event") == event] == list(range(first, first + updates)), event
+    # TRL's records of each update (its end-of-training summary, train_loss, shares the last step)
+    assert [r["step"] for r in records if r.get("event") == "trl" and "train_loss" not in r] == list(range(1, updates + 1))
+    ledger = json.loads((run / "ledger.json").read_text())
+    assert [it["iteration"] for it in ledger["iterations"]] == list(range(updates))
+    assert len(update_rewards(RunDir.open(run))) == updates
 
 
 def lora_b_norm(path: Path) -> float:
@@ -56,15 +71,37 @@ def test_crr_end_to_end_and_resume(ran_tasks_file, tmp_path):
     iters = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "iteration"]
     assert [r["step"] for r in iters] == [1, 2] and sum(r["contrasts"] for r in iters) > 0
 
-    # An interruption during iteration 2: its checkpoint never written, its tuples part already there.
-    shutil.rmtree(run / "checkpoints" / "checkpoint-2")
-    before = read_tuples(run)
-    out2, _ = run_train(["--resume", str(run)], tmp_path)
-    assert "2/2 R" in out2 and "1/2 R" not in out2   # only the lost iteration is redone
+    assert not (run / "checkpoints" / ".staging").exists()
+    assert [checkpoint_gap(c) for _, c in checkpoints(run / "checkpoints")] == [None, None]
+
+    # An interruption while iteration 2 was saved (a checkpoint written in place, as transformers does): no
+    # trainer state; its tuples part and metrics records already there. Settings a resume cannot change are
+    # refused, in one line, before anything is written; --max-updates is applied and said.
+    (run / "checkpoints" / "checkpoint-2" / "trainer_state.json").unlink()
+    before, metrics = read_tuples(run), (run / "metrics.jsonl").read_text()
+    for args in (["k=7"], ["--seed", "5"], ["--method", "grpo"], ["--budget-hours", "1", "lora_r=16"]):
+        result = CliRunner().invoke(app, ["train", "--resume", str(run), *args])
+        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+        assert "a resumed run keeps its settings but max_steps and budget_hours" in result.output
+    assert (run / "metrics.jsonl").read_text() == metrics and (run / "checkpoints" / "checkpoint-2").is_dir()
+    out2, _ = run_train(["--resume", str(run), "--max-updates", "3", "k=2"], tmp_path)
+    assert "checkpoint-2 is incomplete (no trainer_state.json): removed, resuming from checkpoint-1" in out2
+    assert "resuming with max_steps=3 (was 2)" in out2
+    assert "2/3 R" in out2 and "3/3 R" in out2 and "1/3 R" not in out2   # only the lost iteration is redone
+    assert yaml.safe_load((run / "config.yaml").read_text())["max_steps"] == 3
     after = read_tuples(run)
-    assert len(json.loads((run / "ledger.json").read_text())["iterations"]) == 2
     cols = ["iteration", "t", "realised_action", "counterfactual_action", "reward", "cf_reward"]
-    assert before[cols].equals(after[cols])          # same seed, restored weights: the same iteration again
+    assert before[cols].equals(after[after.iteration < 2][cols])   # same seed, restored weights: the same iteration
+    assert_each_update_once(run, 3)
+
+    # The optimizer's state lost (a checkpoint saved in place, cut short): the resume falls back to the previous
+    # checkpoint and cuts the records back to it (training on from there is what the resume above did).
+    (run / "checkpoints" / "checkpoint-3" / "optimizer.pt").unlink()
+    cfg, resumed, ckpt = resume_run(run)
+    release_locks()
+    assert Path(ckpt).name == "checkpoint-2" and not (run / "checkpoints" / "checkpoint-3").exists()
+    assert_each_update_once(run, 2)
+    assert set(read_tuples(run)["iteration"]) <= {0, 1}
 
     result = CliRunner().invoke(app, ["replay", "verify", str(run), "--sample", "3", "--json"])
     assert result.exit_code == 0, result.output

@@ -1,6 +1,7 @@
-"""What every `crr` command shares: the consoles, `friendly` and `long_command` (a CRRError prints as one
-red line and exits 2, `crr --debug ...` shows tracebacks; SIGINT/SIGTERM close sandboxes and say how to
-resume), where library output goes, JSON output, and the options several commands take (`engine_option()`...).
+"""What every `crr` command shares: the consoles, `friendly` and `long_command` (a CRRError, or a full or
+read-only disk, prints as one red line and exits 2, `crr --debug ...` shows tracebacks; SIGINT/SIGTERM close
+sandboxes and say how to resume), where library output goes, JSON output, and the options several commands
+take (`engine_option()`...).
 
 Keep this module, like every crr.cli module, light at import time: `crr --help` imports all of them, so
 torch, transformers, trl and datasets are imported inside the command functions that use them.
@@ -128,26 +129,34 @@ def _resume_with(command: str) -> None:
     _state["resume"] = command
 
 
+def _resume_hint() -> str:
+    """After an error the user can fix (a full or read-only disk): how to continue once it is fixed."""
+    resume = _state.get("resume")
+    return f"; finished work is kept: make room (or make it writable), then resume with: {resume}" if resume else ""
+
+
 def _same_command() -> str:
     return shlex.join(["crr", *sys.argv[1:]])
 
 
 def friendly(fn: Callable) -> Callable:
-    """One command's errors, interrupts and run directories: a CRRError prints as one line and exits 2 (a
-    traceback with --debug); SIGINT or SIGTERM closes its sandboxes, prints how to resume and exits 130 or
-    143; the run directories it wrote are released (their locks) when it ends."""
+    """One command's errors, interrupts and run directories: a CRRError, or a file the machine refuses (disk full,
+    read-only, no permission: rundir.OUTPUT_ERRNOS), prints as one line and exits 2 (a traceback with --debug);
+    SIGINT or SIGTERM closes its sandboxes, prints how to resume and exits 130 or 143; the run directories it
+    wrote are released (their locks) when it ends."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from crr.rundir import release_locks
+        from crr.rundir import OUTPUT_ERRNOS, release_locks
 
         with _sigterm_interrupts() as received, _library_output():
             try:
                 return fn(*args, **kwargs)
-            except CRRError as e:
-                if _state["debug"]:
+            except (CRRError, OSError) as e:
+                if _state["debug"] or isinstance(e, OSError) and e.errno not in OUTPUT_ERRNOS:
                     raise
-                err_console.print(Text.assemble(("error:", "bold red"), f" {e}"))
+                err_console.print(Text.assemble(("error:", "bold red"), f" {e}" if isinstance(e, CRRError) else
+                                                f" {e.filename or 'the output'}: {e.strerror}" + _resume_hint()))
                 raise typer.Exit(2) from None
             except KeyboardInterrupt:
                 signum = received[0] if received else signal.SIGINT

@@ -25,7 +25,8 @@ def train_command(
     max_trajectories: int | None = typer.Option(None, "--max-trajectories", help="Stop after N on-policy trajectories."),
     max_updates: int | None = typer.Option(None, "--max-updates", help="Stop after N optimizer updates."),
     budget_hours: float | None = typer.Option(None, "--budget-hours", help="Stop after H hours of ledger wall clock."),
-    resume: Path | None = typer.Option(None, "--resume", help="Continue a run directory from its last checkpoint."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue a run directory from its last complete "
+                                       "checkpoint; of its settings only --max-updates and --budget-hours may change."),
     eval_tasks: str | None = typer.Option(None, "--eval", help="Held-out tasks (e.g. nano-test) on which the "
                                           "starting and the trained policy are evaluated greedily (pass@1 before "
                                           "and after, in the run's eval-before/ and eval-after/)."),
@@ -39,9 +40,9 @@ def train_command(
 
     if eval_tasks is not None and launched_processes() > 1:
         raise CRRError("--eval runs in one process: train across processes without it, then `crr eval` the run")
-    cfg, run, checkpoint = open_run(resume, config, overrides, out, method=method, seed=seed,
-                                    max_trajectories=max_trajectories, max_steps=max_updates,
-                                    budget_hours=budget_hours)
+    cfg, run, checkpoint, tasks = open_run(resume, config, overrides, out, method=method, seed=seed,
+                                           max_trajectories=max_trajectories, max_steps=max_updates,
+                                           budget_hours=budget_hours)
     err_console.print(f"run directory: {run.path}", highlight=False)
     _resume_with(f"crr train --resume {shlex.quote(str(run.path))}")
     if eval_tasks is not None:
@@ -54,7 +55,7 @@ def train_command(
         progress.update(bar, completed=r["step"], total=r["max_steps"])
 
     with progress:
-        summary = train(cfg, run, checkpoint, on_iteration=update)
+        summary = train(cfg, run, checkpoint, on_iteration=update, tasks=tasks)
     if not is_main():   # across processes (accelerate launch) the main one reports
         return
     c = summary["cumulative"]

@@ -14,7 +14,8 @@ The run directory (the format crr report reads):
   results.jsonl       one record per (instance, sample), appended as each finishes: reward (after the
                       harness audit; None for an infrastructure failure), resolution, end_reason, turns,
                       generated tokens, the model patch, error_mode and the held-out test counts
-  transcripts.jsonl   each sample's tool calls and observations (what the taxonomy's audit reads)
+  transcripts.jsonl   each sample's tool calls and observations (what the taxonomy's audit reads), appended
+                      just before its result; a sample run again (resumed, or retried) has the last one of its key
   predictions.jsonl   SWE-bench predictions of sample 0 (instance_id, model_name_or_path, model_patch),
                       so that the official harness can grade them too
   summary.json        pass@1, pass@k, pass^k, all-n, per-repository pass@1, each with its Wilson interval
@@ -311,7 +312,10 @@ def resume_eval(path: Path | str, overrides: dict | None = None) -> tuple[EvalCo
         raise CRRError(f"{path} is a `crr {run.manifest.get('command')}` run, not an evaluation; --resume takes "
                        "a directory made by crr eval")
     run.lock()
-    config = EvalConfig(**run.config)
+    try:
+        config = EvalConfig(**run.config)
+    except TypeError as e:   # keys missing or unknown
+        raise CRRError(f"{run.path / 'config.yaml'} is corrupt (not an evaluation's config: {e})") from None
     for key, value in (overrides or {}).items():
         current = getattr(config, key)
         if value is None or value == current:
@@ -427,10 +431,12 @@ def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]
                 nonlocal finished
                 task, sample = chunk[traj.task_index]
                 result = result_record(task, sample, seed, traj)
-                run.append(RESULTS, result)
+                # the transcript first: a recorded result always has its transcript (a sample whose result
+                # write failed is run again on resume, and its new transcript is the last of its key)
                 run.append(TRANSCRIPTS, {"instance_id": task.instance_id, "sample": sample,
                                          "steps": [{"t": s.t, "action": s.action, "observation": s.observation,
                                                     "is_error": s.is_error} for s in traj.steps]})
+                run.append(RESULTS, result)
                 finished += 1
                 if on_result is not None:
                     on_result(result, finished, len(pending))
@@ -471,8 +477,7 @@ def _set_aside_infra(run: RunDir) -> None:
         return
     for r in infra:
         run.append(INFRA_RETRIED, r)
-    run.write_text(RESULTS, "".join(json.dumps(r, sort_keys=True, default=str) + "\n"
-                                    for r in records if r["reward"] is not None))
+    run.rewrite_records(RESULTS, [r for r in records if r["reward"] is not None])
     log.info("retrying %d samples that met infrastructure failures", len(infra))
 
 

@@ -10,8 +10,12 @@ same flat field, the prefix only says which part it belongs to).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
+import types
+import typing
+import warnings
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -107,27 +111,14 @@ class CRRConfig(GRPOConfig):
     keep_trajectories: bool = True             # every trajectory and branch to trajectories/ (crr.train.records)
 
     def __post_init__(self) -> None:
+        validate(self)
         if self.method not in METHODS:
             raise CRRError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
         if not isinstance(self.advantage_params, dict):
             raise CRRError(f"advantage_params must be a mapping of keyword parameters, got {self.advantage_params!r}")
         check_estimator(self.estimator, self.advantage_params)
-        for name in ("k", "tasks_per_iteration", "max_turns", "max_new_tokens", "cf_samples", "save_every",
-                     "diagnostics_every"):
-            if getattr(self, name) < (0 if name == "k" else 1):
-                raise CRRError(f"{name} must be {'>= 0' if name == 'k' else 'at least 1'}, got {getattr(self, name)}")
-        if self.workers is not None and self.workers < 1:
-            raise CRRError(f"workers must be at least 1, got {self.workers}")
         engine_options(self.engine, ray=self.ray)  # a setting the engine does not take fails here
         check_backend(self.backend, self.vllm_server)
-        if self.cf_temperature <= 0:
-            raise CRRError(f"cf_temperature (T_cf) must be > 0, got {self.cf_temperature}")
-        if not 0.0 <= self.replay_noise <= 1.0:
-            raise CRRError(f"replay_noise (rho) must lie in [0, 1], got {self.replay_noise}")
-        if self.fork_cost_multiplier < 1:
-            raise CRRError(f"fork_cost_multiplier (m) must be >= 1, got {self.fork_cost_multiplier}")
-        if not all(0 < f <= 1 for f in self.checkpoint_fractions):
-            raise CRRError(f"checkpoint_fractions must lie in (0, 1], got {self.checkpoint_fractions}")
         # One generation batch = one update: tasks_per_iteration x G rows, no gradient accumulation. Across
         # N processes (crr.train.distributed) each rolls out tasks_per_iteration / N whole groups.
         processes = launched_processes()
@@ -186,6 +177,112 @@ class CRRConfig(GRPOConfig):
         return out
 
 
+@dataclass(frozen=True)
+class Range:
+    """Where a number (each number, of a list) must lie; `unset` is a value that means "not set" (TRL's -1)."""
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    unset: float | None = None
+
+    def holds(self, value) -> bool:
+        if isinstance(value, (list, tuple)):
+            return all(self.holds(v) for v in value)
+        if value is None or isinstance(value, (bool, str)) or value == self.unset and self.unset is not None:
+            return True
+        return ((self.low is None or value > self.low or (value == self.low and not self.open_low))
+                and (self.high is None or value <= self.high))
+
+    def __str__(self) -> str:
+        low = None if self.low is None else f"{'>' if self.open_low else '>='} {self.low:g}"
+        text = (low if self.high is None else
+                f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}]" if self.low is not None
+                else f"<= {self.high:g}")
+        return text + ("" if self.unset is None else f" (or {self.unset:g}: unset)")
+
+
+_POSITIVE, _NON_NEGATIVE, _AT_LEAST_1, _UNIT = Range(0, open_low=True), Range(0), Range(1), Range(0, 1)
+# The ranges of the fields whose type alone admits values that fail later (or silently do something else):
+# CRR's fields and the TRL/transformers knobs a run sets. A field's type is checked from its annotation.
+# rollout_temperature > 0: greedy rollouts make the G siblings of a group identical (no advantage to learn).
+RANGES: dict[str, Range] = {
+    **dict.fromkeys(("learning_rate", "temperature", "rollout_temperature", "cf_temperature", "epsilon",
+                     "episode_time_limit_s", "budget_hours", "lora_alpha", "num_train_epochs", "top_p"), _POSITIVE),
+    **dict.fromkeys(("beta", "k", "eta", "lambda_type", "seed", "weight_decay", "warmup_steps", "max_grad_norm", "adam_epsilon",
+                     "dataloader_num_workers"), _NON_NEGATIVE),
+    **dict.fromkeys(("tasks_per_iteration", "max_turns", "max_new_tokens", "cf_samples", "save_every",
+                     "diagnostics_every", "workers", "n_tasks", "max_trajectories", "lora_r", "horizon",
+                     "num_iterations", "logging_steps", "fork_cost_multiplier"),
+                    _AT_LEAST_1),
+    **dict.fromkeys(("replay_noise", "adam_beta1", "adam_beta2", "warmup_ratio"), _UNIT),
+    "num_generations": Range(2),   # GRPO's advantage needs at least two siblings
+    "max_steps": Range(1, unset=-1),
+    "checkpoint_fractions": Range(0, 1, open_low=True),
+}
+
+
+@functools.cache
+def _field_types() -> dict[str, object]:
+    return typing.get_type_hints(CRRConfig)
+
+
+def _conforms(value, hint) -> bool:
+    """Whether `value` (as YAML gives it) has the type `hint` (a dataclass field's annotation) names."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is typing.Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if hint is type(None):
+        return value is None
+    if hint in (int, float) or hint is bool:   # YAML's true/false is no number, and 2.0 no int
+        return (isinstance(value, bool) if hint is bool else not isinstance(value, bool)
+                and isinstance(value, int if hint is int else (int, float)))
+    if origin in (list, tuple) or hint in (list, tuple):
+        return isinstance(value, (list, tuple)) and all(_conforms(v, args[0]) for v in value if args)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return isinstance(value, hint) or value in {m.value for m in hint}
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _describe(hint) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(dict.fromkeys(_describe(a) for a in args))
+    if origin is typing.Literal or isinstance(hint, type) and issubclass(hint, Enum):
+        return "one of " + ", ".join(map(str, args if origin else [m.value for m in hint]))
+    if origin in (list, tuple):
+        return f"a list whose items are each {_describe(args[0])}" if args else "a list"
+    names = {type(None): "null", bool: "true or false", int: "an integer", float: "a number", str: "a string",
+             dict: "a mapping"}
+    return names.get(origin or hint, getattr(hint, "__name__", str(hint)))
+
+
+def validate(cfg: CRRConfig) -> None:
+    """Every field's type (from the annotations of CRRConfig and TRL's GRPOConfig) and range (RANGES), and that
+    a model given as a directory holds a model: a CRRError naming the first bad field, before anything is made."""
+    types_ = _field_types()
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if not f.init or value is None and f.default is None:
+            continue
+        if not _conforms(value, types_[f.name]):
+            raise CRRError(f"{f.name}={value!r}: expected {_describe(types_[f.name])}")
+        if f.name in RANGES and not RANGES[f.name].holds(value):
+            raise CRRError(f"{f.name}={value!r}: must be {RANGES[f.name]}")
+    if cfg.model is not None:
+        path = Path(cfg.model).expanduser()
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise CRRError(f"model={cfg.model}: that directory holds no model (config.json); pass a directory made "
+                           "by `crr model init` or `crr sft`, or a hub id")
+        if not path.is_dir() and cfg.model.startswith(("/", ".", "~")):
+            raise CRRError(f"model={cfg.model}: no such directory; pass a model directory or a hub id")
+
+
 def _is_plain(value) -> bool:
     if isinstance(value, (list, tuple)):
         return all(_is_plain(v) for v in value)
@@ -226,9 +323,11 @@ def load_config(preset: Path | str | None = None, overrides: dict | None = None)
         raise CRRError(f"{path}: unknown config key(s) {unknown}")
     data.update(overrides or {})
     try:
-        return CRRConfig(**data)
-    except (TypeError, ValueError) as e:   # TRL's own validation
-        raise CRRError(f"invalid config: {e}") from None
+        with warnings.catch_warnings():   # TRL 1.16 defaults the name transformers 5 deprecated: every config warns
+            warnings.filterwarnings("ignore", message="`gradient_checkpointing", category=FutureWarning)
+            return CRRConfig(**data)
+    except (TypeError, ValueError) as e:   # TRL's own validation (its messages span lines: one here)
+        raise CRRError(f"invalid config: {' '.join(str(e).split())}") from None
 
 
 def paper_loss_settings() -> dict:

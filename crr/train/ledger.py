@@ -30,14 +30,13 @@ the merged ledger (budget stops agree); only the writer (the main process) saves
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from crr.errors import CRRError
-from crr.rundir import RunDir
+from crr.rundir import RunDir, read_run_mapping
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +52,7 @@ class Ledger:
             raise CRRError(f"the fork-cost multiplier m must be >= 1, got {fork_cost_multiplier}")
         self.run, self.m, self.writer = run, fork_cost_multiplier, writer
         path = run.path / LEDGER_FILE
-        self.iterations: list[dict] = json.loads(path.read_text())["iterations"] if path.is_file() else []
+        self.iterations: list[dict] = _read_iterations(path) if path.is_file() else []
         self.current: dict | None = None
         self._phase: str | None = None
         self._start = 0.0
@@ -120,6 +119,14 @@ class Ledger:
             raise CRRError("this ledger is not its run's writer (only the main process writes the run)")
         self.run.write_json(LEDGER_FILE, {"fork_cost_multiplier": self.m, "phases": list(PHASES),
                                           "cumulative": self.cumulative, "iterations": self.iterations})
+
+
+def _read_iterations(path) -> list[dict]:
+    iterations = read_run_mapping(path).get("iterations")
+    keys = {"iteration", "wall_s", *PHASES, *COUNTS}
+    if not isinstance(iterations, list) or not all(isinstance(it, dict) and keys <= set(it) for it in iterations):
+        raise CRRError(f"{path} is corrupt (no list of iteration records with {', '.join(sorted(keys))})")
+    return iterations
 
 
 def merge(records: list[dict]) -> dict:

@@ -5,6 +5,9 @@ Eq. 3 and the loss; Appendix "Search-Select protocol", "Compute Accounting").
     run = start_run(cfg, "results/runs")
     summary = train(cfg, run)                    # or: cfg, run, ckpt = resume_run(path); train(cfg, run, ckpt)
 
+Checkpoints (checkpoints/checkpoint-N) are published whole (`CRRTrainer._save_checkpoint`); a resume starts from
+the newest complete one and cuts metrics.jsonl, the ledger and tuples/ back to it (`resume_run`).
+
 One iteration = one TRL generation batch = one optimizer update:
   1. rollout_func: G trajectories per task in sandboxes (crr.rollout, the prompts TRL repeats G times);
      what else an iteration collects is the method's row in config.METHODS: for a method that selects
@@ -35,6 +38,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,8 +50,9 @@ import torch
 import yaml
 from datasets import Dataset
 from peft import LoraConfig
+from safetensors import SafetensorError
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
@@ -56,6 +62,7 @@ from crr.policy import SERVER_BACKEND
 from crr.policy.backend import TransformersBackend
 from crr.policy.model import agent_record, default_policy_dir, load_policy, write_agent_record
 from crr.replay import engine_options, get_engine
+from crr.replay.checkout import publish
 from crr.rollout import RolloutConfig, rollout, rollout_pool
 from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks
@@ -80,6 +87,22 @@ from crr.train.tuples import drop_parts_from, write_part
 
 log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
+STAGING = ".staging"   # checkpoints/.staging/checkpoint-N: a checkpoint being saved, renamed into place once whole
+RESUMABLE = ("max_steps", "budget_hours")   # what `--resume` may change: when to stop, not what is trained
+# What a checkpoint must hold to resume from: TRL's trainer state, the optimizer's state (unless the run saves
+# only the model; DeepSpeed keeps it in global_step*/ named by `latest`) and the weights (adapter or model).
+TRAINER_STATE, OPTIMIZER, DEEPSPEED_LATEST = "trainer_state.json", "optimizer.pt", "latest"
+WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin", "model.safetensors", "model.safetensors.index.json",
+           "pytorch_model.bin", "pytorch_model.bin.index.json")
+# How saving weights fails on a full or read-only disk: torch says RuntimeError ("unexpected pos ..."), safetensors
+# its own error, the rest OSError.
+SAVE_ERRORS = (OSError, RuntimeError, SafetensorError)
+
+
+def save_failed(path: Path, run_path: Path, e: Exception) -> CRRError:
+    """One line for a save of `path` that failed (SAVE_ERRORS), with the space left, since torch's words are cryptic."""
+    free = shutil.disk_usage(run_path).free / 2**20
+    return CRRError(f"cannot save {path}: {' '.join(str(e).split())[:200]} ({free:.0f} MiB free there)")
 
 
 def verifier_reward(completions, reward, **kwargs) -> list[float | None]:
@@ -356,6 +379,31 @@ class CRRTrainer(GRPOTrainer):
             self.iteration.update(step_group_counts(rows))
         return out
 
+    # ------------------------------------------------------------------ 3. checkpoints
+    def _save_checkpoint(self, model, trial) -> None:
+        """Transformers writes checkpoint-N in place, so an interrupted save leaves a torn checkpoint that looks
+        like the newest. Here every process writes its part into checkpoints/.staging/checkpoint-N, and the
+        main process then renames it into place whole (crr.replay.checkout.publish): complete or absent."""
+        final = Path(self.args.output_dir)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging = final / STAGING
+        self.args.output_dir = str(staging)
+        try:
+            super()._save_checkpoint(model, trial)
+        except SAVE_ERRORS as e:
+            error = save_failed(final / name, self.run.path, e)   # (the space left before the part saved is freed)
+            shutil.rmtree(staging, ignore_errors=True)
+            raise error from None
+        finally:
+            self.args.output_dir = str(final)
+        barrier()   # every process's part (its RNG state) is written
+        if self.accelerator.is_main_process:
+            publish(staging / name, final / name)
+            shutil.rmtree(staging, ignore_errors=True)
+            rotate_checkpoints(output_dir=str(final), save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+        barrier()
+
 
 def budget_allows_next(iteration_s: list[float], budget_s: float) -> bool:
     """Whether one more iteration fits a wall-clock budget: the ledger wall clock so far (the sum of the
@@ -427,45 +475,135 @@ def start_run(cfg: CRRConfig, out: Path | str) -> RunDir:
     other processes of a multi-process run get its path and never write it."""
     if cfg.agent_format is None:  # the format the model was trained with, recorded in the run's config
         cfg.agent_format = agent_record(resolve_model(cfg)).get("agent_format", "paper")
-    run = (RunDir.create("train", f"{cfg.method}-seed{cfg.seed}", root=out, seeds={"train": cfg.seed})
-           if is_main() else None)
+    run = None
+    if is_main():
+        run = RunDir.create("train", f"{cfg.method}-seed{cfg.seed}", root=out, seeds={"train": cfg.seed})
+        cfg.output_dir = str(run.path / CHECKPOINTS)
+        try:
+            run.write_text("config.yaml", yaml.safe_dump(cfg.resolved(), sort_keys=False))
+        except BaseException:
+            run.discard()
+            raise
     run = RunDir(Path(broadcast(None if run is None else str(run.path))))
     cfg.output_dir = str(run.path / CHECKPOINTS)
-    if is_main():
-        run.write_text("config.yaml", yaml.safe_dump(cfg.resolved(), sort_keys=False))
     return run
 
 
-def resume_run(path: Path | str) -> tuple[CRRConfig, RunDir, str | None]:
-    """The config, run directory and latest checkpoint of an interrupted run; the ledger and tuples are
-    cut back to what the checkpoint holds (the iteration in flight when it stopped is redone). Only the
-    main process locks and rewrites the run; the others wait for it."""
+def checkpoint_gap(path: Path, optimizer: bool = True) -> str | None:
+    """What the checkpoint directory `path` lacks to resume from (None: nothing); `optimizer`: whether the run
+    saves the optimizer's state (not with save_only_model)."""
+    if not (path / TRAINER_STATE).is_file():
+        return f"no {TRAINER_STATE}"
+    if optimizer and not (path / OPTIMIZER).is_file() and not (path / DEEPSPEED_LATEST).is_file():
+        return f"no {OPTIMIZER}"
+    if not any((path / w).is_file() for w in WEIGHTS) and not (path / DEEPSPEED_LATEST).is_file():
+        return "no weights"
+    return None
+
+
+def checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every checkpoint-N directory under `folder`, by step."""
+    found = [(int(m.group(1)), p) for p in Path(folder).glob(f"{PREFIX_CHECKPOINT_DIR}-*")
+             if p.is_dir() and (m := re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)", p.name))]
+    return sorted(found)
+
+
+def _after(record: dict, step: int) -> bool:
+    """Whether a metrics.jsonl record belongs to an update after the first `step` (redone on resume)."""
+    if record.get("event") == "ledger":   # the ledger numbers iterations from 0
+        return record.get("iteration", -1) >= step
+    return record.get("step", 0) > step   # iteration and TRL records: the update count after the update
+
+
+def _changed(cfg: CRRConfig, run: RunDir, changes: dict, done: int) -> tuple[CRRConfig, dict]:
+    """The run's config with `changes` applied, and {key: (was, now)}: settings equal to the run's are
+    fine, RESUMABLE ones are applied, any other is a CRRError (nothing is written before)."""
+    differ = {k: v for k, v in changes.items() if getattr(cfg, k) != v}
+    fixed = [k for k in differ if k not in RESUMABLE]
+    if fixed:
+        raise CRRError(f"{run.path} was trained with {', '.join(f'{k}={getattr(cfg, k)!r}' for k in fixed)}, not "
+                       f"{', '.join(f'{k}={differ[k]!r}' for k in fixed)}: a resumed run keeps its settings but "
+                       f"{' and '.join(RESUMABLE)} (--max-updates, --budget-hours); drop the others, or start a new run")
+    if not differ:
+        return cfg, {}
+    new = load_config(run.path / "config.yaml", differ)
+    new.output_dir = cfg.output_dir
+    if "max_steps" in differ and new.max_steps != differ["max_steps"]:
+        raise CRRError(f"max_steps={differ['max_steps']}: the run's max_trajectories={cfg.max_trajectories} caps it at "
+                       f"{new.max_steps} updates")
+    if 0 < new.max_steps < done:
+        raise CRRError(f"max_steps={new.max_steps}: the run's checkpoint already holds {done} updates")
+    return new, {k: (getattr(cfg, k), getattr(new, k)) for k in differ}
+
+
+def resume_run(path: Path | str, changes: dict | None = None) -> tuple[CRRConfig, RunDir, str | None]:
+    """The config, run directory and newest complete checkpoint of an interrupted run. An incomplete one (no
+    trainer state, optimizer state or weights: a save interrupted before checkpoints were published whole,
+    or one damaged since) is removed with a warning. metrics.jsonl, the ledger and the tuples are cut back to
+    what the checkpoint holds, so that every update is recorded once (the ones after it are redone).
+    `changes` (config keys; None or absent: the run's): RESUMABLE ones are applied, with a warning that says
+    so, any other that differs from the run's is a CRRError before anything is written. Only the main
+    process locks and rewrites the run; the others wait for it."""
     run = RunDir.open(path)
     cfg = load_config(run.path / "config.yaml")   # (sets up the processes' group, which is_main() asks)
     cfg.output_dir = str(run.path / CHECKPOINTS)   # the run may have moved, or config.yaml holds a relative path
-    ckpt = get_last_checkpoint(str(run.path / CHECKPOINTS)) if (run.path / CHECKPOINTS).is_dir() else None
-    done = int(Path(ckpt).name.split("-")[-1]) if ckpt else 0
+    torn, ckpt, done = [], None, 0
+    for step, candidate in reversed(checkpoints(run.path / CHECKPOINTS)):
+        gap = checkpoint_gap(candidate, optimizer=not cfg.save_only_model)
+        if gap is None:
+            ckpt, done = str(candidate), step
+            break
+        torn.append((candidate, gap))
+    cfg, changed = _changed(cfg, run, changes or {}, done)
     if is_main():
         run.lock()
+        for candidate, gap in torn:
+            log.warning("%s is incomplete (%s): removed, resuming from %s", candidate, gap,
+                        Path(ckpt).name if ckpt else "the start")
+            shutil.rmtree(candidate)
+        shutil.rmtree(run.path / CHECKPOINTS / STAGING, ignore_errors=True)   # a save in flight when it stopped
+        if changed:
+            run.write_text("config.yaml", yaml.safe_dump(cfg.resolved(), sort_keys=False))
+            log.warning("resuming with %s", ", ".join(f"{k}={now} (was {was})" for k, (was, now) in changed.items()))
         Ledger(run, cfg.fork_cost_multiplier).truncate(done)
         dropped = drop_parts_from(run.path, done)
+        logged = run.records("metrics.jsonl")
+        kept = [r for r in logged if not _after(r, done)]
+        if len(kept) < len(logged):
+            run.rewrite_records("metrics.jsonl", kept)
         run.log_metrics({"event": "resume", "checkpoint": ckpt, "from_step": done, "dropped_tuple_parts": dropped,
-                         "dropped_record_parts": records.drop_records_from(run.path, done)})
+                         "dropped_record_parts": records.drop_records_from(run.path, done),
+                         "dropped_metrics_records": len(logged) - len(kept),
+                         "incomplete_checkpoints": {c.name: gap for c, gap in torn},
+                         "changed": {k: list(v) for k, v in changed.items()}})
         log.info("resuming %s from %s", run.path, ckpt or "the start")
     barrier()   # the ledger is cut back before any process reads it
     return cfg, run, ckpt
 
 
+def train_tasks(cfg: CRRConfig) -> list[Task]:
+    """The tasks a run trains on (the first n_tasks of cfg.tasks); a CRRError if they cannot fill an iteration."""
+    tasks = load_tasks(cfg.tasks)[:cfg.n_tasks] if cfg.n_tasks else load_tasks(cfg.tasks)
+    if len(tasks) < cfg.tasks_per_iteration:
+        raise CRRError(f"{cfg.tasks} has {len(tasks)} tasks, fewer than tasks_per_iteration={cfg.tasks_per_iteration}")
+    return tasks
+
+
 def open_run(resume: Path | str | None = None, config: Path | str | None = None, overrides: list[str] | None = None,
-             out: Path | str = "results/runs", **settings) -> tuple[CRRConfig, RunDir, str | None]:
-    """`crr train`'s config, run directory and checkpoint to continue from: `resume_run(resume)`, or a new
-    run of the preset `config` (None: experiments/cpu-crr.yaml) with the key=value `overrides`, then the
-    given settings (None: not given) applied."""
-    if resume is not None:
-        return resume_run(resume)
+             out: Path | str = "results/runs", **settings) -> tuple[CRRConfig, RunDir, str | None, list[Task]]:
+    """`crr train`'s config, run directory, checkpoint to continue from and tasks: `resume_run(resume)` with the
+    `overrides` and settings as its changes, or a new run of the preset `config` (None: experiments/cpu-crr.yaml)
+    with the key=value `overrides`, then the given settings (None: not given) applied. Bad settings or tasks
+    fail before a new run's directory is made."""
     given = {k: v for k, v in settings.items() if v is not None}
+    if resume is not None:
+        if config is not None:
+            raise CRRError("--config with --resume: a resumed run keeps the config in its config.yaml; drop --config")
+        cfg, run, checkpoint = resume_run(resume, {**parse_overrides(overrides or []), **given})
+        return cfg, run, checkpoint, train_tasks(cfg)
     cfg = load_config(config, {**parse_overrides(overrides or []), **given, "output_dir": str(out)})
-    return cfg, start_run(cfg, out), None
+    tasks = train_tasks(cfg)
+    return cfg, start_run(cfg, out), None, tasks
 
 
 def update_rewards(run: RunDir) -> list[float]:
@@ -475,12 +613,10 @@ def update_rewards(run: RunDir) -> list[float]:
 
 
 def train(cfg: CRRConfig, run: RunDir, checkpoint: str | None = None, *,
-          on_iteration: Callable[[dict], None] | None = None) -> dict:
-    """Train until max_steps / max_trajectories / budget_hours; returns the cumulative ledger and the
-    path of the final adapter/model."""
-    tasks = load_tasks(cfg.tasks)[:cfg.n_tasks] if cfg.n_tasks else load_tasks(cfg.tasks)
-    if len(tasks) < cfg.tasks_per_iteration:
-        raise CRRError(f"{cfg.tasks} has {len(tasks)} tasks, fewer than tasks_per_iteration={cfg.tasks_per_iteration}")
+          on_iteration: Callable[[dict], None] | None = None, tasks: list[Task] | None = None) -> dict:
+    """Train until max_steps / max_trajectories / budget_hours (on `tasks`, None: `train_tasks(cfg)`); returns
+    the cumulative ledger and the path of the final adapter/model."""
+    tasks = train_tasks(cfg) if tasks is None else tasks
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_policy(resolve_model(cfg))
     with get_engine(cfg.engine, **engine_options(cfg.engine, ray=cfg.ray)) as engine:
@@ -490,7 +626,10 @@ def train(cfg: CRRConfig, run: RunDir, checkpoint: str | None = None, *,
         finally:
             trainer.pool.close()
         final = run.path / "model"
-        trainer.save_model(str(final))   # the main process's (TRL/transformers save on it only)
+        try:
+            trainer.save_model(str(final))   # the main process's (TRL/transformers save on it only)
+        except SAVE_ERRORS as e:
+            raise save_failed(final, run.path, e) from None
         if is_main():
             write_agent_record(final, trainer.episode.agent_format, cfg.max_turns)
     summary = {"cumulative": trainer.ledger.cumulative, "updates": trainer.state.global_step, "model": str(final)}

@@ -1,6 +1,6 @@
 """The counterfactual trajectory dataset (paper: Appendix "Counterfactual Trajectory Dataset"): one tuple
 per counterfactual branch, written as one parquet part per iteration under `tuples/` (written to a
-temporary name and renamed, so a part is whole or absent; read back as one pyarrow dataset).
+temporary name and renamed, so a part is whole or absent; read back part by part, a damaged one named).
 
 A tuple holds the task id, policy seed and version (the update count when the branch was sampled), the
 selected index t, the snapshot id of s_t, the realised action a_t and the counterfactual action, the
@@ -18,6 +18,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+
+from crr.errors import CRRError
 
 TUPLES_DIR = "tuples"
 SCHEMA = pa.schema([
@@ -40,10 +42,14 @@ def write_part(run_path: Path, iteration: int, records: list[dict]) -> Path | No
     if not records:
         return None
     path = part_path(run_path, iteration)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(pa.Table.from_pylist(records, schema=SCHEMA), tmp)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(records, schema=SCHEMA), tmp)
+        os.replace(tmp, path)
+    except OSError as e:   # disk full, read-only (Arrow's errors carry no errno: its message says why)
+        tmp.unlink(missing_ok=True)
+        raise CRRError(f"cannot write {path}: {' '.join(str(e).split())}") from None
     return path
 
 
@@ -53,7 +59,14 @@ def read_tuples(run_path: Path | str) -> pd.DataFrame:
     parts = sorted(folder.glob("part-*.parquet")) if folder.is_dir() else []
     if not parts:
         return SCHEMA.empty_table().to_pandas()
-    return ds.dataset([str(p) for p in parts], schema=SCHEMA, format="parquet").to_table().to_pandas()
+    tables = []
+    for part in parts:   # parts are renamed into place whole: one that is not was damaged afterwards
+        try:
+            tables.append(ds.dataset(str(part), schema=SCHEMA, format="parquet").to_table())
+        except (pa.ArrowException, OSError) as e:
+            raise CRRError(f"{part} is corrupt (not a whole parquet file: {' '.join(str(e).split())[:160]}); "
+                           "delete it to drop its iteration's tuples") from None
+    return pa.concat_tables(tables).to_pandas()
 
 
 def drop_parts_from(run_path: Path, iteration: int, folder: str = TUPLES_DIR) -> int:
