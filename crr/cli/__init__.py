@@ -15,6 +15,7 @@ import typer
 
 from crr.cli import demo, doctor
 from crr.cli.common import _library_output, _state, console, emit_json, err_console, friendly, long_command
+from crr.cli.credit import credit_app
 from crr.cli.eval import eval_command
 from crr.cli.experiment import experiment_app
 from crr.cli.filter import filter_app
@@ -58,3 +59,4 @@ app.add_typer(report_app, name="report")
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(rollout_app, name="rollout")
 app.add_typer(replay_app, name="replay")
+app.add_typer(credit_app, name="credit")

@@ -34,6 +34,8 @@ class RowCredit:
     spans: list[tuple[int, int]]                 # a_t's (start, end) in completion_ids
     selected: list[int] = field(default_factory=list)              # indices the selector chose
     counterfactuals: dict[int, list[float]] = field(default_factory=dict)  # t -> scored R(tilde tau_t), K of them
+    state_keys: list[str] = field(default_factory=list)                 # per step t: a key of s_t (tree digest before a_t + what the agent has observed); [] if unknown
+    continuations: dict[int, list[float]] = field(default_factory=dict)  # t -> scored R of on-policy continuations from s_t (a_t resampled from pi, then on policy)
 
 
 def group_baselines(rows: Sequence[RowCredit]) -> dict[int, float]:

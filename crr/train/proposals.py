@@ -7,9 +7,11 @@
     validity_filtered  the same, then a proposal that fails the syntax/schema check (a call cut off by
                        the token budget, a wrong argument) is resampled up to 3 times; still invalid:
                        skipped. This removes the "immediately invalid alternative" class of forks.
+    on_policy          pi itself at the given temperature, a_t not excluded: an on-policy continuation of
+                       s_t (Monte-Carlo values V(s_t); `crr credit audit`'s oracle), never skipped.
 
 A proposal returns, per selected step, the StepSample to play instead of a_t or None (skip the fork).
-It never returns the realised action: the canonical forms are compared here as well as in the backend.
+The counterfactual proposals never return the realised action: the canonical forms are compared here as well as in the backend.
 """
 
 from __future__ import annotations
@@ -61,8 +63,14 @@ def validity_filtered(backend: GenerationBackend, conversations: list[list[dict]
     return [s if s is not None and _canonical(s.text) is not None else None for s in out]
 
 
+def on_policy(backend: GenerationBackend, conversations: list[list[dict]], realised: list[str], *,
+              temperature: float, seed: int, max_new_tokens: int) -> list[StepSample | None]:
+    return backend.generate(conversations, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens)
+
+
 PROPOSALS: dict[str, Callable[..., list[StepSample | None]]] = {"tempered": tempered,
-                                                                "validity_filtered": validity_filtered}
+                                                                "validity_filtered": validity_filtered,
+                                                                "on_policy": on_policy}
 
 
 def get_proposal(name: str) -> Callable[..., list[StepSample | None]]:
