@@ -48,6 +48,7 @@ def audit_command(
     times. Writes records.jsonl, credit_audit.{md,csv,tex,png,pdf} and summary.json into a run directory."""
     from crr.credit.audit import audit, load_audit_config, parse_overrides, resume_audit, start_audit
     from crr.errors import CRRError
+    from crr.report.credit import write_audit
 
     given = {k: v for k, v in {"engine": engine, "ray": ray, "mode": mode}.items() if v is not None}
     if resume is not None:
@@ -67,7 +68,8 @@ def audit_command(
                         rate=f"{info['rollouts'] / info['wall_s']:.2f} rollouts/s")
 
     with progress:
-        summary = audit(cfg, run, on_task=on_task)
+        audit(cfg, run, on_task=on_task)
+    summary = write_audit(run)
     if as_json:
         emit_json({**summary, "run_dir": str(run.path)})
         return

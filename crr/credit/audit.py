@@ -3,7 +3,8 @@ tracks it (issue 29, section 2).
 
     cfg = load_audit_config("experiments/credit-audit-nano.yaml", {"continuations": 8})
     run = start_audit(cfg, "results/runs")           # or: cfg, run = resume_audit(path)
-    summary = audit(cfg, run)                        # records.jsonl, credit_audit.{md,csv,tex,png}, summary.json
+    audit(cfg, run)                                  # records.jsonl
+    summary = write_audit(run)   # crr.report.credit: credit_audit.{md,csv,tex,png,pdf}, summary.json
 
 For each task, G trajectories are sampled as in training (crr.rollout, the rollout temperature, snapshots of
 every s_t). The oracle forks the state s_t of every step and plays M on-policy continuations of each (a_t
@@ -33,7 +34,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -285,8 +285,9 @@ def _needs(name: str) -> set[str]:
     return {"selected", "counterfactuals", "state_keys", "continuations"}
 
 
-def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], None] | None = None) -> dict:
-    """Run (or resume) the audit into `run`; write the table, the plot and summary.json."""
+def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], None] | None = None) -> None:
+    """Run (or resume) the audit into `run`: records.jsonl, and a `task` record per task in metrics.jsonl
+    (the table, the plot and summary.json: crr.report.credit.write_audit)."""
     import torch
 
     from crr.agent.episode import EpisodeConfig
@@ -302,8 +303,8 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
     done = {(r["task_index"], r["group"]) for r in run.records(RECORDS)}
     todo = [i for i in range(len(tasks)) if any((i, g) not in done for g in range(cfg.group))]
     names = estimator_names(cfg)
-    if not todo:   # a finished audit: its outputs again, from its records
-        return write_outputs(run)
+    if not todo:   # a finished audit: no model to load
+        return
     model_dir = cfg.model or str(default_policy_dir())
     record = agent_record(model_dir)
     torch.manual_seed(cfg.seed)
@@ -331,7 +332,6 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
                     on_task(n + 1, len(todo), info)
         finally:
             pool.close()
-    return write_outputs(run)
 
 
 def frames(records: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -375,35 +375,6 @@ def metrics_frame(records: list[dict], *, boot: int = 1000, seed: int = 0) -> pd
                     "extra_env_steps_per_traj": float(cost.loc[name, "env_steps"]),
                     "extra_wall_s_per_traj": float(cost.loc[name, "wall_s"])})
     return pd.DataFrame(out)
-
-
-def write_outputs(run: RunDir) -> dict:
-    """The table (md, csv, tex), the plot and summary.json from the run's records."""
-    from crr.report.credit import audit_plot, audit_table
-    from crr.report.output import write_table
-
-    records = run.records(RECORDS)
-    cfg = AuditConfig(**run.config)
-    table = audit_table(run.path, records, cfg)
-    write_table(table, run.path)
-    plot = audit_plot(run.path, run.path, records, cfg)
-    tasks = [r for r in run.records("metrics.jsonl") if r.get("event") == "task"]
-    wall = sum(r["wall_s"] for r in tasks)
-    rollouts = sum(r["rollouts"] for r in tasks)
-    scored = [r for r in records if r["reward"] is not None]
-    summary = {"trajectories": len(records), "scored": len(scored),
-               "pass_rate": sum(r["reward"] for r in scored) / len(scored) if scored else None,
-               "steps": sum(r["steps"] for r in records),
-               "oracle_continuations": sum(r["oracle"]["branches"] for r in records),
-               "oracle_env_steps": sum(r["oracle"]["env_steps"] for r in records),
-               "tasks_done": len(tasks), "wall_s": wall, "rollouts": rollouts,
-               "rollouts_per_s": rollouts / wall if wall else None,
-               "table": [f"{TABLE}.md", f"{TABLE}.csv"], "plot": [p.name for p in plot.files],
-               "estimators": [] if table.data is None else
-               [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
-                for row in table.data.to_dict("records")]}
-    run.write_json("summary.json", summary)
-    return summary
 
 
 def is_audit(path: Path) -> bool:

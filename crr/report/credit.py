@@ -12,9 +12,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from crr.credit.audit import RECORDS, TABLE, AuditConfig, is_audit, metrics_frame
+from crr.report.output import write_table
 from crr.report.plots import Plot, _save
 from crr.report.tables import DASH, Table
-from crr.rundir import read_jsonl
+from crr.rundir import RunDir, read_jsonl
 from crr.train.advantages import ESTIMATORS
 
 
@@ -130,3 +131,29 @@ def credit_tables(paths: list[Path]) -> list[Table]:
 def credit_plots(paths: list[Path], out: Path) -> list[Plot]:
     audits = _audits(paths)
     return [audit_plot(p, out, *_load(p), name=_name(p, len(audits) > 1)) for p in audits]
+
+
+def write_audit(run: RunDir) -> dict:
+    """The table (md, csv, tex), the plot and summary.json from the run's records."""
+    records = run.records(RECORDS)
+    cfg = AuditConfig(**run.config)
+    table = audit_table(run.path, records, cfg)
+    write_table(table, run.path)
+    plot = audit_plot(run.path, run.path, records, cfg)
+    tasks = [r for r in run.records("metrics.jsonl") if r.get("event") == "task"]
+    wall = sum(r["wall_s"] for r in tasks)
+    rollouts = sum(r["rollouts"] for r in tasks)
+    scored = [r for r in records if r["reward"] is not None]
+    summary = {"trajectories": len(records), "scored": len(scored),
+               "pass_rate": sum(r["reward"] for r in scored) / len(scored) if scored else None,
+               "steps": sum(r["steps"] for r in records),
+               "oracle_continuations": sum(r["oracle"]["branches"] for r in records),
+               "oracle_env_steps": sum(r["oracle"]["env_steps"] for r in records),
+               "tasks_done": len(tasks), "wall_s": wall, "rollouts": rollouts,
+               "rollouts_per_s": rollouts / wall if wall else None,
+               "table": [f"{TABLE}.md", f"{TABLE}.csv"], "plot": [p.name for p in plot.files],
+               "estimators": [] if table.data is None else
+               [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+                for row in table.data.to_dict("records")]}
+    run.write_json("summary.json", summary)
+    return summary
