@@ -15,6 +15,9 @@ from typer.testing import CliRunner
 from crr.cli import app
 from crr.credit.audit import RECORDS, estimator_names, load_audit_config
 from crr.credit.stats import Z95, estimator_metrics, values, wilson
+from crr.report.credit import write_audit
+from crr.rundir import RunDir
+from crr.train.advantages import ESTIMATORS
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -47,7 +50,7 @@ def test_values_and_metrics_by_hand():
     assert noisy["mse"] == pytest.approx(noisy["bias2"] + noisy["variance"]) and math.isnan(noisy["differs_from_grpo"])
 
 
-def test_audit_end_to_end_resume_and_report(tmp_path):
+def test_audit_end_to_end_resume_and_report(tmp_path, monkeypatch):
     def run(*args: str) -> str:
         result = CliRunner().invoke(app, ["credit", "audit", *args])
         assert result.exit_code == 0, result.output + repr(result.exception)
@@ -66,15 +69,30 @@ def test_audit_end_to_end_resume_and_report(tmp_path):
             assert -1 <= truth["A_lo"] <= truth["A"] <= truth["A_hi"] <= 1
             nxt = rec["truth"][t + 1]["V"] if t + 1 < rec["steps"] else rec["reward"]
             assert truth["A"] == pytest.approx(nxt - truth["V"])   # A*(t) = V(s_t+1) - V(s_t), V(s_T) = R
-        assert set(rec["estimators"]) == set(names)
-        for est in rec["estimators"].values():
-            assert len(est["advantages"]) == 2 and all(len(a) == rec["steps"] for a in est["advantages"])
-        assert rec["estimators"]["grpo"]["env_steps"] == [0, 0] and rec["oracle"]["env_steps"] >= 2 * rec["steps"]
-    assert sum(sum(r["estimators"]["crr"]["env_steps"]) for r in records) > 0      # eta=0: CRR forked
+        assert len(rec["draws"]) == 2   # R
+        for d in rec["draws"]:
+            assert set(d["selected"]) <= set(range(rec["steps"])) and len(d["selected"]) <= 1   # k = 1
+            assert all(len(v) == 1 for v in d["continuations"].values())                        # K = 1
+        assert rec["oracle"]["env_steps"] >= 2 * rec["steps"]
+    assert sum(d["cost"]["counterfactuals"]["env_steps"] for r in records for d in r["draws"]) > 0   # eta=0: forks
     table = pd.read_csv(path / "credit_audit.csv")
     assert list(table["estimator"]) == ["grpo", *sorted(n for n in names if n != "grpo")]
     assert (path / "credit_audit.png").is_file() and (path / "credit_audit.md").is_file()
     assert json.loads((path / "summary.json").read_text())["rollouts_per_s"] > 0
+
+    # an estimator registered after the audit is scored from its records (here: MC values' budget, V(s_t) as
+    # the mean of the recorded continuations, through the same estimate() call)
+    def late(rows):
+        def v(r, t):
+            return r.reward if t == len(r.spans) else sum(r.continuations[t]) / len(r.continuations[t])
+        return [None if r.reward is None else [v(r, t + 1) - v(r, t) if t in r.continuations and
+                                               (t + 1 == len(r.spans) or t + 1 in r.continuations) else 0.0
+                                               for t in range(len(r.spans))] for r in rows]
+
+    monkeypatch.setitem(ESTIMATORS, "late_mc", late)
+    write_audit(RunDir.open(path))
+    late_row = pd.read_csv(path / "credit_audit.csv").set_index("estimator").loc["late_mc"]
+    assert late_row["extra_env_steps_per_traj"] > 0 and late_row["steps"] == sum(r["steps"] for r in records)
 
     # a rerun skips the recorded trajectories (nothing is left to do: no model is loaded, no record added)
     run("--resume", str(path))

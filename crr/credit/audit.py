@@ -14,7 +14,9 @@ deterministic, Q(s_t, a_t) = V(s_{t+1}) and A*(t) = V(s_{t+1}) - V(s_t), with V(
 interval; crr.credit.stats).
 
 Every estimator then scores the same trajectories through `crr.train.advantages.estimate`, each with its own
-normal budget, never the oracle's forks:
+normal budget, never the oracle's forks. The budgets the configured estimators need are played and recorded
+raw (R draws each); the estimators are applied to them when the table is made, so that one registered later
+is scored from the same records by `crr report`:
 
     grpo           the rows' rewards and groups
     crr            the selector's picks (k) and K counterfactual branches of each (the `tempered` proposal)
@@ -23,9 +25,10 @@ normal budget, never the oracle's forks:
     mc_values      K on-policy continuations of every step
     (any other registered estimator: everything above)
 
-Its random draws (branches, continuations, a random selector) are repeated R times, so that its variance is
-measured. One record per trajectory goes to records.jsonl as soon as its task is done (append-only, fsynced); a
-rerun on the run directory skips the trajectories recorded already, so an interrupted audit resumes.
+The random draws (branches, continuations, a random selector) are repeated R times, so that each
+estimator's variance is measured. One record per trajectory goes to records.jsonl as soon as its task is
+done (append-only, fsynced); a rerun on the run directory skips the trajectories recorded already, so an
+interrupted audit resumes.
 """
 
 from __future__ import annotations
@@ -52,8 +55,10 @@ log = logging.getLogger(__name__)
 
 RECORDS = "records.jsonl"
 TABLE = "credit_audit"
-FORKING = {"crr", "zero_contrast"}            # estimators that use the selector's picks
-STATELESS = {"grpo"}
+DEFAULT_ESTIMATORS = ["grpo", "crr", "zero_contrast", "gigpo", "mc_values"]
+NEEDS = {"grpo": set(), "crr": {"selected", "counterfactuals"}, "zero_contrast": {"selected"},
+         "gigpo": {"state_keys"}, "mc_values": {"continuations"}}
+EVERYTHING = {"selected", "counterfactuals", "state_keys", "continuations"}
 EXCLUDED = {"search_select"}                  # swaps sequences: not a step advantage on the realised rows
 
 
@@ -76,7 +81,9 @@ class AuditConfig:
     ray: str | None = None
     mode: str | None = None
     workers: int | None = None
-    estimators: list[str] | None = None  # None: every registered estimator but search_select
+    # scored: these and every other registered estimator (but search_select); the budgets played are what
+    # these need, so that one registered later is scored from the records (crr report) without a rerun
+    estimators: list[str] = field(default_factory=lambda: list(DEFAULT_ESTIMATORS))
     # each estimator's own budget
     k: int = 4                           # CRR's fork budget per trajectory (its selector's picks)
     cf_samples: int = 2                  # CRR's K counterfactuals per pick
@@ -131,16 +138,21 @@ def resume_audit(path: Path | str) -> tuple[AuditConfig, RunDir]:
     return AuditConfig(**run.config), run
 
 
+def needs(name: str) -> set[str]:
+    """What of the audit's budgets an estimator's rows are filled with (one not known here: everything)."""
+    return NEEDS.get(name, EVERYTHING)
+
+
 def estimator_names(cfg: AuditConfig) -> list[str]:
-    """The configured estimators that are registered (a missing one is named in the log), GRPO first."""
+    """The estimators scored: the configured ones and every other registered one (search_select aside), those
+    registered now (a configured one that is not is named in the log), GRPO first."""
     from crr.train.advantages import ESTIMATORS
 
-    wanted = cfg.estimators if cfg.estimators is not None else [n for n in ESTIMATORS if n not in EXCLUDED]
+    wanted = list(dict.fromkeys(cfg.estimators + [n for n in ESTIMATORS if n not in EXCLUDED]))
     missing = [n for n in wanted if n not in ESTIMATORS]
     if missing:
-        log.warning("estimators not registered in crr.train.advantages, left out of the audit: %s", missing)
-    names = [n for n in wanted if n in ESTIMATORS]
-    return sorted(names, key=lambda n: n != "grpo")
+        log.warning("estimators not registered in crr.train.advantages, left out: %s", missing)
+    return sorted((n for n in wanted if n in ESTIMATORS), key=lambda n: n != "grpo")
 
 
 def _seed(*parts: int) -> int:
@@ -191,14 +203,15 @@ def _returns(branches, trajs) -> list[dict[int, list[float | None]]]:
     return out
 
 
-def audit_task(cfg: AuditConfig, task, task_index: int, forks: _Forks, names: list[str]) -> list[dict]:
-    """One task's G trajectories, the oracle's V and A* of every step, each estimator's advantages (R
-    draws): one record per trajectory."""
+def audit_task(cfg: AuditConfig, task, task_index: int, forks: _Forks) -> list[dict]:
+    """One task's G trajectories, the oracle's V and A* of every step, and R draws of each budget the
+    configured estimators need (the selector's picks, their K forks' returns, K continuations of every
+    step, with what each cost): one record per trajectory."""
     from crr.rollout import RolloutConfig, rollout
-    from crr.train.advantages import RowCredit, estimate
     from crr.train.selectors import Selection, SelectorParams, select
 
     G = cfg.group
+    wanted = set().union(*(needs(n) for n in cfg.estimators))
     start = time.perf_counter()
     result = rollout([task], forks.backend, forks.engine, forks.tokenizer,
                      RolloutConfig(group=G, seed=_seed(cfg.seed, task_index, 0), episode=forks.episode),
@@ -214,75 +227,39 @@ def audit_task(cfg: AuditConfig, task, task_index: int, forks: _Forks, names: li
         cont = _returns(oracle, trajs)
         truth = {i: values([cont[i].get(t, []) for t in range(len(trajs[i].steps))], trajs[i].reward)
                  for i in scored}
-        keys = [[state_key(t.steps, s) for s in range(len(t.steps))] for t in trajs]
-        spans = [[s.span for s in t.steps] for t in trajs]
-        draws: dict[str, list[dict]] = {n: [] for n in names}
+        draws: list[list[dict]] = [[] for _ in trajs]
         for r in range(cfg.repeats):
             rng = np.random.default_rng(_seed(cfg.seed, task_index, 2, r))
             params = SelectorParams(k=cfg.k, eta=cfg.eta, lambda_type=cfg.lambda_type)
-            picks = {i: select(cfg.selector, trajs[i].steps, params, rng) for i in scored}
-            cache: dict[str, tuple] = {}
-
-            def budget(kind: str, r=r, picks=picks, cache=cache) -> tuple:
-                if kind not in cache:
-                    if kind == "crr":
-                        br, st, s = forks.play(trajs, picks, cfg.cf_samples, cfg.proposal, cfg.cf_temperature,
-                                               _seed(cfg.seed, task_index, 3, r))
-                    else:
-                        br, st, s = forks.play(trajs, every, cfg.mc_samples, "on_policy", cfg.temperature,
-                                               _seed(cfg.seed, task_index, 4, r))
-                    cache[kind] = (_returns(br, trajs), st, s)
-                return cache[kind]
-
-            for name in names:
-                needs = _needs(name)
-                cf, st_cf, s_cf = budget("crr") if "counterfactuals" in needs else ([{}] * G, [0] * G, 0.0)
-                mc, st_mc, s_mc = budget("mc") if "continuations" in needs else ([{}] * G, [0] * G, 0.0)
-                rows = [RowCredit(group=task_index, reward=t.reward, spans=spans[i],
-                                  selected=[p.t for p in picks.get(i, [])] if "selected" in needs else [],
-                                  counterfactuals={k: [x for x in v if x is not None] for k, v in cf[i].items()
-                                                   if any(x is not None for x in v)},
-                                  state_keys=keys[i] if "state_keys" in needs else [],
-                                  continuations={k: [x for x in v if x is not None] for k, v in mc[i].items()
-                                                 if any(x is not None for x in v)})
-                        for i, t in enumerate(trajs)]
-                t0 = time.perf_counter()
-                adv = estimate(name, rows, **cfg.advantage_params.get(name, {}))
-                est_s = time.perf_counter() - t0
-                draws[name].append({"advantages": adv, "env_steps": [a + b for a, b in zip(st_cf, st_mc)],
-                                    "wall_s": (s_cf + s_mc + est_s) / G})
+            picks = {i: select(cfg.selector, trajs[i].steps, params, rng) for i in scored} if "selected" in wanted else {}
+            none = ([], [0] * G, 0.0)
+            cf, cf_steps, cf_s = (forks.play(trajs, picks, cfg.cf_samples, cfg.proposal, cfg.cf_temperature,
+                                             _seed(cfg.seed, task_index, 3, r))
+                                  if "counterfactuals" in wanted else none)
+            mc, mc_steps, mc_s = (forks.play(trajs, every, cfg.mc_samples, "on_policy", cfg.temperature,
+                                             _seed(cfg.seed, task_index, 4, r))
+                                  if "continuations" in wanted else none)
+            cf, mc = _returns(cf, trajs), _returns(mc, trajs)
+            for i in range(G):
+                draws[i].append({"selected": [p.t for p in picks.get(i, [])],
+                                 "counterfactuals": _scored(cf[i]), "continuations": _scored(mc[i]),
+                                 "cost": {"counterfactuals": {"env_steps": cf_steps[i], "wall_s": cf_s / G},
+                                          "continuations": {"env_steps": mc_steps[i], "wall_s": mc_s / G}}})
     finally:
         result.release()
-    records = []
-    for i, t in enumerate(trajs):
-        records.append({
-            "task_id": t.task_id, "task_index": task_index, "group": i, "reward": t.reward,
-            "end_reason": t.end_reason, "steps": len(t.steps),
-            "actions": [s.call["name"] if s.call else None for s in t.steps], "state_keys": keys[i],
-            "truth": truth.get(i), "continuations": [cont[i].get(s, []) for s in range(len(t.steps))],
-            "oracle": {"env_steps": oracle_steps[i], "wall_s": oracle_s / G,
-                       "branches": sum(b.row == i and b.sample is not None for b in oracle)},
-            "rollout_s": rollout_s / G,
-            "estimators": {n: {"advantages": [d["advantages"][i] for d in draws[n]],
-                               "env_steps": [d["env_steps"][i] for d in draws[n]],
-                               "wall_s": [d["wall_s"] for d in draws[n]]} for n in names},
-        })
-    return records
+    return [{"task_id": t.task_id, "task_index": task_index, "group": i, "reward": t.reward,
+             "end_reason": t.end_reason, "steps": len(t.steps), "spans": [list(s.span) for s in t.steps],
+             "actions": [s.call["name"] if s.call else None for s in t.steps],
+             "state_keys": [state_key(t.steps, s) for s in range(len(t.steps))],
+             "truth": truth.get(i), "continuations": [cont[i].get(s, []) for s in range(len(t.steps))],
+             "oracle": {"env_steps": oracle_steps[i], "wall_s": oracle_s / G,
+                        "branches": sum(b.row == i and b.sample is not None for b in oracle)},
+             "rollout_s": rollout_s / G, "draws": draws[i]} for i, t in enumerate(trajs)]
 
 
-def _needs(name: str) -> set[str]:
-    """What of an estimator's own budget its rows are filled with."""
-    if name in STATELESS:
-        return set()
-    if name == "crr":
-        return {"selected", "counterfactuals"}
-    if name == "zero_contrast":
-        return {"selected"}
-    if name == "gigpo":
-        return {"state_keys"}
-    if name == "mc_values":
-        return {"continuations"}
-    return {"selected", "counterfactuals", "state_keys", "continuations"}
+def _scored(returns: dict) -> dict[int, list[float]]:
+    """t -> the scored returns (branches with an infrastructure failure left out; a step with none, out)."""
+    return {t: [x for x in v if x is not None] for t, v in returns.items() if any(x is not None for x in v)}
 
 
 def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], None] | None = None) -> None:
@@ -302,7 +279,6 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
         raise CRRError(f"{cfg.tasks} holds no tasks")
     done = {(r["task_index"], r["group"]) for r in run.records(RECORDS)}
     todo = [i for i in range(len(tasks)) if any((i, g) not in done for g in range(cfg.group))]
-    names = estimator_names(cfg)
     if not todo:   # a finished audit: no model to load
         return
     model_dir = cfg.model or str(default_policy_dir())
@@ -313,7 +289,7 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
                             max_new_tokens=cfg.max_new_tokens, time_limit_s=cfg.episode_time_limit_s,
                             snapshots=True, digests=True, agent_format=cfg.agent_format or record.get("agent_format", "paper"))
     backend = TransformersBackend(model, tokenizer)
-    run.log_metrics({"event": "start", "tasks": len(tasks), "todo": len(todo), "estimators": names,
+    run.log_metrics({"event": "start", "tasks": len(tasks), "todo": len(todo), "estimators": cfg.estimators,
                      "model": model_dir, "episode": dataclasses.asdict(episode)})
     with get_engine(cfg.engine, **engine_options(cfg.engine, ray=cfg.ray, mode=cfg.mode)) as engine:
         pool = rollout_pool(engine, cfg.workers)
@@ -321,7 +297,7 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
             forks = _Forks(run, backend, engine, tokenizer, episode, pool)
             for n, i in enumerate(todo):
                 t0, before = time.perf_counter(), forks.rollouts
-                records = audit_task(cfg, tasks[i], i, forks, names)
+                records = audit_task(cfg, tasks[i], i, forks)
                 for rec in records:
                     if (i, rec["group"]) not in done:
                         run.append(RECORDS, rec)
@@ -334,42 +310,77 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
             pool.close()
 
 
-def frames(records: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def advantages(records: list[dict], cfg: AuditConfig) -> dict[str, list[list[list[float] | None]]]:
+    """Each scored estimator's advantages from the recorded budgets: name -> per record, per repeat, the
+    step advantages (None: an excluded row), via crr.train.advantages.estimate on the rows of each task's
+    recorded siblings, filled as the contract says with what the estimator needs."""
+    from crr.train.advantages import RowCredit, estimate
+
+    groups: dict[int, list[int]] = {}
+    for j, rec in enumerate(records):
+        groups.setdefault(rec["task_index"], []).append(j)
+    out: dict[str, list] = {}
+    for name in estimator_names(cfg):
+        need, per = needs(name), [[] for _ in records]
+        for task_index, members in groups.items():
+            for r in range(min(len(records[j]["draws"]) for j in members)):
+                rows = []
+                for j in members:
+                    rec, d = records[j], records[j]["draws"][r]
+                    rows.append(RowCredit(
+                        group=task_index, reward=rec["reward"], spans=[tuple(s) for s in rec["spans"]],
+                        selected=d["selected"] if "selected" in need else [],
+                        counterfactuals=({int(t): v for t, v in d["counterfactuals"].items()}
+                                         if "counterfactuals" in need else {}),
+                        state_keys=rec["state_keys"] if "state_keys" in need else [],
+                        continuations=({int(t): v for t, v in d["continuations"].items()}
+                                       if "continuations" in need else {})))
+                for j, adv in zip(members, estimate(name, rows, **cfg.advantage_params.get(name, {}))):
+                    per[j].append(adv)
+        out[name] = per
+    return out
+
+
+def _cost(rec: dict, name: str, key: str) -> float:
+    need = needs(name)
+    return float(np.mean([sum(d["cost"][b][key] for b in ("counterfactuals", "continuations") if b in need)
+                          for d in rec["draws"]])) if rec["draws"] else 0.0
+
+
+def frames(records: list[dict], cfg: AuditConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(steps, costs): one row per (estimator, trajectory, repeat, step) with its estimate a and the
     oracle's A* (steps with A* known only), and one per (estimator, trajectory) with its mean extra
-    environment steps and seconds."""
+    environment steps and seconds per draw."""
     rows, costs = [], []
-    for rec in records:
-        if rec["truth"] is None:
-            continue
-        traj = f"{rec['task_index']}/{rec['group']}"
-        for name, est in rec["estimators"].items():
-            costs.append({"estimator": name, "traj": traj, "env_steps": float(np.mean(est["env_steps"])),
-                          "wall_s": float(np.mean(est["wall_s"]))})
-            for r, adv in enumerate(est["advantages"]):
+    for name, per in advantages(records, cfg).items():
+        for rec, draws in zip(records, per):
+            if rec["truth"] is None:
+                continue
+            traj = f"{rec['task_index']}/{rec['group']}"
+            costs.append({"estimator": name, "traj": traj, "env_steps": _cost(rec, name, "env_steps"),
+                          "wall_s": _cost(rec, name, "wall_s")})
+            for r, adv in enumerate(draws):
                 if adv is None:
                     continue
                 for t, (a, truth) in enumerate(zip(adv, rec["truth"])):
                     if truth["A"] is not None:
                         rows.append({"estimator": name, "traj": traj, "repeat": r, "t": t, "a": a, **truth})
-        costs.append({"estimator": "oracle (A*)", "traj": traj, "env_steps": rec["oracle"]["env_steps"],
-                      "wall_s": rec["oracle"]["wall_s"]})
     return pd.DataFrame(rows), pd.DataFrame(costs)
 
 
-def metrics_frame(records: list[dict], *, boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+def metrics_frame(records: list[dict], cfg: AuditConfig) -> pd.DataFrame:
     """One row per estimator: crr.credit.stats.estimator_metrics plus its extra environment steps and
     seconds per trajectory."""
-    steps, costs = frames(records)
+    steps, costs = frames(records, cfg)
     if steps.empty:
         return pd.DataFrame()
     cost = costs.groupby("estimator")[["env_steps", "wall_s"]].mean()
     grpo = steps[steps["estimator"] == "grpo"].set_index(["traj", "repeat", "t"])["a"]
     out = []
-    order = sorted(steps["estimator"].unique(), key=lambda n: (n != "grpo", n))
-    for name, part in ((n, steps[steps["estimator"] == n]) for n in order):
+    for name in dict.fromkeys(steps["estimator"]):
+        part = steps[steps["estimator"] == name].reset_index(drop=True)
         aligned = grpo.reindex(pd.MultiIndex.from_frame(part[["traj", "repeat", "t"]])) if len(grpo) else None
-        m = estimator_metrics(part.reset_index(drop=True), aligned, boot=boot, seed=seed)
+        m = estimator_metrics(part, aligned, boot=cfg.bootstrap, seed=cfg.seed)
         out.append({"estimator": name, "repeats": int(part["repeat"].nunique()),
                     "trajectories": int(part["traj"].nunique()), **m,
                     "extra_env_steps_per_traj": float(cost.loc[name, "env_steps"]),

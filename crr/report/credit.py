@@ -34,7 +34,7 @@ def _ci(x: float, lo: float, hi: float) -> str:
 
 
 def audit_table(path: Path, records: list[dict], cfg: AuditConfig, name: str = TABLE) -> Table:
-    data = metrics_frame(records, boot=cfg.bootstrap, seed=cfg.seed)
+    data = metrics_frame(records, cfg)
     scored = [r for r in records if r["truth"] is not None]
     steps = sum(r["steps"] for r in scored)
     caption = (f"Credit audit ({path.name}): {len(scored)} scored trajectories of {cfg.model or 'the default policy'} "
@@ -50,9 +50,10 @@ def audit_table(path: Path, records: list[dict], cfg: AuditConfig, name: str = T
     oracle = [r["oracle"] for r in scored]
     table.notes.append(f"the oracle: {np.mean([o['env_steps'] for o in oracle]):.1f} environment steps and "
                        f"{np.mean([o['wall_s'] for o in oracle]):.1f} s per trajectory")
-    missing = [n for n in (cfg.estimators or ESTIMATORS) if n not in set(data["estimator"]) and n != "search_select"]
+    missing = [n for n in cfg.estimators if n not in ESTIMATORS]
     if missing:
-        table.notes.append(f"not registered when the audit ran, left out: {', '.join(missing)}")
+        table.notes.append(f"not registered in this checkout's crr.train.advantages, left out (their budgets are "
+                           f"in the records: `crr report` scores them once they are): {', '.join(missing)}")
     data.insert(1, "budget", [_budget(n, cfg) for n in data["estimator"]])
     table.data = data
     table.display = pd.DataFrame({
@@ -73,7 +74,7 @@ def audit_table(path: Path, records: list[dict], cfg: AuditConfig, name: str = T
 
 def audit_plot(path: Path, out: Path, records: list[dict], cfg: AuditConfig, name: str = TABLE) -> Plot:
     plot = Plot(name, "Step credit against the true step advantage A*")
-    data = metrics_frame(records, boot=cfg.bootstrap, seed=cfg.seed)
+    data = metrics_frame(records, cfg)
     if data.empty:
         return plot
     fig = Figure(figsize=(15, 3.8))
