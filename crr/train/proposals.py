@@ -7,11 +7,13 @@
     validity_filtered  the same, then a proposal that fails the syntax/schema check (a call cut off by
                        the token budget, a wrong argument) is resampled up to 3 times; still invalid:
                        skipped. This removes the "immediately invalid alternative" class of forks.
-    on_policy          pi itself at the given temperature, a_t not excluded: an on-policy continuation of
-                       s_t (Monte-Carlo values V(s_t); `crr credit audit`'s oracle), never skipped.
+    on_policy          not a counterfactual: a_t resampled from pi at the given (the rollout) temperature, with
+                       no exclusion, so it may repeat a_t. The first action of an on-policy continuation of
+                       s_t (VinePPO's Monte-Carlo value, crr.train.counterfactual.continuations).
 
 A proposal returns, per selected step, the StepSample to play instead of a_t or None (skip the fork).
-The counterfactual proposals never return the realised action: the canonical forms are compared here as well as in the backend.
+A counterfactual one never returns the realised action: the canonical forms are compared here as well as
+in the backend.
 """
 
 from __future__ import annotations
