@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1] / "crr"
 # Highest first; a module may import its own layer and any lower one, never a higher one.
 LAYERS = [
     ("cli", ()),  # top-level users: see `layer_of`
-    ("commands", ("filter", "train", "eval", "report", "experiments", "comparison")),
+    ("commands", ("filter", "train", "eval", "report", "credit", "experiments", "comparison")),
     ("rollout", ("rollout",)),
     ("agent/policy", ("agent", "policy")),
     ("tasks", ("tasks",)),

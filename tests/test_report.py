@@ -302,6 +302,7 @@ def test_bad_input_is_a_clear_error(tmp_path):
 
 
 def test_presets_and_comparison_specs():
+    from crr.credit.audit import load_audit_config
     from crr.eval.taxonomy import ERROR_MODES
     from crr.policy.sft import SFTRecipe
     from crr.report.tables import ERROR_MODES as LABELS
@@ -313,6 +314,8 @@ def test_presets_and_comparison_specs():
     for preset in sorted(EXPERIMENTS.glob("*.yaml")):
         if preset.name.startswith("sft-"):                  # SFT recipes (crr sft --recipe)
             assert SFTRecipe.from_yaml(preset).stages
+        elif preset.name.startswith("credit-audit"):        # crr credit audit --config
+            assert load_audit_config(preset).continuations >= 1
         elif not preset.name.endswith(".comparison.yaml"):  # paper presets train in bf16 on a GPU
             cfg = load_config(preset, {"bf16": False} if preset.name.startswith("paper-") else {})
             assert cfg.method == read_preset(preset)["method"]

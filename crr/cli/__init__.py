@@ -18,6 +18,7 @@ import typer
 from crr.cli import demo, doctor
 from crr.cli.common import (_library_output, _state, console, emit_json, err_console, friendly, long_command,
                             trust_task_code_option)
+from crr.cli.credit import credit_app
 from crr.cli.eval import eval_command
 from crr.cli.experiment import experiment_app
 from crr.cli.filter import filter_app
@@ -67,3 +68,4 @@ app.add_typer(report_app, name="report")
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(rollout_app, name="rollout")
 app.add_typer(replay_app, name="replay")
+app.add_typer(credit_app, name="credit")

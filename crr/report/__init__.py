@@ -3,7 +3,8 @@
     report = write_tables([Path("results/cpu-main")], Path("results/cpu-main/report"))
     report = write_plots([Path("results/cpu-main")], Path("results/cpu-main/report"))
 
-Both find the `crr train` / `crr eval` runs at or under the given paths (crr.report.runs), write their outputs
+Both find the `crr train` / `crr eval` runs at or under the given paths (crr.report.runs), and the `crr credit
+audit` runs (crr.report.credit), write their outputs
 and keep an index, report.md (with report.json, the same as data), of everything written to `out` so far:
 each entry's status (complete, partial, missing), files, and the runs still to make.
 """
@@ -35,11 +36,13 @@ class Entry:
 
 
 def write_tables(paths: list[Path], out: Path) -> tuple[Runs, list[Entry]]:
-    from crr.report.tables import all_tables  # deferred: pandas and pyarrow
+    from crr.report.credit import credit_tables  # deferred: pandas and pyarrow
+    from crr.report.tables import all_tables
 
-    runs = load_runs(paths)
+    credit = credit_tables(paths)
+    runs = load_runs(paths, require=not credit)
     entries = []
-    for t in all_tables(runs):
+    for t in (all_tables(runs) if runs.train or runs.evals or not credit else []) + credit:
         files = write_table(t, out)
         entries.append(Entry(t.name, "table", t.title, t.status, [f.name for f in files],
                              [{"what": m.what, "commands": m.commands} for m in t.missing]))
@@ -48,11 +51,13 @@ def write_tables(paths: list[Path], out: Path) -> tuple[Runs, list[Entry]]:
 
 
 def write_plots(paths: list[Path], out: Path) -> tuple[Runs, list[Entry]]:
-    from crr.report.plots import all_plots  # deferred: matplotlib
+    from crr.report.credit import credit_plots  # deferred: matplotlib
+    from crr.report.plots import all_plots
 
-    runs = load_runs(paths)
+    credit = credit_plots(paths, out)
+    runs = load_runs(paths, require=not credit)
     entries = []
-    for p in all_plots(runs, out):
+    for p in (all_plots(runs, out) if runs.train or runs.evals or not credit else []) + credit:
         status = "missing" if not p.files else "partial" if p.missing else "complete"
         entries.append(Entry(p.name, "figure", p.title, status, [f.name for f in p.files],
                              [{"what": m.what, "commands": m.commands} for m in p.missing]))

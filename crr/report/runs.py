@@ -297,8 +297,9 @@ def _checkpoint_step(checkpoint: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def load_runs(paths: list[Path]) -> Runs:
-    """Every train and eval run at or under `paths`; other runs (sft, rollout, filter) are listed as ignored."""
+def load_runs(paths: list[Path], *, require: bool = True) -> Runs:
+    """Every train and eval run at or under `paths`; other runs (sft, rollout, filter, credit-audit) are listed
+    as ignored. None at all is a CRRError unless not `require`d (the paths hold credit audits)."""
     dirs = discover(paths)
     raw: list[tuple[Path, str, dict]] = []
     ignored = []
@@ -312,7 +313,7 @@ def load_runs(paths: list[Path]) -> Runs:
             raw.append((path, command, config or {}))
         else:
             ignored.append(f"{path} ({command} run)")
-    if not raw:
+    if not raw and require:
         raise CRRError(f"no `crr train` or `crr eval` runs among {len(dirs)} run director{'y' if len(dirs) == 1 else 'ies'} "
                        f"under {', '.join(map(str, paths))}; make them with `crr train` and `crr eval`")
     scales = {_scale(c) for _, cmd, c in raw if cmd == "train"}

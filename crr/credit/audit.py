@@ -1,0 +1,387 @@
+"""`crr credit audit`: the true step advantage by exhaustive forking, and how well each advantage estimator
+tracks it (issue 29, section 2).
+
+    cfg = load_audit_config("experiments/credit-audit-nano.yaml", {"continuations": 8})
+    run = start_audit(cfg, "results/runs")           # or: cfg, run = resume_audit(path)
+    audit(cfg, run)                                  # records.jsonl
+    summary = write_audit(run)   # crr.report.credit: credit_audit.{md,csv,tex,png,pdf}, summary.json
+
+For each task, G trajectories are sampled as in training (crr.rollout, the rollout temperature, snapshots of
+every s_t). The oracle forks the state s_t of every step and plays M on-policy continuations of each (a_t
+resampled from pi, then on policy to the end; crr.train.counterfactual.run_branches with the `on_policy`
+proposal), so that V(s_t) is the mean of M verifier returns (Wilson interval) and, the environment being
+deterministic, Q(s_t, a_t) = V(s_{t+1}) and A*(t) = V(s_{t+1}) - V(s_t), with V(s_T) = R(tau) (Newcombe
+interval; crr.credit.stats).
+
+Every estimator then scores the same trajectories through `crr.train.advantages.estimate`, each with its own
+normal budget, never the oracle's forks. The budgets the configured estimators need are played and recorded
+raw (R draws each); the estimators are applied to them when the table is made, so that one registered later
+is scored from the same records by `crr report`:
+
+    grpo           the rows' rewards and groups
+    crr            the selector's picks (k) and K counterfactual branches of each (the `tempered` proposal)
+    zero_contrast  the same picks, no forks
+    gigpo          per-step state keys (the tree digest of s_t and what the agent has observed)
+    mc_values      K on-policy continuations of every step
+    (any other registered estimator: everything above)
+
+The random draws (branches, continuations, a random selector) are repeated R times, so that each
+estimator's variance is measured. One record per trajectory goes to records.jsonl as soon as its task is
+done (append-only, fsynced); a rerun on the run directory skips the trajectories recorded already, so an
+interrupted audit resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from crr.credit.stats import estimator_metrics, values
+from crr.errors import CRRError
+from crr.experiments import read_preset
+from crr.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+RECORDS = "records.jsonl"
+TABLE = "credit_audit"
+DEFAULT_ESTIMATORS = ["grpo", "crr", "zero_contrast", "gigpo", "mc_values"]
+NEEDS = {"grpo": set(), "crr": {"selected", "counterfactuals"}, "zero_contrast": {"selected"},
+         "gigpo": {"state_keys"}, "mc_values": {"continuations"}}
+EVERYTHING = {"selected", "counterfactuals", "state_keys", "continuations"}
+EXCLUDED = {"search_select"}                  # swaps sequences: not a step advantage on the realised rows
+
+
+@dataclass
+class AuditConfig:
+    """Every hyperparameter of an audit (experiments/credit-audit-nano.yaml)."""
+    model: str | None = None             # None: crr's default policy (crr.policy.model.default_policy_dir)
+    tasks: str = "nano-band"
+    n_tasks: int = 8                     # the first N tasks; N x G trajectories
+    group: int = 4                       # G siblings per task, as in training
+    continuations: int = 16              # M: the oracle's on-policy continuations per step
+    repeats: int = 3                     # R: each estimator's random draws, repeated
+    seed: int = 11
+    temperature: float = 0.6             # the rollout temperature (trajectories, continuations)
+    max_turns: int | None = None         # H; None: the model's recorded turn cap, else 50
+    max_new_tokens: int = 96
+    agent_format: str | None = None      # None: the model's recorded format
+    episode_time_limit_s: float = 600.0
+    engine: str = "local"
+    ray: str | None = None
+    mode: str | None = None
+    workers: int | None = None
+    # scored: these and every other registered estimator (but search_select); the budgets played are what
+    # these need, so that one registered later is scored from the records (crr report) without a rerun
+    estimators: list[str] = field(default_factory=lambda: list(DEFAULT_ESTIMATORS))
+    # each estimator's own budget
+    k: int = 4                           # CRR's fork budget per trajectory (its selector's picks)
+    cf_samples: int = 2                  # CRR's K counterfactuals per pick
+    cf_temperature: float = 0.7          # T_cf
+    selector: str = "entropy_type"
+    proposal: str = "tempered"
+    eta: float = 0.4
+    lambda_type: float = 0.6
+    mc_samples: int = 2                  # mc_values' K continuations per step
+    advantage_params: dict = field(default_factory=dict)   # estimator -> its keyword params (gigpo: {omega: 1.0})
+    bootstrap: int = 1000                # resamples of trajectories for the correlations' intervals
+
+    def __post_init__(self) -> None:
+        for name in ("n_tasks", "group", "continuations", "repeats", "cf_samples", "mc_samples", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise CRRError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.k < 0:
+            raise CRRError(f"k must be >= 0, got {self.k}")
+        if self.temperature <= 0 or self.cf_temperature <= 0:
+            raise CRRError("temperature and cf_temperature must be > 0 (the continuations sample from pi)")
+
+
+def load_audit_config(preset: Path | str | None = None, overrides: dict | None = None) -> AuditConfig:
+    data = read_preset(preset) if preset is not None else {}
+    data.update(overrides or {})
+    names = {f.name for f in dataclasses.fields(AuditConfig)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise CRRError(f"unknown audit config key(s) {unknown}; see experiments/credit-audit-nano.yaml")
+    return AuditConfig(**data)
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise CRRError(f"override {pair!r} is not key=value (e.g. continuations=8)")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def start_audit(cfg: AuditConfig, out: Path | str) -> RunDir:
+    return RunDir.create("credit-audit", f"n{cfg.n_tasks}-g{cfg.group}-m{cfg.continuations}-seed{cfg.seed}",
+                         root=out, config=dataclasses.asdict(cfg), seeds={"audit": cfg.seed})
+
+
+def resume_audit(path: Path | str) -> tuple[AuditConfig, RunDir]:
+    run = RunDir.open(path, write=True)
+    if run.manifest.get("command") != "credit-audit":
+        raise CRRError(f"{path} is not a `crr credit audit` run directory")
+    return AuditConfig(**run.config), run
+
+
+def needs(name: str) -> set[str]:
+    """What of the audit's budgets an estimator's rows are filled with (one not known here: everything)."""
+    return NEEDS.get(name, EVERYTHING)
+
+
+def estimator_names(cfg: AuditConfig) -> list[str]:
+    """The estimators scored: the configured ones and every other registered one (search_select aside), those
+    registered now (a configured one that is not is named in the log), GRPO first."""
+    from crr.train.advantages import ESTIMATORS
+
+    wanted = list(dict.fromkeys(cfg.estimators + [n for n in ESTIMATORS if n not in EXCLUDED]))
+    missing = [n for n in wanted if n not in ESTIMATORS]
+    if missing:
+        log.warning("estimators not registered in crr.train.advantages, left out: %s", missing)
+    return sorted((n for n in wanted if n in ESTIMATORS), key=lambda n: n != "grpo")
+
+
+def _seed(*parts: int) -> int:
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+
+
+class _Forks:
+    """Plays forked branches of a task's trajectories through the training machinery (run_branches: one
+    batched generation per round, the tool calls in the worker pool) and counts their cost."""
+
+    def __init__(self, run: RunDir, backend, engine, tokenizer, episode, pool):
+        self.run, self.backend, self.engine, self.tokenizer, self.episode, self.pool = (
+            run, backend, engine, tokenizer, episode, pool)
+        self.rollouts = 0   # trajectories and branches played
+
+    def play(self, trajs, picks: dict, samples: int, proposal: str, temperature: float, seed: int):
+        """The branches (crr.train.counterfactual.Branch), their environment steps per row, and seconds."""
+        from crr.train.counterfactual import run_branches
+        from crr.train.ledger import Ledger
+
+        ledger = Ledger(self.run, writer=False)   # run_branches charges its phases there; never saved
+        ledger.begin(0)
+        start = time.perf_counter()
+        branches = run_branches(trajs, picks, cf_samples=samples, backend=self.backend, engine=self.engine,
+                                tokenizer=self.tokenizer, episode=self.episode, proposal=proposal,
+                                cf_temperature=temperature, seed=seed, horizon=None, pool=self.pool, ledger=ledger)
+        seconds = time.perf_counter() - start
+        self.rollouts += sum(b.sample is not None for b in branches)
+        steps = [0] * len(trajs)
+        for b in branches:
+            if b.sample is not None:
+                steps[b.row] += len(b.traj.steps) - b.t if b.traj is not None else 1
+        return branches, steps, seconds
+
+
+def _returns(branches, trajs) -> list[dict[int, list[float | None]]]:
+    out: list[dict[int, list[float | None]]] = [{} for _ in trajs]
+    for b in branches:
+        if b.sample is not None:
+            out[b.row].setdefault(b.t, []).append(b.reward)
+    return out
+
+
+def audit_task(cfg: AuditConfig, task, task_index: int, forks: _Forks) -> list[dict]:
+    """One task's G trajectories, the oracle's V and A* of every step, and R draws of each budget the
+    configured estimators need (the selector's picks, their K forks' returns, K continuations of every
+    step, with what each cost): one record per trajectory."""
+    from crr.rollout import RolloutConfig, rollout
+    from crr.train.advantages import state_keys
+    from crr.train.selectors import Selection, SelectorParams, select
+
+    G = cfg.group
+    wanted = set().union(*(needs(n) for n in cfg.estimators))
+    start = time.perf_counter()
+    result = rollout([task], forks.backend, forks.engine, forks.tokenizer,
+                     RolloutConfig(group=G, seed=_seed(cfg.seed, task_index, 0), episode=forks.episode),
+                     pool=forks.pool)
+    rollout_s = time.perf_counter() - start
+    trajs = result.trajectories
+    forks.rollouts += len(trajs)
+    try:
+        scored = [i for i, t in enumerate(trajs) if t.reward is not None]
+        every = {i: [Selection(t, 0.0) for t in range(len(trajs[i].steps))] for i in scored}
+        oracle, oracle_steps, oracle_s = forks.play(trajs, every, cfg.continuations, "on_policy", cfg.temperature,
+                                                    _seed(cfg.seed, task_index, 1))
+        cont = _returns(oracle, trajs)
+        truth = {i: values([cont[i].get(t, []) for t in range(len(trajs[i].steps))], trajs[i].reward)
+                 for i in scored}
+        draws: list[list[dict]] = [[] for _ in trajs]
+        for r in range(cfg.repeats):
+            rng = np.random.default_rng(_seed(cfg.seed, task_index, 2, r))
+            params = SelectorParams(k=cfg.k, eta=cfg.eta, lambda_type=cfg.lambda_type)
+            picks = {i: select(cfg.selector, trajs[i].steps, params, rng) for i in scored} if "selected" in wanted else {}
+            none = ([], [0] * G, 0.0)
+            cf, cf_steps, cf_s = (forks.play(trajs, picks, cfg.cf_samples, cfg.proposal, cfg.cf_temperature,
+                                             _seed(cfg.seed, task_index, 3, r))
+                                  if "counterfactuals" in wanted else none)
+            mc, mc_steps, mc_s = (forks.play(trajs, every, cfg.mc_samples, "on_policy", cfg.temperature,
+                                             _seed(cfg.seed, task_index, 4, r))
+                                  if "continuations" in wanted else none)
+            cf, mc = _returns(cf, trajs), _returns(mc, trajs)
+            for i in range(G):
+                draws[i].append({"selected": [p.t for p in picks.get(i, [])],
+                                 "counterfactuals": _scored(cf[i]), "continuations": _scored(mc[i]),
+                                 "cost": {"counterfactuals": {"env_steps": cf_steps[i], "wall_s": cf_s / G},
+                                          "continuations": {"env_steps": mc_steps[i], "wall_s": mc_s / G}}})
+    finally:
+        result.release()
+    return [{"task_id": t.task_id, "task_index": task_index, "group": i, "reward": t.reward,
+             "end_reason": t.end_reason, "steps": len(t.steps), "spans": [list(s.span) for s in t.steps],
+             "actions": [s.call["name"] if s.call else None for s in t.steps],
+             "state_keys": state_keys(t.steps),
+             "truth": truth.get(i), "continuations": [cont[i].get(s, []) for s in range(len(t.steps))],
+             "oracle": {"env_steps": oracle_steps[i], "wall_s": oracle_s / G,
+                        "branches": sum(b.row == i and b.sample is not None for b in oracle)},
+             "rollout_s": rollout_s / G, "draws": draws[i]} for i, t in enumerate(trajs)]
+
+
+def _scored(returns: dict) -> dict[int, list[float]]:
+    """t -> the scored returns (branches with an infrastructure failure left out; a step with none, out)."""
+    return {t: [x for x in v if x is not None] for t, v in returns.items() if any(x is not None for x in v)}
+
+
+def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], None] | None = None) -> None:
+    """Run (or resume) the audit into `run`: records.jsonl, and a `task` record per task in metrics.jsonl
+    (the table, the plot and summary.json: crr.report.credit.write_audit)."""
+    import torch
+
+    from crr.agent.episode import EpisodeConfig
+    from crr.policy.backend import TransformersBackend
+    from crr.policy.model import agent_record, default_policy_dir, load_policy
+    from crr.replay import engine_options, get_engine
+    from crr.rollout import rollout_pool
+    from crr.tasks.loaders import load_tasks
+
+    tasks = load_tasks(cfg.tasks)[:cfg.n_tasks]
+    if not tasks:
+        raise CRRError(f"{cfg.tasks} holds no tasks")
+    done = {(r["task_index"], r["group"]) for r in run.records(RECORDS)}
+    todo = [i for i in range(len(tasks)) if any((i, g) not in done for g in range(cfg.group))]
+    if not todo:   # a finished audit: no model to load
+        return
+    model_dir = cfg.model or str(default_policy_dir())
+    record = agent_record(model_dir)
+    torch.manual_seed(cfg.seed)
+    model, tokenizer = load_policy(model_dir)
+    episode = EpisodeConfig(max_turns=cfg.max_turns or record.get("max_turns", 50), temperature=cfg.temperature,
+                            max_new_tokens=cfg.max_new_tokens, time_limit_s=cfg.episode_time_limit_s,
+                            snapshots=True, digests=True, agent_format=cfg.agent_format or record.get("agent_format", "paper"))
+    backend = TransformersBackend(model, tokenizer)
+    run.log_metrics({"event": "start", "tasks": len(tasks), "todo": len(todo), "estimators": cfg.estimators,
+                     "model": model_dir, "episode": dataclasses.asdict(episode)})
+    with get_engine(cfg.engine, **engine_options(cfg.engine, ray=cfg.ray, mode=cfg.mode)) as engine:
+        pool = rollout_pool(engine, cfg.workers)
+        try:
+            forks = _Forks(run, backend, engine, tokenizer, episode, pool)
+            for n, i in enumerate(todo):
+                t0, before = time.perf_counter(), forks.rollouts
+                records = audit_task(cfg, tasks[i], i, forks)
+                for rec in records:
+                    if (i, rec["group"]) not in done:
+                        run.append(RECORDS, rec)
+                info = {"event": "task", "task_index": i, "task_id": tasks[i].instance_id,
+                        "wall_s": time.perf_counter() - t0, "rollouts": forks.rollouts - before}
+                run.log_metrics(info)
+                if on_task is not None:
+                    on_task(n + 1, len(todo), info)
+        finally:
+            pool.close()
+
+
+def advantages(records: list[dict], cfg: AuditConfig) -> dict[str, list[list[list[float] | None]]]:
+    """Each scored estimator's advantages from the recorded budgets: name -> per record, per repeat, the
+    step advantages (None: an excluded row), via crr.train.advantages.estimate on the rows of each task's
+    recorded siblings, filled as the contract says with what the estimator needs."""
+    from crr.train.advantages import RowCredit, estimate
+
+    groups: dict[int, list[int]] = {}
+    for j, rec in enumerate(records):
+        groups.setdefault(rec["task_index"], []).append(j)
+    out: dict[str, list] = {}
+    for name in estimator_names(cfg):
+        need, per = needs(name), [[] for _ in records]
+        for task_index, members in groups.items():
+            for r in range(min(len(records[j]["draws"]) for j in members)):
+                rows = []
+                for j in members:
+                    rec, d = records[j], records[j]["draws"][r]
+                    rows.append(RowCredit(
+                        group=task_index, reward=rec["reward"], spans=[tuple(s) for s in rec["spans"]],
+                        selected=d["selected"] if "selected" in need else [],
+                        counterfactuals=({int(t): v for t, v in d["counterfactuals"].items()}
+                                         if "counterfactuals" in need else {}),
+                        state_keys=rec["state_keys"] if "state_keys" in need else [],
+                        continuations=({int(t): v for t, v in d["continuations"].items()}
+                                       if "continuations" in need else {})))
+                for j, adv in zip(members, estimate(name, rows, **cfg.advantage_params.get(name, {}))):
+                    per[j].append(adv)
+        out[name] = per
+    return out
+
+
+def _cost(rec: dict, name: str, key: str) -> float:
+    need = needs(name)
+    return float(np.mean([sum(d["cost"][b][key] for b in ("counterfactuals", "continuations") if b in need)
+                          for d in rec["draws"]])) if rec["draws"] else 0.0
+
+
+def frames(records: list[dict], cfg: AuditConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(steps, costs): one row per (estimator, trajectory, repeat, step) with its estimate a and the
+    oracle's A* (steps with A* known only), and one per (estimator, trajectory) with its mean extra
+    environment steps and seconds per draw."""
+    rows, costs = [], []
+    for name, per in advantages(records, cfg).items():
+        for rec, draws in zip(records, per):
+            if rec["truth"] is None:
+                continue
+            traj = f"{rec['task_index']}/{rec['group']}"
+            costs.append({"estimator": name, "traj": traj, "env_steps": _cost(rec, name, "env_steps"),
+                          "wall_s": _cost(rec, name, "wall_s")})
+            for r, adv in enumerate(draws):
+                if adv is None:
+                    continue
+                for t, (a, truth) in enumerate(zip(adv, rec["truth"])):
+                    if truth["A"] is not None:
+                        rows.append({"estimator": name, "traj": traj, "repeat": r, "t": t, "a": a, **truth})
+    return pd.DataFrame(rows), pd.DataFrame(costs)
+
+
+def metrics_frame(records: list[dict], cfg: AuditConfig) -> pd.DataFrame:
+    """One row per estimator: crr.credit.stats.estimator_metrics plus its extra environment steps and
+    seconds per trajectory."""
+    steps, costs = frames(records, cfg)
+    if steps.empty:
+        return pd.DataFrame()
+    cost = costs.groupby("estimator")[["env_steps", "wall_s"]].mean()
+    grpo = steps[steps["estimator"] == "grpo"].set_index(["traj", "repeat", "t"])["a"]
+    out = []
+    for name in dict.fromkeys(steps["estimator"]):
+        part = steps[steps["estimator"] == name].reset_index(drop=True)
+        aligned = grpo.reindex(pd.MultiIndex.from_frame(part[["traj", "repeat", "t"]])) if len(grpo) else None
+        m = estimator_metrics(part, aligned, boot=cfg.bootstrap, seed=cfg.seed)
+        out.append({"estimator": name, "repeats": int(part["repeat"].nunique()),
+                    "trajectories": int(part["traj"].nunique()), **m,
+                    "extra_env_steps_per_traj": float(cost.loc[name, "env_steps"]),
+                    "extra_wall_s_per_traj": float(cost.loc[name, "wall_s"])})
+    return pd.DataFrame(out)
+
+
+def is_audit(path: Path) -> bool:
+    manifest = path / "manifest.json"
+    return manifest.is_file() and json.loads(manifest.read_text()).get("command") == "credit-audit"
+
