@@ -96,12 +96,15 @@ def test_comparison_trains_every_arm_evaluates_and_reports(comparison):
     finals = [c for _, c, _ in evals if c["checkpoint"] is None]
     assert sorted((Path(c["train_run"]).parent.name, c["samples"]) for c in finals) == sorted(
         [("crr", 1), ("crr", 2), ("grpo", 1), ("grpo", 1), ("grpo-equal-wall-clock", 1)])
-    # CRR's two updates buy GRPO (no forks) more than one; the equal-wall-clock run is also evaluated at its
+    # CRR's two updates usually buy GRPO (no forks) more than one; the equal-wall-clock run is then evaluated at its
     # checkpoint nearest half of that budget
     updates = len(json.loads((matched / "ledger.json").read_text())["iterations"])
     checkpoints = [(Path(c["train_run"]).parent.name, int(c["checkpoint"].rsplit("-", 1)[1])) for _, c, _ in evals
                    if c["checkpoint"]]
-    assert updates > 1 and checkpoints and all(a == "grpo-equal-wall-clock" and 0 < s < updates for a, s in checkpoints)
+    # (how many updates the budget buys is a matter of timing: on a loaded machine GRPO's first update can take
+    # as long as CRR's two, and then there is no checkpoint between the start and the end to evaluate)
+    assert all(a == "grpo-equal-wall-clock" and 0 < s < updates for a, s in checkpoints)
+    assert bool(checkpoints) == (updates > 1)
     assert sum(s["pass_at_1"] > 0 for _, _, s in evals) >= 1   # e1 is solved: pass rates are not all zero
     assert (comparison / "report" / "report.md").is_file() and (comparison / "report" / "main.md").is_file()
 

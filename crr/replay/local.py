@@ -252,8 +252,8 @@ class LocalEngine:
             workspace = make_workspace(sb_dir / "ws")
             if self._root is not None:
                 binds = [("rw", str(workspace.tree), FIXED_REPO_DIR), ("rw", str(sb_dir / "tmp"), "/tmp")]
-                if environment is not None:
-                    binds.append(("ro", str(environment), mirror.ENV_ROOT))
+                if environment is not None:  # at ENV_ROOT, and at its own path, which its venv's scripts name
+                    binds += [("ro", str(environment), mirror.ENV_ROOT), ("ro", str(environment), str(environment))]
                 if self.record_http:  # the host's network, and so its resolver
                     binds.append(("ro", "/etc/resolv.conf", "/etc/resolv.conf"))
                 (sb_dir / "root").mkdir()
@@ -779,7 +779,11 @@ def _new_root(host: int, plan: list[tuple[str, str, str]], stage: str) -> int:
                 if kind == "symlink":
                     os.symlink(source, path)
                     continue
-                os.makedirs(path, exist_ok=True)
+                if kind != "dir" and os.path.isfile(source):   # a file bound over a file (/etc/resolv.conf)
+                    if not os.path.lexists(path):
+                        open(path, "w").close()
+                else:
+                    os.makedirs(path, exist_ok=True)
                 if kind != "dir":
                     _mount(source, path, None, _MS_BIND)
                     if kind == "ro":
