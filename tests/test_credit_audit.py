@@ -14,7 +14,10 @@ from typer.testing import CliRunner
 
 from crr.cli import app
 from crr.credit.audit import RECORDS, estimator_names, load_audit_config
-from crr.credit.stats import Z95, estimator_metrics, values, wilson
+from crr.credit.stats import estimator_metrics, values
+from crr.eval.stats import wilson, z
+
+Z95 = z(0.975)
 from crr.report.credit import write_audit
 from crr.rundir import RunDir
 from crr.train.advantages import ESTIMATORS
@@ -34,7 +37,7 @@ def test_values_and_metrics_by_hand():
     v = values([[0.0] * 4, [1.0] * 4], 1.0)
     assert v[0]["A"] == 1.0 and 0 < v[0]["A_lo"] < 1 <= v[0]["A_hi"] + 1e-12 and v[1]["A"] == 0.0
     assert values([[None], [1.0]], 1.0)[0]["A"] is None           # no scored continuation: unknown, not 0
-    lo, hi = wilson(1, 2)
+    lo, hi = wilson(0.5, 2)
     assert lo < 0.5 < hi
     # an exact estimator, one off by +0.5 (bias only), one noisy around A* (variance only)
     truth = pd.DataFrame({"traj": ["a", "a", "b", "b"], "t": [0, 1, 0, 1], "A": [1.0, 0.0, -1.0, 0.0],

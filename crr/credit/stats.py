@@ -1,7 +1,7 @@
 """The audit's statistics: intervals of V(s_t) and A*(t), and how well an estimator tracks A*.
 
-No scipy in crr's environment, so the three textbook formulas are written here (each a few lines):
-Wilson's score interval for a binomial proportion, Newcombe's hybrid score interval for a difference of two
+No scipy in crr's environment, so two textbook formulas are written here (each a few lines; Wilson's score
+interval of a proportion is crr.eval.stats.wilson): Newcombe's hybrid score interval for a difference of two
 independent proportions (Newcombe 1998, method 10: the one statsmodels calls "newcomb"), and Spearman's rho as
 Pearson's r of average ranks (pandas' rank).
 """
@@ -13,15 +13,7 @@ import math
 import numpy as np
 import pandas as pd
 
-Z95 = 1.959963984540054
-
-
-def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson's score interval of a proportion (n >= 1)."""
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+from crr.eval.stats import wilson
 
 
 def newcombe(p1: float, ci1: tuple[float, float], p2: float, ci2: tuple[float, float]) -> tuple[float, float]:
@@ -40,7 +32,7 @@ def values(continuations: list[list[float | None]], reward: float) -> list[dict]
     v = []
     for returns in continuations:
         scored = [r for r in returns if r is not None]
-        v.append(None if not scored else (sum(scored) / len(scored), wilson(sum(scored), len(scored)), len(scored)))
+        v.append(None if not scored else (sum(scored) / len(scored), wilson(sum(scored) / len(scored), len(scored)), len(scored)))
     v.append((reward, (reward, reward), 0))   # V(s_T) = R(tau), exact
     out = []
     for t in range(len(continuations)):

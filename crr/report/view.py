@@ -25,6 +25,7 @@ import yaml
 
 from crr.agent.tools import truncate
 from crr.errors import CRRError
+from crr.eval.stats import wilson
 from crr.rundir import read_jsonl
 from crr.train.records import read_records
 
@@ -65,15 +66,6 @@ def label(path: Path, dataset: str | None = None) -> str:
     return name.removeprefix(f"eval-{dataset}-").removeprefix("train-") if dataset else name
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson score interval of k passes in n (by hand: one formula, not worth scipy here)."""
-    if n == 0:
-        return (math.nan, math.nan)
-    p, d = k / n, 1 + z * z / n
-    c, h = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (max(0.0, c - h), min(1.0, c + h))
-
-
 def load_train(path: Path) -> dict:
     config = yaml.safe_load((path / "config.yaml").read_text()) or {}
     metrics = list(read_jsonl(path / "metrics.jsonl"))
@@ -103,7 +95,7 @@ def load_eval(path: Path) -> dict:
     scored = [r["reward"] for r in results if r["reward"] is not None]
     return {"kind": "eval", "label": label(path, summary.get("dataset")), "path": str(path), "dataset": summary.get("dataset"),
             "model": summary.get("model"), "passes": int(sum(scored)), "scored": len(scored),
-            "interval": wilson(int(sum(scored)), len(scored)), "results": results}
+            "interval": wilson(sum(scored) / len(scored), len(scored)) if scored else None, "results": results}
 
 
 def render(runs: list[dict]) -> str:

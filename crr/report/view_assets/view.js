@@ -183,7 +183,7 @@ function renderEvals(runs, list) {
   const table = el("table", {class: "tasks"});
   const pct = x => x === null ? "–" : (100 * x).toFixed(1);
   const head = el("tr", {}, el("th", {text: "task"}), ...runs.map(r => el("th", {title: r.path},
-    el("div", {text: r.label}), el("div", {class: "meta", text: `${pct(r.scored ? r.passes / r.scored : null)} % [${pct(r.interval[0])}, ${pct(r.interval[1])}] of ${r.scored}`}))));
+    el("div", {text: r.label}), el("div", {class: "meta", text: `${pct(r.scored ? r.passes / r.scored : null)} %${r.interval ? ` [${pct(r.interval[0])}, ${pct(r.interval[1])}]` : ""} of ${r.scored}`}))));
   function fill() {
     table.replaceChildren(head);
     let n = 0;
