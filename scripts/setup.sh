@@ -15,6 +15,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 
+# apt_install COMMAND PACKAGE WHY: Debian's PACKAGE when COMMAND is missing (as root; else say how)
+apt_install() {
+  command -v "$1" >/dev/null && return 0
+  if [ "$(id -u)" = 0 ]; then
+    echo "[setup] installing $2"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
+  else
+    echo "[setup] $2 missing: run 'sudo apt-get install $2' ($3)" >&2
+  fi
+}
+
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv"; "$PY" -m venv .venv
 fi
@@ -29,14 +40,7 @@ fi
 
 # Chromium (Debian's), which tests/test_view.py drives headless through Playwright's executable_path: Playwright
 # downloads no browser of its own
-if ! command -v chromium >/dev/null; then
-  if [ "$(id -u)" = 0 ]; then
-    echo "[setup] installing chromium"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  else
-    echo "[setup] chromium missing: run 'sudo apt-get install chromium' (tests/test_view.py skips without it)" >&2
-  fi
-fi
+apt_install chromium chromium "tests/test_view.py skips without it"
 
 if [ "${CRR_SKIP_VLLM:-0}" != 1 ]; then
   scripts/setup-vllm.sh
@@ -44,22 +48,12 @@ fi
 
 # bubblewrap: the sandbox without network in which `crr tasks synth` builds an sdist's metadata on the local
 # engine (crr.replay.mirror.metadata_sandbox)
-if ! command -v bwrap >/dev/null; then
-  if [ "$(id -u)" = 0 ]; then
-    echo "[setup] installing bubblewrap"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
-  else
-    echo "[setup] bubblewrap missing: run 'sudo apt-get install bubblewrap' (crr tasks synth on the local engine)" >&2
-  fi
-fi
+apt_install bwrap bubblewrap "crr tasks synth on the local engine"
 
 # The local engine runs every command in its own root, the root filesystem that scripts/build-base-image.sh
 # keeps (crr/replay/local.py); without it the engine refuses foreign tasks.
 if [ "${CRR_SKIP_DOCKER:-0}" = 1 ] && [ "$(id -u)" = 0 ]; then
-  if ! command -v debootstrap >/dev/null; then
-    echo "[setup] installing debootstrap"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
-  fi
+  apt_install debootstrap debootstrap "the local engine's root filesystem"
   scripts/build-base-image.sh  # the root filesystem only
 fi
 if [ "${CRR_SKIP_DOCKER:-0}" != 1 ]; then

@@ -327,12 +327,7 @@ def _candidate(instance_id: str, template: Template, family: str, size: str, fla
         files[f"{package}/{legacy}.py"] = _legacy_module(package, bug_module, bug, decoys)
     tests, test_ids = _test_files(package, cases, reference, held_out, unusable)
     flaky_test = _plant_flaky(flaky, tests, template, rng) if flaky else None
-    shutil.rmtree(repo)
-    _write(repo, {**files, **{f"tests/test_{t.module}.py": _render(t, held_out=False) for t in tests.values()}})
-    pinned_git(repo, "init", "-q", "-b", "main")
-    pinned_git(repo, "add", "-A")
-    pinned_git(repo, "commit", "-q", "-m", f"{package}: initial import")
-    base_commit = pinned_git(repo, "rev-parse", "HEAD").strip()
+    base_commit = _initial_commit(repo, package, files, tests)
 
     # 4. Test patch and gold patch as real git diffs against base_commit.
     test_patch = files_diff(repo, {f"tests/test_{t.module}.py": _render(t, held_out=True)
@@ -466,12 +461,7 @@ def _multi_candidate(instance_id: str, n_bugs: int, style: str, distractors: int
     for bug in bugs:
         files[f"{package}/{bug.module.name}.py"] = bug.source
     tests, test_ids = _test_files(package, cases, reference, held_out, sorted(unusable))
-    shutil.rmtree(repo)
-    _write(repo, {**files, **{f"tests/test_{t.module}.py": _render(t, held_out=False) for t in tests.values()}})
-    pinned_git(repo, "init", "-q", "-b", "main")
-    pinned_git(repo, "add", "-A")
-    pinned_git(repo, "commit", "-q", "-m", f"{package}: initial import")
-    base_commit = pinned_git(repo, "rev-parse", "HEAD").strip()
+    base_commit = _initial_commit(repo, package, files, tests)
 
     # 4. Test patch and gold patch (every buggy module restored) as git diffs; F2P / P2P measured by pytest.
     test_patch = files_diff(repo, {f"tests/test_{t.module}.py": _render(t, held_out=True)
@@ -543,6 +533,16 @@ def _write(root: Path, files: dict[str, str]) -> None:
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+
+
+def _initial_commit(repo: Path, package: str, files: dict[str, str], tests: dict) -> str:
+    """The repository at base_commit, made anew: the package's files and the visible tests, one commit."""
+    shutil.rmtree(repo)
+    _write(repo, {**files, **{f"tests/test_{t.module}.py": _render(t, held_out=False) for t in tests.values()}})
+    pinned_git(repo, "init", "-q", "-b", "main")
+    pinned_git(repo, "add", "-A")
+    pinned_git(repo, "commit", "-q", "-m", f"{package}: initial import")
+    return pinned_git(repo, "rev-parse", "HEAD").strip()
 
 
 def _test_files(package: str, cases: list[_Case], reference: list[dict], held_out: set[int],
