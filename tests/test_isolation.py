@@ -177,7 +177,7 @@ def test_caps_hold(host, engine_name):
 
 # Writes 32 KB files into {where} until {n} are written or a write fails; says why and how much it wrote.
 WRITER = ("python3 -c \"import os, sys\nd, n = sys.argv[1], 0\nos.makedirs(d, exist_ok=True)\ntry:\n"
-          "    for i in range(int(sys.argv[2])):\n        open(f'{{d}}/f{{i}}', 'wb').write(b'x' * 32768)\n"
+          "    for i in range(int(sys.argv[2])):\n        with open(f'{{d}}/f{{i}}', 'wb') as f:\n            f.write(b'x' * 32768)\n"
           "        n += 1\nexcept OSError as e:\n    print(e)\nprint('wrote', n >> 5, 'MB')\" {where} {n}")
 
 
