@@ -203,6 +203,10 @@ def test_docker_writes_outside_tmp_and_testbed_are_capped(host, mode):
                 assert "Read-only file system" in res.output and "No such file" in res.output, res.output
             assert sb.exec(f"rm -r {where}").output == ""
             assert sb.exec(f"echo ok > {where}.txt && cat {where}.txt").output == "ok\n"
+            if mode == "commit":  # short actions, each under a poll interval, cannot pile up past the cap
+                said = [sb.exec(f"head -c 8000000 /dev/zero > /opt/s{i}").output for i in range(6)]
+                held = int(sb.exec("du -smc /opt/s* | tail -1").output.split()[0])
+                assert "File too large" in said[-1] and held <= cap + 8, (held, said)
         with eng.start(host["task"]) as nxt:  # overlay: the dirty container left the pool
             out = nxt.exec(f"test -e {where}.txt || echo clean; find /tmp {where} -mindepth 1 2>/dev/null | wc -l").output
             assert out.split() == ["clean", "0"], out

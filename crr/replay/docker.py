@@ -113,6 +113,7 @@ LAYER_POLL_S = 0.05  # commit mode without a quota: how often a running action's
 _LOG = LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"})
 _INODE_BYTES = 256  # charged per file on top of its blocks, so that a million empty files count (ext4's inode)
 _FULL_SLACK = 1 << 20  # commit mode, layer over the cap: what an action may still add (empty files) unstopped
+_MEASURE_EVERY = 10  # commit mode, watched: the layer is walked after at most this many actions
 
 # PID 1 serves actions: it reads an action id from the request FIFO (held open read-write, so that it
 # never sees EOF) and runs that action's script with stdout on the action's `out` FIFO, then writes
@@ -243,6 +244,8 @@ class DockerSandbox(ClosingSandbox):
         self._api = engine.api
         self._lock = threading.Lock()   # one action at a time: an action's end kills all processes
         self.disk_used = 0              # commit mode, watched: bytes of box.watch at the last measurement
+        self._written = 0               # ... PID 1's write_bytes then, and actions since (_after_action)
+        self._unmeasured = 0
 
     # -- running commands ----------------------------------------------------------------------
 
@@ -282,7 +285,7 @@ class DockerSandbox(ClosingSandbox):
                 rc, notice = _read_small(action / "rc"), _read_small(action / "err") or b""
             finally:
                 shutil.rmtree(action, ignore_errors=True)
-            if self.box.watch and (self._measure() > cap or stopped):
+            if self.box.watch and (self._after_action(cap, stopped) > cap or stopped):
                 out.feed(self._disk_full_notice(stopped))
         if rc is None or not rc.strip().isdigit():
             self._check_alive(settle_s=5.0)  # a container killed mid-command is not a failing test
@@ -343,14 +346,18 @@ class DockerSandbox(ClosingSandbox):
                 return stopped
             out.feed(data)
 
+    def _pid1(self) -> int:
+        """PID 1 of the container on the host (overlay mode knows it from the start; commit mode asks once)."""
+        if not self.box.pid:
+            with self._call("find the container's PID 1"):
+                self.box.pid = self._api.inspect_container(self.box.id)["State"]["Pid"]
+        return self.box.pid
+
     def _kill_all(self) -> None:
         """SIGKILL every process of the container but PID 1. As root, from the host (a few ms: the disk
         watch's overshoot depends on it); otherwise through `docker exec` (~100-250 ms)."""
-        if os.geteuid() == 0:
-            with self._call("find the container's PID 1"):
-                self.box.pid = self.box.pid or self._api.inspect_container(self.box.id)["State"]["Pid"]
-            if self.box.pid and _kill_namespace(self.box.pid):
-                return
+        if os.geteuid() == 0 and _kill_namespace(self._pid1()):
+            return
         with self._call("kill a runaway action"):
             exec_id = self._api.exec_create(self.box.id, ["sh", "-c", "kill -9 -1"])["Id"]
             self._api.exec_start(exec_id)
@@ -360,6 +367,20 @@ class DockerSandbox(ClosingSandbox):
     def _measure(self) -> int:
         """The watched paths' disk use in bytes, now."""
         self.disk_used = _disk_use(self.box.watch)
+        self._written, self._unmeasured = _written(self._pid1()), 0
+        return self.disk_used
+
+    def _after_action(self, cap: int, stopped: bool) -> int:
+        """The watched use once an action ended: measured (a walk costs ~5-20 us a file of the layer),
+        unless the container's processes cannot have written enough since the last measurement to pass
+        the cap. Their bytes written come from PID 1's /proc io, which folds in every process it reaped
+        (the action's, and the orphans it started); what that does not count (empty files and dirs,
+        Docker's own writes, an orphan killed but not yet reaped) is measured by the walk at least every
+        _MEASURE_EVERY actions, and by the polls of any action longer than LAYER_POLL_S."""
+        self._unmeasured += 1
+        if (stopped or self.disk_used > cap or self._unmeasured >= _MEASURE_EVERY
+                or self.disk_used + _written(self._pid1()) - self._written > cap):
+            return self._measure()
         return self.disk_used
 
     def _disk_full_notice(self, stopped: bool) -> bytes:
@@ -1048,6 +1069,16 @@ def _disk_use(paths: tuple[str, ...]) -> int:
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(entry.path)
     return total
+
+
+def _written(pid: int) -> int:
+    """Bytes `pid` and the children it reaped made dirty in the page cache of a disk (write_bytes of
+    /proc/PID/io: tmpfs does not count); 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("write_bytes:"))
+    except (OSError, StopIteration):
+        return 0
 
 
 def _kill_namespace(pid1: int, rounds: int = 50) -> bool:
