@@ -826,7 +826,8 @@ class DockerEngine:
 
     def _watched(self, container) -> tuple[str, ...]:
         """Commit mode: the paths the disk watch measures (module doc): the container's upper dir and
-        the /etc/hosts-like files Docker binds in from its own directory. None where a quota caps the layer, or where the layer cannot be read (not root: warned once)."""
+        the /etc/hosts-like files Docker binds in from its own directory. None where a quota caps the
+        layer, or where the layer cannot be read (not root: warned once)."""
         upper = container.attrs["GraphDriver"]["Data"].get("UpperDir", "")
         if self._layer_quota:
             return ()
@@ -870,9 +871,10 @@ class DockerEngine:
                 pass
             except (docker.errors.DockerException, requests.RequestException) as e:
                 log.warning("could not remove container %s: %s (crr sandbox gc will)", box.name, e)
-        for tmpfs in (box.ctl, box.scratch):  # tmpfs mounts as root (unmounting a plain dir does nothing)
+        for tmpfs in (box.ctl, box.scratch):  # tmpfs mounts where crr runs as root
             if tmpfs is not None:
-                unmount(str(tmpfs))
+                if os.path.ismount(tmpfs):
+                    unmount(str(tmpfs))
                 shutil.rmtree(tmpfs, ignore_errors=True)
         if box.slot is not None:
             with contextlib.suppress(OSError):
