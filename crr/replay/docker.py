@@ -35,12 +35,13 @@ as root), and the rest as follows.
            writable. Where the storage driver takes a quota (`--storage-opt size=`: overlay2 on xfs with
            pquota) the writable layer gets one of `disk_limit_mb`. Elsewhere (overlay2 on ext4, as
            here) the engine, as root, watches the disk use of the container's upper dir and its
-           /etc/hosts-like files while an action runs (every LAYER_POLL_S, or 10x the last measurement's
-           cost on a big layer: ~5-13 us a file here; and once when it ends): past `disk_limit_mb` it
-           kills the action's processes from the host (a few ms) and the observation says "No space left
-           on device". It overshoots by what the action writes in one poll interval plus the kill: 0.05 s
-           x the write speed for a few big files, more for very many small ones (docs/sandboxes.md has
-           the figures). Until the layer is back under the cap, every action runs with RLIMIT_FSIZE 0,
+           /etc/hosts-like files while an action runs (every LAYER_POLL_S, or on a big layer 10x the
+           last walk's cost up to 1 s: a walk costs ~5-20 us a file here; and when it ends, see
+           _after_action): past `disk_limit_mb` it kills the action's processes from the host (a few
+           ms) and the observation says "No space left on device". It overshoots by what the action
+           writes in one poll interval plus the walk and the kill: 0.05 s x the write speed for a few
+           big files (~0 here), up to ~1.5 s of writing for ~20,000 small ones (1.5-2.1x a 64 MB cap in
+           4 KB files under load; docs/sandboxes.md has the figures). Until the layer is back under the cap, every action runs with RLIMIT_FSIZE 0,
            as on a full disk (deleting works, writing fails with "File too large"), and is stopped if it
            still adds more than _FULL_SLACK (empty files), so short actions cannot pile up past the cap.
            /tmp is a tmpfs of `disk_limit_mb` (never committed). The cap is per container, as a quota
@@ -313,7 +314,7 @@ class DockerSandbox(ClosingSandbox):
     def _drain(self, fd: int, out: BoundedOutput, timeout: float, disk_limit: int) -> bool:
         """Read the action's output until EOF. The in-container `timeout` normally ends it; past
         that, kill every process, and past that, give up on a wedged container. With a watched layer
-        (commit mode, no quota), measure it every `LAYER_POLL_S` (or 10x the measurement's own cost)
+        (commit mode, no quota), measure it every `LAYER_POLL_S` (or 10x the measurement's own cost, at most 1 s)
         and kill the action once it passes `disk_limit` bytes; True if that happened."""
         poller = select.poll()
         poller.register(fd, select.POLLIN)
@@ -327,7 +328,7 @@ class DockerSandbox(ClosingSandbox):
                              self.disk_used >> 20, self.engine.disk_limit_mb)
                     self._kill_all()
                     stopped = True
-                next_check = time.monotonic() + max(LAYER_POLL_S, 10 * (time.monotonic() - now))
+                next_check = time.monotonic() + max(LAYER_POLL_S, min(10 * (time.monotonic() - now), 1.0))
             left = deadline - time.monotonic()
             if left <= 0:
                 if killed:
