@@ -196,6 +196,9 @@ def test_container_is_locked_down(engine, api, task):
         host = attrs["HostConfig"]
         assert host["NetworkMode"] == "none" and host["PidsLimit"] == 512
         assert host["Memory"] == 2 * 1024 ** 3 and host["NanoCpus"] == 10 ** 9
+        assert host["LogConfig"] == {"Type": "json-file", "Config": {"max-size": "1m", "max-file": "1"}}
+        assert host["ReadonlyRootfs"] == (engine.mode == "overlay")  # commit: the layer is watched instead
+        assert bool(sb.box.watch) == (engine.mode == "commit")
         labels = attrs["Config"]["Labels"]
         assert labels["org.crr.owner"] == "crr" and labels["org.crr.engine"] == engine.id
         assert labels["org.crr.pid"] == str(os.getpid())
@@ -301,21 +304,24 @@ def test_overlay_pool_reuses_only_clean_containers(api, task):
         def settle():  # let the pool's background starts and recycles finish
             eng._background.submit(lambda: None).result()
 
+        # Each kind of writable place outside /testbed of the read-only root (the scratch tmpfs at /tmp, HOME
+        # and /var/tmp; Docker's /dev; the command channel): dirtied, the container is removed, not pooled.
+        for dirt in ("echo dirty > ~/.dirty", "echo dirty > /dev/dirty", "echo dirty > /run/crr/dirty"):
+            b = eng.start(task)
+            assert b.exec(dirt).exit_code == 0
+            b_id = b.box.id
+            b.close()
+            settle()
+            assert not api.containers(all=True, filters={"id": b_id}), f"dirty ({dirt}) went back to the pool"
         a = eng.start(task)
         a_name, fresh = a.name, tree_digest(a)
         a.exec("echo scratch > in_repo.txt")  # /testbed is the workspace's, not the container's
         settle()
         a.close()
         settle()  # the pool: [a spare container, a]
-        b = eng.start(task)  # the spare
-        b.exec("echo dirty > /tmp/dirty")
-        b_id = b.box.id
-        b.close()
-        settle()
-        assert not api.containers(all=True, filters={"id": b_id}), "a dirty container went back to the pool"
-        with eng.start(task) as c:
+        with eng.start(task), eng.start(task) as c:
             assert c.name == a_name  # the clean one came back
-            assert tree_digest(c) == fresh and c.exec("test -e /tmp/dirty").exit_code == 1
+            assert tree_digest(c) == fresh and c.exec("test -e in_repo.txt").exit_code == 1
 
 
 @pytest.mark.parametrize("mode", ["commit", "overlay"])

@@ -173,3 +173,40 @@ def test_caps_hold(host, engine_name):
         assert "No space left" in out
         out = sb.exec(f"rm {where}/f*; head -c 50000000 /dev/zero > big; echo $?; stat -c %s big").output.split()
         assert out[-2:] == ["153", str(40 << 20)]  # 128 + SIGXFSZ, cut at the file-size limit
+
+
+# Writes 32 KB files into {where} until {n} are written or a write fails; says why and how much it wrote.
+WRITER = ("python3 -c \"import os, sys\nd, n = sys.argv[1], 0\nos.makedirs(d, exist_ok=True)\ntry:\n"
+          "    for i in range(int(sys.argv[2])):\n        with open(f'{{d}}/f{{i}}', 'wb') as f:\n            f.write(b'x' * 32768)\n"
+          "        n += 1\nexcept OSError as e:\n    print(e)\nprint('wrote', n >> 5, 'MB')\" {where} {n}")
+
+
+@pytest.mark.parametrize("mode", ["commit", "overlay"])
+def test_docker_writes_outside_tmp_and_testbed_are_capped(host, mode):
+    """3x disk_limit_mb in many small files outside /tmp and /testbed (commit: the writable layer, watched;
+    overlay: HOME, a scratch tmpfs of the read-only root) stops at about the cap with a bounded
+    observation, and the sandbox, and the next one of the engine, work on. The overlay root refuses a
+    big file anywhere else (read-only); the commit layer, full, takes deletions and no writes."""
+    cap = 32
+    with _engine("docker", mode=mode, disk_limit_mb=cap, fsize_limit_mb=40) as eng:
+        with eng.start(host["task"]) as sb:
+            where = "/opt/junk" if mode == "commit" else "/root/junk"
+            res = sb.exec(WRITER.format(where=where, n=3 * cap * 32), timeout=120)
+            assert "No space left on device" in res.output and len(res.output) < 1000, res.output
+            held = int(sb.exec(f"du -sm {where}").output.split()[0])
+            assert cap * 0.8 <= held <= cap * (1.5 if mode == "commit" else 1), f"{mode}: {held} MB held"
+            if mode == "commit":  # still over the cap: a write fails as on a full disk, and says so
+                res = sb.exec("echo more > /opt/more")
+                assert "File too large" in res.output and "No space left on device" in res.output, res.output
+            else:
+                res = sb.exec("head -c 50000000 /dev/zero > /opt/big; echo $?; ls /opt/big")
+                assert "Read-only file system" in res.output and "No such file" in res.output, res.output
+            assert sb.exec(f"rm -r {where}").output == ""
+            assert sb.exec(f"echo ok > {where}.txt && cat {where}.txt").output == "ok\n"
+            if mode == "commit":  # short actions, each under a poll interval, cannot pile up past the cap
+                said = [sb.exec(f"head -c 8000000 /dev/zero > /opt/s{i}").output for i in range(6)]
+                held = int(sb.exec("du -smc /opt/s* | tail -1").output.split()[0])
+                assert "File too large" in said[-1] and held <= cap + 8, (held, said)
+        with eng.start(host["task"]) as nxt:  # overlay: the dirty container left the pool
+            out = nxt.exec(f"test -e {where}.txt || echo clean; find /tmp {where} -mindepth 1 2>/dev/null | wc -l").output
+            assert out.split() == ["clean", "0"], out

@@ -13,18 +13,41 @@ The sandbox state is the repository at /testbed; tools are stateless per command
            so a workspace mounted onto the slot appears inside the already running container: a fork
            is a copy of the small upper layer plus two mounts, with no container start and no image.
            Only /testbed is forked; a container returns to the pool only if the rest of its file
-           system is exactly as fresh (its writable layer and /dev/shm untouched), else it is removed.
+           system is exactly as fresh (see fresh_state), else it is removed.
 
 Commands do not go through `docker exec`: its runc round trip costs ~50 ms, more than a whole
 overlay fork. PID 1 of every container is a small shell loop that runs action scripts handed to it
 through a FIFO in a host directory bind-mounted at /run/crr, and streams their output back through
 another FIFO (~10 ms an action). Every container has no network, memory/CPU/pid limits, and the labels
 org.crr.owner=crr + engine id + owner pid, so `gc()` finds what crashed runs left, and only crr's.
-What a container writes is capped: every file at `fsize_limit_mb` (RLIMIT_FSIZE), its /tmp (a tmpfs)
-and, in overlay mode, its /testbed workspace (on a tmpfs of its own) at `disk_limit_mb` each, and its
-whole writable layer at `disk_limit_mb` where the storage driver takes a quota (`--storage-opt size=`:
-overlay2 on xfs with pquota); elsewhere the engine says so when its first container starts, and the
-rest of the writable layer is capped per file only.
+What a container writes is capped, in both modes: every file at `fsize_limit_mb` (RLIMIT_FSIZE), the
+log of PID 1's output (which a command can reach through /proc/1/fd/1) at 1 MB, /dev and /dev/shm at
+Docker's 64 MB tmpfs each, the command channel at /run/crr (host side) on a tmpfs of CTL_TMPFS_MB (run
+as root), and the rest as follows.
+
+  overlay  the container's root is read-only. What stays writable is on tmpfs mounts the engine makes on
+           the host: /testbed's workspace (per sandbox) and one scratch tmpfs per container bound at
+           /tmp, HOME (/root) and /var/tmp, each at `disk_limit_mb` (ENOSPC past it). Writing anywhere
+           else fails with EROFS, so `pip install` into the image's site-packages or /opt/crr/env is
+           refused, as on the local engine. A container goes back to the pool only if all of it is as
+           fresh as it started (_fresh_state).
+  commit   the whole file system is the state (`docker commit` snapshots it), so the root stays
+           writable. Where the storage driver takes a quota (`--storage-opt size=`: overlay2 on xfs with
+           pquota) the writable layer gets one of `disk_limit_mb`. Elsewhere (overlay2 on ext4, as
+           here) the engine, as root, watches the disk use of the container's upper dir and its
+           /etc/hosts-like files while an action runs (every LAYER_POLL_S, or on a big layer 10x the
+           last walk's cost up to 1 s: a walk costs ~5-20 us a file here; and when it ends, see
+           _after_action): past `disk_limit_mb` it kills the action's processes from the host (a few
+           ms) and the observation says "No space left on device". It overshoots by what the action
+           writes in one poll interval plus the walk and the kill: 0.05 s x the write speed for a few
+           big files (~0 here), up to ~1.5 s of writing for ~20,000 small ones (1.5-2.1x a 64 MB cap in
+           4 KB files under load; docs/sandboxes.md has the figures). Until the layer is back under the cap, every action runs with RLIMIT_FSIZE 0,
+           as on a full disk (deleting works, writing fails with "File too large"), and is stopped if it
+           still adds more than _FULL_SLACK (empty files), so short actions cannot pile up past the cap.
+           /tmp is a tmpfs of `disk_limit_mb` (never committed). The cap is per container, as a quota
+           is: a snapshot's files move into its image, and a fork of it starts with an empty layer.
+           Not root (the upper dir unreadable): the engine warns once and the layer is capped per file.
+
 The one door is an engine made with `record_http=True` (the determinism filter's recording run,
 crr.replay.http): its containers share the host's network and record their HTTP traffic.
 
@@ -65,7 +88,7 @@ from typing import Literal, Self
 import docker
 import docker.errors
 import requests
-from docker.types import Mount, Ulimit
+from docker.types import LogConfig, Mount, Ulimit
 
 from crr.errors import CRRError, SandboxError
 from crr.replay import http, mirror
@@ -84,6 +107,14 @@ OWNER, ROLE, ENGINE, PID, PIDSTART, HOST, TASK = (
 # What every action sees on top of the image's environment (the same as the local engine's).
 DEFAULT_ENV = {"TZ": "UTC", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
 _GRACE_S = 10.0  # client-side guard: how long past its timeout an action may run before we step in
+SCRATCH_DIRS = ("/tmp", "/root", "/var/tmp")  # overlay mode: the writable dirs of a read-only root (HOME is /root)
+CTL_TMPFS_MB = 16  # the command channel's tmpfs (action scripts and exit statuses), as root
+LAYER_POLL_S = 0.05  # commit mode without a quota: how often a running action's disk use is measured
+# PID 1's stdout and stderr reach Docker's log on the host disk, and a command can write to them.
+_LOG = LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"})
+_INODE_BYTES = 256  # charged per file on top of its blocks, so that a million empty files count (ext4's inode)
+_FULL_SLACK = 1 << 20  # commit mode, layer over the cap: what an action may still add (empty files) unstopped
+_MEASURE_EVERY = 10  # commit mode, watched: the layer is walked after at most this many actions
 
 # PID 1 serves actions: it reads an action id from the request FIFO (held open read-write, so that it
 # never sees EOF) and runs that action's script with stdout on the action's `out` FIFO, then writes
@@ -190,9 +221,11 @@ class _Container:
     name: str
     ctl: Path                      # host dir at /run/crr: the request FIFO and one dir per action
     slot: Path | None = None       # overlay mode: the host dir behind /testbed
-    pid: int = 0                   # overlay mode: PID 1 on the host, for /proc/<pid>/root
-    upper: str = ""                # overlay mode: its writable layer, and that layer when fresh
-    fresh: frozenset = frozenset()
+    scratch: Path | None = None    # overlay mode: the host tmpfs behind /tmp, /root and /var/tmp
+    pid: int = 0                   # PID 1 on the host, for /proc/<pid>/root (overlay mode: from the start)
+    upper: str = ""                # overlay mode: its writable layer, and the container's state when fresh
+    fresh: tuple = ()
+    watch: tuple[str, ...] = ()    # commit mode without a quota: the paths whose disk use is capped
 
 
 class DockerSandbox(ClosingSandbox):
@@ -211,6 +244,9 @@ class DockerSandbox(ClosingSandbox):
             **DEFAULT_ENV, **mirror.sandbox_env(mirror.ENV_ROOT, REPO_DIR, record=engine.record_http)}
         self._api = engine.api
         self._lock = threading.Lock()   # one action at a time: an action's end kills all processes
+        self.disk_used = 0              # commit mode, watched: bytes of box.watch at the last measurement
+        self._written = 0               # ... PID 1's write_bytes then, and actions since (_after_action)
+        self._unmeasured = 0
 
     # -- running commands ----------------------------------------------------------------------
 
@@ -223,12 +259,19 @@ class DockerSandbox(ClosingSandbox):
         if bad := [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]:
             raise CRRError(f"invalid environment variable name(s) {bad}")
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
-        script = f"set -- {timeout:.3f} {shlex.quote(command)}\n{exports}{_ACTION}"
+        cap = self.engine.disk_limit_mb << 20
         with self._lock:
             self._check_open()
+            # Over the cap, as on a full disk, deleting works and writing fails ("File too large", no signal).
+            full = "ulimit -f 0; trap '' XFSZ\n" if self.box.watch and self.disk_used > cap else ""
+            script = f"{full}set -- {timeout:.3f} {shlex.quote(command)}\n{exports}{_ACTION}"
             start = time.monotonic()
             action = self.box.ctl / uuid.uuid4().hex[:16]
-            os.mkdir(action)
+            try:
+                os.mkdir(action)
+            except OSError as e:  # its tmpfs filled, or the dir replaced, from inside
+                raise SandboxError(f"the command channel of container {self.name} (task {self.task.instance_id}) "
+                                   f"is broken ({e.strerror}); close this sandbox") from None
             try:
                 _create_new(action / "cmd", script.encode())
                 os.mkfifo(action / "out")
@@ -236,12 +279,15 @@ class DockerSandbox(ClosingSandbox):
                 fd = os.open(action / "out", os.O_RDONLY | os.O_NONBLOCK)
                 try:
                     self._request(action.name)
-                    self._drain(fd, out, timeout)
+                    limit = cap if self.disk_used <= cap else self.disk_used + _FULL_SLACK
+                    stopped = self._drain(fd, out, timeout, limit)
                 finally:
                     os.close(fd)
                 rc, notice = _read_small(action / "rc"), _read_small(action / "err") or b""
             finally:
                 shutil.rmtree(action, ignore_errors=True)
+            if self.box.watch and (self._after_action(cap, stopped) > cap or stopped):
+                out.feed(self._disk_full_notice(stopped))
         if rc is None or not rc.strip().isdigit():
             self._check_alive(settle_s=5.0)  # a container killed mid-command is not a failing test
             raise SandboxError(f"an action in container {self.name} (task {self.task.instance_id}) ended "
@@ -265,13 +311,24 @@ class DockerSandbox(ClosingSandbox):
         finally:
             os.close(fd)
 
-    def _drain(self, fd: int, out: BoundedOutput, timeout: float) -> None:
+    def _drain(self, fd: int, out: BoundedOutput, timeout: float, disk_limit: int) -> bool:
         """Read the action's output until EOF. The in-container `timeout` normally ends it; past
-        that, kill every process, and past that, give up on a wedged container."""
+        that, kill every process, and past that, give up on a wedged container. With a watched layer
+        (commit mode, no quota), measure it every `LAYER_POLL_S` (or 10x the measurement's own cost, at most 1 s)
+        and kill the action once it passes `disk_limit` bytes; True if that happened."""
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         deadline, killed = time.monotonic() + timeout + _GRACE_S, False
+        stopped, next_check = False, time.monotonic() + LAYER_POLL_S
         while True:
+            now = time.monotonic()
+            if self.box.watch and not stopped and now >= next_check:
+                if self._measure() > disk_limit:
+                    log.info("%s: %d MB written, over the %d MB disk cap; stopping the action", self.name,
+                             self.disk_used >> 20, self.engine.disk_limit_mb)
+                    self._kill_all()
+                    stopped = True
+                next_check = time.monotonic() + max(LAYER_POLL_S, min(10 * (time.monotonic() - now), 1.0))
             left = deadline - time.monotonic()
             if left <= 0:
                 if killed:
@@ -282,17 +339,56 @@ class DockerSandbox(ClosingSandbox):
                 self._kill_all()
                 deadline, killed = time.monotonic() + _GRACE_S, True
                 continue
-            if not poller.poll(left * 1000):
+            wait = min(left, next_check - time.monotonic()) if self.box.watch and not stopped else left
+            if not poller.poll(max(wait, 0.0) * 1000):
                 continue
             data = os.read(fd, 1 << 16)
             if not data:  # EOF: the action and everything it started are gone
-                return
+                return stopped
             out.feed(data)
 
+    def _pid1(self) -> int:
+        """PID 1 of the container on the host (overlay mode knows it from the start; commit mode asks once)."""
+        if not self.box.pid:
+            with self._call("find the container's PID 1"):
+                self.box.pid = self._api.inspect_container(self.box.id)["State"]["Pid"]
+        return self.box.pid
+
     def _kill_all(self) -> None:
+        """SIGKILL every process of the container but PID 1. As root, from the host (a few ms: the disk
+        watch's overshoot depends on it); otherwise through `docker exec` (~100-250 ms)."""
+        if os.geteuid() == 0 and _kill_namespace(self._pid1()):
+            return
         with self._call("kill a runaway action"):
             exec_id = self._api.exec_create(self.box.id, ["sh", "-c", "kill -9 -1"])["Id"]
             self._api.exec_start(exec_id)
+
+    # -- the disk cap of a watched layer (commit mode without a quota; module doc) -----------------
+
+    def _measure(self) -> int:
+        """The watched paths' disk use in bytes, now."""
+        self.disk_used = _disk_use(self.box.watch)
+        self._written, self._unmeasured = _written(self._pid1()), 0
+        return self.disk_used
+
+    def _after_action(self, cap: int, stopped: bool) -> int:
+        """The watched use once an action ended: measured (a walk costs ~5-20 us a file of the layer),
+        unless the container's processes cannot have written enough since the last measurement to pass
+        the cap. Their bytes written come from PID 1's /proc io, which folds in every process it reaped
+        (the action's, and the orphans it started); what that does not count (empty files and dirs,
+        Docker's own writes, an orphan killed but not yet reaped) is measured by the walk at least every
+        _MEASURE_EVERY actions, and by the polls of any action longer than LAYER_POLL_S."""
+        self._unmeasured += 1
+        if (stopped or self.disk_used > cap or self._unmeasured >= _MEASURE_EVERY
+                or self.disk_used + _written(self._pid1()) - self._written > cap):
+            return self._measure()
+        return self.disk_used
+
+    def _disk_full_notice(self, stopped: bool) -> bytes:
+        what = ("the command was stopped" if stopped else
+                "until it is back under the cap, files can be deleted, not written")
+        return (f"\n[crr: No space left on device: this sandbox has written {self.disk_used / 2**20:.0f} MB outside "
+                f"/tmp, past its disk cap of {self.engine.disk_limit_mb} MB; {what}]\n").encode()
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -429,6 +525,8 @@ class DockerEngine:
         self.flatten_depth, self.pool_size = flatten_depth, max(0, pool_size)
         self.fsize_limit_mb, self.disk_limit_mb = fsize_limit_mb, disk_limit_mb
         self._layer_quota: bool | None = None  # does the storage driver take --storage-opt size=? (first start)
+        self._warned_unwatched = False  # commit mode, no quota, not root: said once
+        self._docker_root: str | None = None  # the daemon's directory (commit mode's disk watch)
         self.record_http = record_http
         self.base_image = image or os.environ.get("CRR_BASE_IMAGE", DEFAULT_BASE_IMAGE)
         self.client = docker_client()
@@ -645,7 +743,7 @@ class DockerEngine:
     # -- containers -------------------------------------------------------------------------------
 
     def _make_root(self) -> Path:
-        """This engine's host directory (command channels; overlay: slots, workspaces, layers).
+        """This engine's host directory (command channels; overlay: slots, workspaces, layers, scratch tmpfs).
 
         In overlay mode it is bind-mounted on itself and made a shared mount: Docker's `rslave`
         propagation needs its source on a shared (or slave) mount, the host's / is private here,
@@ -659,7 +757,7 @@ class DockerEngine:
             if self.mode == "overlay":
                 _mount_call(str(root), str(root), _MS_BIND)
                 _mount_call(None, str(root), _MS_SHARED)
-                for sub in ("slots", "ws", "layers"):
+                for sub in ("slots", "ws", "layers", "scratch"):
                     (root / sub).mkdir()
         except BaseException:
             _dispose_root(root)
@@ -667,40 +765,53 @@ class DockerEngine:
         return root
 
     def _run(self, image: str, labels: dict[str, str], slot: Path | None = None) -> _Container:
-        """Create and start a locked-down container from a local image (create never pulls)."""
+        """Create and start a locked-down container from a local image (create never pulls). With a
+        `slot` (overlay mode) its root is read-only and what stays writable is a capped tmpfs (module doc)."""
         name = f"crr-{self.id}-{next(self._seq)}"
-        ctl = self.root / "ctl" / name
-        ctl.mkdir()
-        os.mkfifo(ctl / "req")
-        mounts = [Mount(CTL_DIR, str(ctl), type="bind")]
-        if slot is not None:
-            mounts.append(Mount(REPO_DIR, str(slot), type="bind", propagation="rslave"))
-        box = _Container("", name, ctl, slot)
+        box = _Container("", name, self.root / "ctl" / name, slot)
         fsize = self.fsize_limit_mb << 20
-        settings = dict(entrypoint=_PID1, command=[], name=name, labels={**self.labels, **labels},
-                        working_dir=REPO_DIR, network_mode="host" if self.record_http else "none",
-                        mem_limit=self.mem_limit, nano_cpus=int(self.cpus * 1e9), pids_limit=self.pids_limit,
-                        mounts=mounts, ulimits=[Ulimit(name="fsize", soft=fsize, hard=fsize)],
-                        tmpfs={"/tmp": f"size={self.disk_limit_mb}m,mode=1777"})
         try:
+            box.ctl.mkdir()
+            mounts = [Mount(CTL_DIR, str(box.ctl), type="bind")]
+            tmpfs = {"/tmp": f"size={self.disk_limit_mb}m,mode=1777,exec"}  # commit mode: never committed
+            if os.geteuid() == 0:  # not in commit mode run by a user: the disk watch needs root too
+                mount_tmpfs(box.ctl, CTL_TMPFS_MB)
+            if slot is not None:
+                box.scratch = self.root / "scratch" / name
+                box.scratch.mkdir()
+                mount_tmpfs(box.scratch, self.disk_limit_mb)
+                for path, host in _scratch_dirs(box):
+                    host.mkdir()
+                    host.chmod(0o700 if path == "/root" else 0o1777)
+                    mounts.append(Mount(path, str(host), type="bind"))
+                mounts.append(Mount(REPO_DIR, str(slot), type="bind", propagation="rslave"))
+                tmpfs = {}
+            os.mkfifo(box.ctl / "req")
+            settings = dict(entrypoint=_PID1, command=[], name=name, labels={**self.labels, **labels},
+                            working_dir=REPO_DIR, network_mode="host" if self.record_http else "none",
+                            mem_limit=self.mem_limit, nano_cpus=int(self.cpus * 1e9), pids_limit=self.pids_limit,
+                            mounts=mounts, ulimits=[Ulimit(name="fsize", soft=fsize, hard=fsize)],
+                            tmpfs=tmpfs, read_only=slot is not None, log_config=_LOG)
             with _docker_errors(f"start a container from {image}"):
                 container = self._create(image, settings)
                 box.id = container.id
+                if slot is None:
+                    box.watch = self._watched(container)
                 container.start()
                 self._wait_for_pid1(box)
                 if slot is not None:
                     attrs = self.api.inspect_container(container.id)
                     box.pid, box.upper = attrs["State"]["Pid"], attrs["GraphDriver"]["Data"].get("UpperDir", "")
-                    box.fresh = _layer_state(box.upper)
+                    box.fresh = _fresh_state(box)
         except BaseException:
             self._discard(box)
             raise
         return box
 
     def _create(self, image: str, settings: dict):
-        """Create a container, with a quota on its writable layer where the storage driver takes one
-        (asked once: the daemon refuses `size` unless overlay2 sits on xfs with pquota)."""
-        if self._layer_quota is not False:
+        """Create a container; in commit mode with a quota on its writable layer where the storage
+        driver takes one (asked once: the daemon refuses `size` unless overlay2 sits on xfs with pquota)."""
+        if self.mode == "commit" and self._layer_quota is not False:
             try:
                 container = self.client.containers.create(
                     image, storage_opt={"size": f"{self.disk_limit_mb}M"}, **settings)
@@ -710,10 +821,29 @@ class DockerEngine:
                 if self._layer_quota or "storage-opt" not in str(e).lower():
                     raise
                 self._layer_quota = False
-                log.warning(f"the Docker storage driver takes no quota here ({e.explanation or e}): a container's "
-                           f"writable layer is capped per file ({self.fsize_limit_mb} MB), its /tmp and overlay "
-                           f"workspace at {self.disk_limit_mb} MB")
+                log.info(f"the Docker storage driver takes no quota here ({e.explanation or e}): the engine "
+                         f"watches each container's writable layer instead (cap {self.disk_limit_mb} MB)")
         return self.client.containers.create(image, **settings)
+
+    def _watched(self, container) -> tuple[str, ...]:
+        """Commit mode: the paths the disk watch measures (module doc): the container's upper dir and
+        the /etc/hosts-like files Docker binds in from its own directory. None where a quota caps the
+        layer, or where the layer cannot be read (not root: warned once)."""
+        upper = container.attrs["GraphDriver"]["Data"].get("UpperDir", "")
+        if self._layer_quota:
+            return ()
+        if not (upper and os.access(upper, os.R_OK | os.X_OK)):
+            if not self._warned_unwatched:
+                self._warned_unwatched = True
+                log.warning(f"the writable layers of this docker engine's containers cannot be watched "
+                            f"({upper or 'no upper dir'} is not readable: run as root): they are capped per file "
+                            f"({self.fsize_limit_mb} MB) only; their /tmp at {self.disk_limit_mb} MB")
+            return ()
+        if self._docker_root is None:
+            with _docker_errors("ask the daemon for its root directory"):
+                self._docker_root = self.client.info()["DockerRootDir"]
+        own = f"{self._docker_root}/containers/{container.id}"
+        return upper, f"{own}/hosts", f"{own}/hostname", f"{own}/resolv.conf"
 
     def _wait_for_pid1(self, box: _Container, limit_s: float = 30.0) -> None:
         """Return once PID 1 holds the request FIFO (open() fails with ENXIO until it does)."""
@@ -742,7 +872,11 @@ class DockerEngine:
                 pass
             except (docker.errors.DockerException, requests.RequestException) as e:
                 log.warning("could not remove container %s: %s (crr sandbox gc will)", box.name, e)
-        shutil.rmtree(box.ctl, ignore_errors=True)
+        for tmpfs in (box.ctl, box.scratch):  # tmpfs mounts where crr runs as root
+            if tmpfs is not None:
+                if os.path.ismount(tmpfs):
+                    unmount(str(tmpfs))
+                shutil.rmtree(tmpfs, ignore_errors=True)
         if box.slot is not None:
             with contextlib.suppress(OSError):
                 box.slot.rmdir()
@@ -878,8 +1012,7 @@ class DockerEngine:
             room = not self._closed and len(self._warm[image]) < 2 * self.pool_size
         try:
             clean = (room and self.api.inspect_container(box.id)["State"]["Pid"] == box.pid
-                     and _layer_state(box.upper) == box.fresh and not os.listdir(f"/proc/{box.pid}/root/dev/shm")
-                     and not os.listdir(f"/proc/{box.pid}/root/tmp"))
+                     and _fresh_state(box) == box.fresh)
         except (OSError, docker.errors.DockerException, requests.RequestException):  # it is gone
             clean = False
         if not clean:
@@ -897,6 +1030,82 @@ def _done(box: _Container) -> Future:
     fut: Future = Future()
     fut.set_result(box)
     return fut
+
+
+def _scratch_dirs(box: _Container) -> list[tuple[str, Path]]:
+    """(path in the container, host dir) of each writable dir of an overlay-mode container's read-only root."""
+    return [(path, box.scratch / path.strip("/").replace("/", "-")) for path in SCRATCH_DIRS]
+
+
+def _fresh_state(box: _Container) -> tuple:
+    """What must be as it started for an overlay-mode container to go back to the pool: its writable
+    layer entry by entry (the root is read-only: checked all the same), each scratch dir, /dev,
+    /dev/shm and /dev/mqueue (Docker's own tmpfs and mqueue mounts), and its command channel. A
+    directory's ctime moves with every entry made, removed or renamed in it and every chmod or
+    chown of it, and these start empty (/dev: only device nodes and links), so its stat is its state."""
+    root = f"/proc/{box.pid}/root"
+    dirs = [*(host for _, host in _scratch_dirs(box)), f"{root}/dev", f"{root}/dev/shm", f"{root}/dev/mqueue"]
+    stats = [(st.st_ino, st.st_mode, st.st_uid, st.st_gid, st.st_ctime_ns) for st in map(os.lstat, dirs)]
+    with os.scandir(box.ctl) as entries:  # the host makes and removes action dirs here: only "req" stays
+        channel = sorted((e.name, e.inode()) for e in entries)
+    return _layer_state(box.upper), tuple(stats), tuple(channel)
+
+
+def _disk_use(paths: tuple[str, ...]) -> int:
+    """Bytes on disk of `paths` and everything under them (not following links): blocks allocated
+    (ext4 counts delayed allocation) plus an inode each, so that empty files count too."""
+    total, stack = 0, list(paths)
+    while stack:
+        path = stack.pop()
+        try:
+            entries = os.scandir(path)
+        except NotADirectoryError:
+            with contextlib.suppress(OSError):
+                total += os.lstat(path).st_blocks * 512 + _INODE_BYTES
+            continue
+        except OSError:  # gone (removed while we looked)
+            continue
+        with entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512 + _INODE_BYTES
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+    return total
+
+
+def _written(pid: int) -> int:
+    """Bytes `pid` and the children it reaped made dirty in the page cache of a disk (write_bytes of
+    /proc/PID/io: tmpfs does not count); 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("write_bytes:"))
+    except (OSError, StopIteration):
+        return 0
+
+
+def _kill_namespace(pid1: int, rounds: int = 50) -> bool:
+    """SIGKILL, from the host, every process in the PID namespace of `pid1` but `pid1` itself (what
+    `kill -9 -1` inside does), again until none is left (a fork may race the first pass); True once
+    none is. False if the namespace cannot be read (PID 1 gone, or not root)."""
+    try:
+        ns = os.readlink(f"/proc/{pid1}/ns/pid")
+    except OSError:
+        return False
+    for _ in range(rounds):
+        victims = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != pid1:
+                with contextlib.suppress(OSError):  # exited, or a zombie (its namespaces are gone)
+                    if os.readlink(f"/proc/{entry}/ns/pid") == ns:
+                        victims.append(int(entry))
+        if not victims:
+            return True
+        for victim in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, 9)
+        time.sleep(0.001)
+    return False
 
 
 def _layer_state(upper: str) -> frozenset:
