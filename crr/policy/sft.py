@@ -28,6 +28,7 @@ import json
 import logging
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
@@ -63,6 +64,7 @@ from crr.tasks.schema import Task
 log = logging.getLogger(__name__)
 
 EXPERT_FILE = "expert.jsonl"
+EXPERT_ROWS_FILE = "expert_rows.jsonl"   # the kept episodes' rows, as they finish (resume)
 
 
 @dataclass
@@ -116,25 +118,45 @@ def build_sft_dataset(tasks: list[Task], engine: ForkEngine, seed: int, tokenize
     """Expert conversations over `tasks` that the verifier scores 1 (in task, episode order).
 
     Episode k of task i uses expert seed `seed * 1000 + k`. Every episode is recorded in `run`'s
-    expert.jsonl and `progress` (kept or not, with why); the summary (kept fraction) goes to
-    expert_summary.json and to the log."""
+    expert.jsonl and `progress` (kept or not, with why), a kept one's row in expert_rows.jsonl first, so an
+    interrupted run resumes with the episodes it finished (a record whose row is missing is played again);
+    the summary (kept fraction) goes to expert_summary.json and to the log."""
     settings = settings or ExpertDataSettings()
     if not tasks:
         raise CRRError("no tasks to build expert data from")
     jobs = [(task, seed * 1000 + k) for task in tasks for k in range(settings.episodes_per_task)]
     grammar = ToolCallGrammar(tokenizer)
+    done: dict[tuple[str, int], tuple[dict | None, dict]] = {}
+    if run is not None:
+        rows = {(r["instance_id"], r["seed"]): r for r in run.records(EXPERT_ROWS_FILE)}
+        for record in run.records(EXPERT_FILE):
+            key = (record["instance_id"], record["seed"])
+            if not record.get("kept") or key in rows:
+                done[key] = rows.get(key), record
+        if done:
+            log.info("resuming with %d of %d expert episodes already played", len(done), len(jobs))
+    lock = threading.Lock()
 
     def one(job: tuple[Task, int]) -> tuple[dict, dict]:
         row, record = expert_episode(job[0], engine, grammar, job[1], settings)
         record["kept"] = record["reward"] == 1.0 and record["tokens"] <= settings.max_tokens
         if run is not None:
-            run.append(EXPERT_FILE, record)
+            with lock:  # the row before its record: a record says its episode is whole
+                if record["kept"]:
+                    run.append(EXPERT_ROWS_FILE, row)
+                run.append(EXPERT_FILE, record)
         if progress is not None:
             progress(record)
         return row, record
 
-    with ThreadPoolExecutor(settings.workers, thread_name_prefix="crr-expert") as pool:
-        results = list(pool.map(one, jobs))
+    todo = [job for job in jobs if (job[0].instance_id, job[1]) not in done]
+    pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="crr-expert")
+    try:
+        for job, result in zip(todo, pool.map(one, todo), strict=True):
+            done[(job[0].instance_id, job[1])] = result
+    finally:  # on an interrupt, drop the episodes not started instead of waiting for all of them
+        pool.shutdown(wait=True, cancel_futures=True)
+    results = [done[(task.instance_id, k)] for task, k in jobs]
     rows = [row for row, record in results if record["kept"]]
     records = [record for _, record in results]
     summary = expert_summary(records)
