@@ -6,8 +6,14 @@ All branches of an iteration advance together, one batched generation per round 
 rollout engine uses), with their tool calls run by the worker pool. Each branch is an Episode whose
 trajectory starts with the realised prefix a_0..a_{t-1} (so the turn cap H counts from s_0 and the
 branch's token stream is a full trajectory, which Search-Select can train on) and whose sandbox and
-conversation are the fork's. Seconds are charged to the ledger: restores to fork_s (plus the
-fork-cost surcharge), proposal and continuation to cf_rollout_s, the verifier to cf_test_s.
+conversation are the fork's. A branch computes only what is new in it: its prompt at s_t is a prefix
+of the realised conversation, whose keys and values the rollout left in the backend's prefix cache
+(crr.policy.prefix_cache; the excluded call's probability is scored on them too). The sandbox work
+runs beside the generation: the restores of s_t while the proposals are sampled, the verifier of the
+branches that ended in a round while the next round is generated. Seconds are charged to the ledger
+as wall clock, each second once: generation (proposal and continuation) and what overlaps it to
+cf_rollout_s, the restores' seconds beyond the proposals to fork_s (plus the fork-cost surcharge of
+their measured seconds), the verifier's seconds beyond the generation to cf_test_s.
 
 `continuations` is the same machinery for Monte-Carlo values (VinePPO, arXiv 2410.01679): K on-policy
 continuations from a fork of every non-terminal s_t of every scored trajectory, their first action drawn
