@@ -163,7 +163,7 @@ def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngin
                                        seed=seed, max_new_tokens=ecfg.max_new_tokens)
             elapsed = time.perf_counter() - t0
             gen_s += elapsed
-            pool.map(functools.partial(_act, seed=seed, gen_s=elapsed), list(zip(active, samples)))
+            pool.map(functools.partial(play_sample, seed=seed, gen_s=elapsed), list(zip(active, samples)))
             round_index += 1
     except BaseException:
         if own_pool:
@@ -242,7 +242,8 @@ def start_rollout(model: str, tasks: str, n: int, out: Path, *, group: int = 8, 
     return PolicyRollout(run, task_list, backend, tokenizer, config, engine, opts)
 
 
-def _act(pair: tuple[Episode, StepSample], seed: int, gen_s: float) -> None:
+def play_sample(pair: tuple[Episode, StepSample], seed: int, gen_s: float) -> None:
+    """Play a generated call in its episode (a worker's job, for rollouts and counterfactual branches)."""
     episode, sample = pair
     episode.act(sample.text, sample.action_ids, sample, seed, gen_s)
 

@@ -5,7 +5,10 @@ preset, and the fork share of a CRR iteration (paper: 1.71x microbatch latency; 
 
 Runs `crr train` for each method with the same seed and config into a temporary directory and reads the
 ledgers: mean iteration wall_s and phase seconds per method, their ratio, the fork share fork_s / wall_s
-(snapshot, restore and materialisation) and the counterfactual share (fork_s + cf_rollout_s + cf_test_s) / wall_s.
+(snapshot, restore and materialisation) and the counterfactual share (fork_s + cf_rollout_s + cf_test_s) / wall_s;
+the seconds per on-policy trajectory (rollout_s / trajectories) and per branch ((fork_s + cf_rollout_s +
+cf_test_s) / forks), and CRR/GRPO also without the learner update (the same rows in both: on a shared machine
+its seconds are the noisiest part).
 """
 
 from __future__ import annotations
@@ -37,8 +40,15 @@ def main() -> None:
         result[method] = {"iteration_wall_s": wall, "forks": sum(i["forks"] for i in its),
                           **{k: sum(i[k] for i in its) / len(its) for k in PHASES},
                           "fork_share": sum(i["fork_s"] for i in its) / total,
-                          "cf_share": sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its) / total}
-    result["crr_over_grpo"] = result["crr"]["iteration_wall_s"] / result["grpo"]["iteration_wall_s"]
+                          "cf_share": sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its) / total,
+                          "s_per_trajectory": sum(i["rollout_s"] for i in its) / sum(i["trajectories"] for i in its),
+                          "s_per_branch": (sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its)
+                                           / max(sum(i["forks"] for i in its), 1))}
+    crr, grpo = result["crr"], result["grpo"]
+    result["crr_over_grpo"] = crr["iteration_wall_s"] / grpo["iteration_wall_s"]
+    result["crr_over_grpo_without_update"] = ((crr["iteration_wall_s"] - crr["update_s"])
+                                              / (grpo["iteration_wall_s"] - grpo["update_s"]))
+    result["branch_over_trajectory"] = crr["s_per_branch"] / crr["s_per_trajectory"]
     print(json.dumps(result, indent=2))
 
 

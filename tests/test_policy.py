@@ -376,6 +376,10 @@ def test_exclude_never_returns_the_realised_call(policy):
     for s in samples:
         assert s.excluded_logprob == pytest.approx(logq, abs=1e-4)
         assert s.proposal_logprob == pytest.approx(sum(s.behaviour_logprobs) - math.log1p(-math.exp(logq)), abs=1e-4)
+    # scoring the excluded call feeds only the call: the prompt's keys and values come from the prefix cache
+    before = backend.prefix_cache.reused_tokens
+    assert sum(backend.score(prompt, excluded_ids, 0.7)["behaviour_logprobs"]) == pytest.approx(logq, abs=1e-4)
+    assert backend.prefix_cache.reused_tokens - before == len(prompt) - 1
     # a catalogue of one call: every try is the excluded call, so the proposal has no support
     submit_only = TransformersBackend(*policy, tools=[t for t in tools if t["function"]["name"] == "submit_patch"])
     [s] = submit_only.generate([conversation()], temperature=0.7, seed=0, max_new_tokens=BUDGET, exclude=[realised])

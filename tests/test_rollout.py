@@ -19,7 +19,9 @@ from crr.replay import get_engine
 from crr.rollout import TRAJECTORIES_FILE, RolloutConfig, ThreadWorkerPool, rollout, sample_seed
 from crr.rundir import RunDir
 from crr.tasks.loaders import write_tasks
-
+from crr.train.counterfactual import run_branches
+from crr.train.ledger import Ledger
+from crr.train.selectors import Selection
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -122,3 +124,50 @@ def test_rollout_bench_with_and_without_prefix_reuse():
     assert on["prompt_tokens_reused"] > 0 and off["prompt_tokens_reused"] == 0
     result = CliRunner().invoke(app, [*args, "--prefix-cache", "maybe"])
     assert result.exit_code == 2 and "on, off or both" in result.output
+
+
+def test_branches_reuse_the_cached_prefix_and_a_failed_round_leaves_no_sandbox(backend, task, tmp_path):
+    """Branches (crr.train.counterfactual.run_branches) prefill only what is new in them: the conversation
+    up to s_t comes from the rollout's prefix cache. Their restores run beside the proposals and their
+    verifier beside the next round; a round whose generation fails closes every sandbox (those of branches
+    being verified at that moment too)."""
+
+    class FailingRound:   # the backend, with its second call (the first continuation round) failing
+        def __init__(self):
+            self.calls = 0
+
+        def generate(self, *args, **kwargs):
+            self.calls += 1
+            if self.calls == 2:
+                raise RuntimeError("generation failed")
+            return backend.generate(*args, **kwargs)
+
+    ledger = Ledger(RunDir.create("train", "branches", root=tmp_path), writer=False)
+    ledger.begin(0)
+    pool = ThreadWorkerPool(2)
+    try:
+        with get_engine("local") as engine:
+            result = rollout([task], backend, engine, backend.tokenizer,
+                             RolloutConfig(group=2, seed=5, workers=2, episode=CONFIG))
+            trajs = result.trajectories
+            picks = {i: [Selection(0, 0.0)] for i, t in enumerate(trajs) if len(t.steps) > 1}
+            assert picks
+            args = {"cf_samples": 2, "engine": engine, "tokenizer": backend.tokenizer, "episode": CONFIG,
+                    "proposal": "on_policy", "cf_temperature": 1.0, "seed": 3, "horizon": None, "pool": pool,
+                    "ledger": ledger}
+            cache = backend.prefix_cache
+            reused, prefilled = cache.reused_tokens, cache.prefilled_tokens
+            branches = run_branches(trajs, picks, backend=backend, **args)
+            assert len(branches) == 2 * len(picks) and all(b.reward is not None for b in branches)
+            # the proposals' prompts are the first prompts of their trajectories: all but their last token reused
+            first = sum(len(trajs[b.row].prompt_ids) for b in branches)
+            assert cache.reused_tokens - reused >= first - len(branches)
+            assert cache.prefilled_tokens - prefilled < cache.reused_tokens - reused
+            assert ledger.current["cf_rollout_s"] > 0 and ledger.current["cf_test_s"] > 0
+
+            with pytest.raises(RuntimeError, match="generation failed"):
+                run_branches(trajs, picks, backend=FailingRound(), **args)
+            assert not engine._sandboxes, "a branch's sandbox outlived the failed round"
+            result.release()
+    finally:
+        pool.close()

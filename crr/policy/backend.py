@@ -320,8 +320,13 @@ class TransformersBackend:
         behaviour_logprobs (-inf where the sampler could not emit the token), policy_logprobs, entropies,
         semantic, and expected_rejections (the unconstrained q's mass outside the mask; at T = 0, whether
         the unconstrained argmax was disallowed)."""
-        ids = torch.tensor([prompt_ids + action_ids[:-1]], device=self.device)
-        logits = self.model(input_ids=ids).logits[0, len(prompt_ids) - 1:].float().cpu()
+        # the prompt's cached prefix (a counterfactual's excluded call is scored at s_t, a prefix of the
+        # realised trajectory the rollout cached): only the rest of the prompt and the action are fed
+        self._invalidate_stale_prefixes()
+        n, kv = self.prefix_cache.lookup(prompt_ids) if self.prefix_cache.max_bytes > 0 else (0, None)
+        ids = torch.tensor([prompt_ids[n:] + action_ids[:-1]], device=self.device)
+        out = self.model(input_ids=ids, past_key_values=batch_past(self.model.config, [(n, kv)], n), use_cache=n > 0)
+        logits = out.logits[0, len(prompt_ids) - n - 1:].float().cpu()
         matcher, bitmask = self.grammar.matcher(), self.grammar.allocate_bitmask(len(action_ids))
         for k, token in enumerate(action_ids):
             matcher.fill_next_token_bitmask(bitmask, k)

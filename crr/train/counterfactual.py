@@ -6,8 +6,14 @@ All branches of an iteration advance together, one batched generation per round 
 rollout engine uses), with their tool calls run by the worker pool. Each branch is an Episode whose
 trajectory starts with the realised prefix a_0..a_{t-1} (so the turn cap H counts from s_0 and the
 branch's token stream is a full trajectory, which Search-Select can train on) and whose sandbox and
-conversation are the fork's. Seconds are charged to the ledger: restores to fork_s (plus the
-fork-cost surcharge), proposal and continuation to cf_rollout_s, the verifier to cf_test_s.
+conversation are the fork's. A branch computes only what is new in it: its prompt at s_t is a prefix
+of the realised conversation, whose keys and values the rollout left in the backend's prefix cache
+(crr.policy.prefix_cache; the excluded call's probability is scored on them too). The sandbox work
+runs beside the generation: the restores of s_t while the proposals are sampled, the verifier of the
+branches that ended in a round while the next round is generated. Seconds are charged to the ledger
+as wall clock, each second once: generation (proposal and continuation) and what overlaps it to
+cf_rollout_s, the restores' seconds beyond the proposals to fork_s (plus the fork-cost surcharge of
+their measured seconds), the verifier's seconds beyond the generation to cf_test_s.
 
 `continuations` is the same machinery for Monte-Carlo values (VinePPO, arXiv 2410.01679): K on-policy
 continuations from a fork of every non-terminal s_t of every scored trajectory, their first action drawn
@@ -18,9 +24,14 @@ proposal; their seconds and tokens go to the same ledger phases and counts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
@@ -28,13 +39,14 @@ from crr.agent.episode import Episode, EpisodeConfig, Trajectory, fork_at
 from crr.errors import CRRError
 from crr.policy.backend import GenerationBackend, StepSample
 from crr.replay.base import ForkEngine
-from crr.rollout import WorkerPool, sample_seed
+from crr.rollout import WorkerPool, play_sample, sample_seed
 from crr.train.ledger import Ledger
 from crr.train.proposals import get_proposal
 from crr.train.replay_noise import RerunOutputs
 from crr.train.selectors import Selection
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -61,33 +73,40 @@ def run_branches(trajs: list[Trajectory], picks: dict[int, list[Selection]], *, 
     if not branches:
         return []
     propose = get_proposal(proposal)
-    with ledger.phase("cf_rollout_s"):
-        t0 = time.perf_counter()
-        samples = propose(backend, [trajs[b.row].conversation(tokenizer, b.t).token_ids() for b in branches],
-                          [trajs[b.row].steps[b.t].action for b in branches], temperature=cf_temperature,
-                          seed=sample_seed(seed, 0), max_new_tokens=episode.max_new_tokens)
-        proposal_s = time.perf_counter() - t0
-    for b, s in zip(branches, samples):
-        b.sample = s
-    live = [b for b in branches if b.sample is not None]
     config = dataclasses.replace(episode, snapshots=False, digests=False)
-    episodes: dict[int, Episode] = {}
+    episodes: dict[int, Episode] = {}   # branch index -> its episode, from the moment its sandbox exists
+
+    def fork(i: int) -> None:
+        b = branches[i]
+        episodes[i] = _fork_episode(trajs[b.row], b, engine, tokenizer, config, horizon)
+        if noise is not None:
+            episodes[i].observe = noise.for_branch(trajs[b.row].task_id, (b.row, b.t, b.k_index))
+
     try:
-        with ledger.phase("fork_s"):
-            t0 = time.perf_counter()
-            for i, b in enumerate(live):
-                episodes[i] = _fork_episode(trajs[b.row], b, engine, tokenizer, config, horizon)
-                if noise is not None:
-                    episodes[i].observe = noise.for_branch(trajs[b.row].task_id, (b.row, b.t, b.k_index))
-            fork_s = time.perf_counter() - t0
+        # every s_t is restored in the worker pool while the proposals are generated (they need no sandbox);
+        # a branch whose proposal is skipped loses its restore, which is rare (the policy always picked a_t)
+        with _in_background(lambda: _timed(lambda: pool.map(fork, range(len(branches))))) as forking:
+            with ledger.phase("cf_rollout_s"):
+                t0 = time.perf_counter()
+                samples = propose(backend, [trajs[b.row].conversation(tokenizer, b.t).token_ids() for b in branches],
+                                  [trajs[b.row].steps[b.t].action for b in branches], temperature=cf_temperature,
+                                  seed=sample_seed(seed, 0), max_new_tokens=episode.max_new_tokens)
+                proposal_s = time.perf_counter() - t0
+            with ledger.phase("fork_s"):   # what the restores add to the wall clock beyond the proposals
+                _, fork_s = forking.result()
         ledger.charge_fork_cost(fork_s + sum((s.snapshot_ms or 0.0) / 1e3 for t in trajs for s in t.steps))
-        for i in list(episodes):
-            if episodes[i].sandbox is None:
-                live[i].error = episodes.pop(i).traj.infra_error
+        for i, (b, s) in enumerate(zip(branches, samples)):
+            b.sample = s
+            if s is None:
+                skipped = episodes.pop(i)
+                if skipped.sandbox is not None:
+                    skipped.sandbox.close()
+            elif episodes[i].sandbox is None:
+                b.error = episodes.pop(i).traj.infra_error
         with ledger.phase("cf_rollout_s"):
-            pool.map(lambda i: episodes[i].act(live[i].sample.text, live[i].sample.action_ids, live[i].sample,
-                                               sample_seed(seed, 0), proposal_s), list(episodes))
-        _drive(episodes, live, backend, pool, ledger, config, seed)
+            pool.map(lambda i: episodes[i].act(branches[i].sample.text, branches[i].sample.action_ids,
+                                               branches[i].sample, sample_seed(seed, 0), proposal_s), list(episodes))
+        _drive(episodes, branches, backend, pool, ledger, config, seed)
     except BaseException:
         for e in episodes.values():
             if e.sandbox is not None and not e.done:
@@ -123,29 +142,44 @@ def _fork_episode(traj: Trajectory, b: Branch, engine: ForkEngine, tokenizer: Pr
     return ep
 
 
-def _drive(episodes: dict[int, Episode], live: list[Branch], backend: GenerationBackend, pool: WorkerPool,
+def _drive(episodes: dict[int, Episode], branches: list[Branch], backend: GenerationBackend, pool: WorkerPool,
            ledger: Ledger, config: EpisodeConfig, seed: int) -> None:
-    """Advance every branch on policy until it ends; score each as it ends."""
+    """Advance every branch on policy until it ends. The branches that ended in a round are scored by the
+    verifier in the worker pool while the next round is generated (the verifier is sandbox processes,
+    generation is the model: on separate cores they overlap); the ledger charges the overlap to
+    generation and to cf_test_s only the verifier's seconds that outlast it."""
     round_index = 1
     while episodes:
         for e in episodes.values():
             e.check_limits()
-        done = [i for i, e in episodes.items() if e.done]
-        if done:
+        ending = {i: episodes.pop(i) for i in [i for i, e in episodes.items() if e.done]}
+        with _in_background(functools.partial(pool.map, Episode.finish, list(ending.values()))) as scoring:
+            if episodes:
+                active = sorted(episodes)
+                with ledger.phase("cf_rollout_s"):
+                    round_seed = sample_seed(seed, round_index)
+                    t0 = time.perf_counter()
+                    samples = backend.generate([episodes[i].conversation.token_ids() for i in active],
+                                               temperature=config.temperature, seed=round_seed,
+                                               max_new_tokens=config.max_new_tokens)
+                    gen_s = time.perf_counter() - t0
+                    pool.map(functools.partial(play_sample, seed=round_seed, gen_s=gen_s),
+                             [(episodes[i], s) for i, s in zip(active, samples)])
+                round_index += 1
             with ledger.phase("cf_test_s"):
-                for i, traj in zip(done, pool.map(lambda i: episodes[i].finish(), done)):
-                    live[i].traj = traj
-                    del episodes[i]
-        if not episodes:
-            break
-        active = sorted(episodes)
-        with ledger.phase("cf_rollout_s"):
-            round_seed = sample_seed(seed, round_index)
-            t0 = time.perf_counter()
-            samples = backend.generate([episodes[i].conversation.token_ids() for i in active],
-                                       temperature=config.temperature, seed=round_seed,
-                                       max_new_tokens=config.max_new_tokens)
-            gen_s = time.perf_counter() - t0
-            pool.map(lambda pair: episodes[pair[0]].act(pair[1].text, pair[1].action_ids, pair[1], round_seed, gen_s),
-                     list(zip(active, samples)))
-        round_index += 1
+                for i, traj in zip(ending, scoring.result()):
+                    branches[i].traj = traj
+
+
+def _timed(fn: Callable[[], T]) -> tuple[T, float]:
+    start = time.perf_counter()
+    return fn(), time.perf_counter() - start
+
+
+@contextmanager
+def _in_background(fn: Callable[[], T]) -> Iterator[Future[T]]:
+    """`fn` runs in a helper thread while the block runs; leaving the block waits for it (also when the
+    block raises, so nothing it started outlives the caller's clean-up). A helper thread rather than the
+    worker pool itself: WorkerPool offers a blocking map only (the Ray seam), which the helper calls."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="crr-branches") as helper:
+        yield helper.submit(fn)
