@@ -85,6 +85,29 @@ def test_expert_data_is_deterministic(data, micro_dir):
     assert again[0]["messages"] == dataset[0]["messages"]
 
 
+def test_expert_data_resumes_with_the_episodes_played(data, micro_dir, tmp_path):
+    """An interrupted `crr sft` keeps its finished episodes: built again in (a copy of) the run that played them,
+    nothing is played twice and the rows come back whole; an episode whose row was lost (an interrupt between
+    the row and its record) is played again."""
+    from crr.tasks.loaders import load_tasks
+
+    dataset, tokenizer, run = data
+    shutil.copytree(run.path, tmp_path / "run")
+    copy = RunDir.open(tmp_path / "run", write=True)
+    rows_file = copy.path / "expert_rows.jsonl"
+    lines = rows_file.read_text().splitlines(keepends=True)
+    assert len(lines) == len(dataset) >= 1
+    rows_file.write_text("".join(lines[:-1]))
+    played, engine = [], get_engine("local")
+    try:
+        resumed = build_sft_dataset(load_tasks(str(micro_dir)), engine, seed=0, tokenizer=tokenizer,
+                                    settings=ExpertDataSettings(episodes_per_task=1, expert=LEAN, workers=1),
+                                    run=copy, progress=played.append)
+    finally:
+        engine.close()
+    assert len(played) == 1 and resumed["input_ids"] == dataset["input_ids"]
+
+
 def _masked_runs(ids: list[int], mask: list[int]) -> list[list[int]]:
     runs, current = [], []
     for token, bit in zip(ids, mask):
@@ -436,3 +459,30 @@ def test_the_two_hour_recipe_starts_from_random_weights_with_the_levels_in_order
     bad.write_text("tasks: nano-train\ncurriculum_rows: 4\ncurriculum_levels: [3]\n")
     result = CliRunner().invoke(app, ["sft", "--recipe", str(bad)])
     assert result.exit_code == 2 and "curriculum_levels are some of 0, 1, 2" in result.output
+
+
+def test_the_multi_recipe_grows_the_shipped_default_into_the_multi_tier(tmp_path):
+    """experiments/sft-multi.yaml (the multi tier's warm start) at a small budget, from the shipped default: the
+    expert plays 2 multi tasks at H = 12 in real sandboxes, every stage trains one step on both rows from the
+    previous stage's model (so the loss falls), each stage's model is kept, and the model records the multi turn
+    cap."""
+    import yaml
+
+    from crr.policy.model import SHIPPED_DEFAULT, agent_record
+
+    recipe = yaml.safe_load((Path(__file__).parent.parent / "experiments" / "sft-multi.yaml").read_text())
+    assert recipe["data"]["max_turns"] == 12 and recipe["train"]["max_length"] >= recipe["data"]["max_tokens"]
+    tasks = tmp_path / "multi"
+    generate_micro(tasks, n=2, seed=0, split="train", tier="multi")
+    recipe.update(tasks=str(tasks), n_tasks=2)
+    recipe["train"].update(batch_size=2, logging_steps=1, warmup_ratio=0.0)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    result = CliRunner().invoke(app, ["sft", "--recipe", str(tmp_path / "recipe.yaml"), "--model", str(SHIPPED_DEFAULT),
+                                      "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run_dir / "expert_summary.json").read_text())["kept"] == 2
+    assert sorted(p.name for p in run_dir.glob("stage-*")) == [f"stage-{i}" for i in range(1, len(recipe["stages"]))]
+    assert agent_record(run_dir / "model") == {"agent_format": "compact", "max_turns": 12}
+    losses = [r["loss"] for r in RunDir.open(run_dir).records("metrics.jsonl") if "loss" in r]
+    assert len(losses) == len(recipe["stages"]) and losses == sorted(losses, reverse=True) and losses[-1] < losses[0]
