@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
@@ -56,6 +55,7 @@ from crr.policy.rows import action_parts, sft_row
 from crr.policy.sft_trainer import SFTSettings, quiet_hf, sft
 from crr.replay import engine_options, get_engine
 from crr.replay.base import ForkEngine
+from crr.replay.checkout import building
 from crr.rundir import RunDir
 from crr.tasks.loaders import MICRO_DEFAULT_N, MICRO_SETS, load_micro, load_tasks
 from crr.tasks.schema import Task
@@ -367,15 +367,6 @@ def install_default(model: Path, target: Path) -> Path:
     """Copy a warm-started model into the cache as the default (atomic; a concurrent install wins)."""
     if (target / "config.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        shutil.copytree(model, tmp, dirs_exist_ok=True)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with building(target, keep_theirs=lambda d: (d / "config.json").is_file()) as tmp:
+        shutil.copytree(model, tmp)
     return target

@@ -32,6 +32,7 @@ from crr.errors import CRRError
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import load_policy, write_agent_record
 from crr.policy.rows import action_parts
+from crr.replay.checkout import building
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +190,7 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
                                             processing_class=tokenizer, callbacks=[_Report(on_log, progress)])
             trainer.remove_callback(PrinterCallback)  # it prints every log record; `on_log` gets them instead
             trainer.train(resume_from_checkpoint=resume and _has_checkpoint(ckpt_dir))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-        try:
+        with building(out, keep_theirs=lambda _: False) as tmp:
             with quiet_hf():
                 trainer.save_model(str(tmp))
             tokenizer.padding_side = "left"
@@ -200,12 +199,6 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
             (tmp / "crr_sft.json").write_text(json.dumps(record, indent=2) + "\n")
             if agent is not None:
                 write_agent_record(tmp, *agent)
-            if out.exists():
-                out.rmdir()  # empty, checked above
-            tmp.rename(out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     finally:
         if own_ckpt:
             shutil.rmtree(ckpt_dir, ignore_errors=True)

@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from crr.errors import CRRError, TaskFormatError
-from crr.replay.checkout import cache_root
+from crr.replay.checkout import building, cache_root
 from crr.tasks.micro import generate_micro
 from crr.tasks.schema import (
     DEFAULT_LOG_PARSER,
@@ -163,17 +160,8 @@ def load_micro(split: str, n: int | None = None, seed: int | None = None, tier: 
     if not (target / TASKS_FILE).is_file():
         log.info("generating the %s %s set (n=%d, seed=%d) into %s", tier, split, n, seed, target)
         # generated beside the target and renamed into place, so concurrent first uses are safe
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-        try:
-            generate_micro(tmp / "set", n=n, seed=seed, split=split, tier=tier, workers=workers, first=first)
-            try:
-                os.rename(tmp / "set", target)
-            except OSError:
-                if not (target / TASKS_FILE).is_file():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with building(target, keep_theirs=lambda d: (d / TASKS_FILE).is_file()) as built:
+            generate_micro(built, n=n, seed=seed, split=split, tier=tier, workers=workers, first=first)
     return read_tasks_jsonl(target / TASKS_FILE)
 
 

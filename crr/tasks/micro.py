@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crr.errors import CRRError
+from crr.replay.checkout import building
 from crr.tasks.bugs import FAMILIES, Mutant, iter_mutants, mutants
 from crr.tasks.multi import (
     ISSUE_STYLES,
@@ -164,29 +165,25 @@ def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rat
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise CRRError(f"{out_dir} already exists and is not an empty directory; choose a new --out "
                        "(nothing was written)")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    build = Path(tempfile.mkdtemp(dir=out_dir.parent.absolute(), prefix=f".{out_dir.name}."))
     scratch = Path(tempfile.mkdtemp(prefix="crr-micro-", dir=_scratch_root()))
     try:
-        (scratch / f"{_PIN_MODULE}.py").write_text(_PIN_PLUGIN)
-        flaky = _flaky_plan(n, seed, split, flaky_rate)
-        jobs = [(index, seed, split, flaky.get(index), build, scratch, tier, warm, knobs)
-                for index in range(first, first + n)]
-        tasks = []
-        # Processes, not threads: a candidate is mostly Python (AST mutants, git and pytest plumbing).
-        with (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1
-              else contextlib.nullcontext()) as pool:
-            for task in (pool.map(_generate_job, jobs) if pool else map(_generate_job, jobs)):
-                tasks.append(task)
-                if progress is not None:
-                    progress(task)
-        write_tasks(tasks, build / TASKS_FILE)
-        if out_dir.exists():
-            out_dir.rmdir()  # empty, checked above
-        os.rename(build, out_dir)
+        with building(out_dir.absolute(), keep_theirs=lambda _: False) as build:
+            build.mkdir()
+            (scratch / f"{_PIN_MODULE}.py").write_text(_PIN_PLUGIN)
+            flaky = _flaky_plan(n, seed, split, flaky_rate)
+            jobs = [(index, seed, split, flaky.get(index), build, scratch, tier, warm, knobs)
+                    for index in range(first, first + n)]
+            tasks = []
+            # Processes, not threads: a candidate is mostly Python (AST mutants, git and pytest plumbing).
+            with (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1
+                  else contextlib.nullcontext()) as pool:
+                for task in (pool.map(_generate_job, jobs) if pool else map(_generate_job, jobs)):
+                    tasks.append(task)
+                    if progress is not None:
+                        progress(task)
+            write_tasks(tasks, build / TASKS_FILE)
     finally:
         _close_warm()
-        shutil.rmtree(build, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
     return read_tasks_jsonl(out_dir / TASKS_FILE)  # what is on disk, with repo_src inside out_dir
 
