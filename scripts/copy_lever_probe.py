@@ -3,7 +3,7 @@
 Issue 11's warm start is capped by one token: the first token of a name in an edit's replacement
 (scripts/name_copy_probe.py). A full recipe and evaluation cost an hour or more here; this script tells in minutes
 whether a change to the model or the rows moves that token at all, teacher-forced on held-out curriculum rows
-(the same rows every time: crr.policy.curriculum, seed 999, the larger level). Levers (--lever):
+(the same rows every time: crr.sft.curriculum, seed 999, the larger level). Levers (--lever):
 
     control   the model as it is
     kv6       every attention layer's 2 key/value heads copied into 6, one per query head (the same function,
@@ -44,10 +44,10 @@ from name_copy_probe import probe_model  # this directory is on sys.path when ru
 from crr.agent.conversation import action_message
 from crr.agent.expert import call_json
 from crr.agent.tools import ToolCall
-from crr.policy.curriculum import curriculum_rows, repair_messages
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import load_policy
-from crr.policy.rows import action_parts, sft_row
+from crr.sft.curriculum import curriculum_rows, repair_messages
+from crr.sft.rows import action_parts, sft_row
 
 LEVERS = ("control", "kv6", "drill", "qknorm", "untie", "spread", "lm")
 

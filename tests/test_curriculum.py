@@ -10,9 +10,9 @@ import pytest
 
 from crr.agent.conversation import Conversation, render_text
 from crr.agent.tools import split_lines
-from crr.policy.curriculum import _run, curriculum_rows, repair_messages
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import default_model_dir, load_policy
+from crr.sft.curriculum import _run, curriculum_rows, repair_messages
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -108,7 +108,7 @@ def tasks_bench(
     """Time task generation (tasks/s) and describe what it made: bug families, file sizes, issue length."""
     from rich.table import Table
 
-    from crr.tasks.micro import bench_micro
+    from crr.bench.tasks import bench_micro
 
     with err_console.status(f"generating {n} {tier} {split} tasks ({workers} worker(s), "
                             f"{'warm' if warm else 'fresh'} pytest)"):

@@ -44,7 +44,7 @@ hf_logging.disable_default_handler()
 hf_logging.enable_propagation()
 
 MODEL_VERSION = "1"  # bump when the recipe below changes: it keys the cache of the default model
-# bump when crr.policy.sft.SFTRecipe's defaults change: it keys the cached warm-started default
+# bump when crr.sft.warm_start.SFTRecipe's defaults change: it keys the cached warm-started default
 SFT_RECIPE_VERSION = "1"
 CHAT_TEMPLATE = "qwen3_instruct_2507"
 VOCAB_SIZE = 6144

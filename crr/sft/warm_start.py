@@ -42,7 +42,6 @@ from crr.agent.episode import EpisodeConfig, play_calls
 from crr.agent.expert import ExpertConfig, call_json, explore_script
 from crr.agent.prompt import DEFAULT_MAX_TURNS, agent_format
 from crr.errors import CRRError, SandboxError
-from crr.policy.curriculum import DEFAULT_LEVELS, LEVELS, curriculum_rows
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import (
     SFT_RECIPE_VERSION,  # noqa: F401  (re-exported)
@@ -51,12 +50,13 @@ from crr.policy.model import (
     load_policy,
     write_split_model,
 )
-from crr.policy.rows import action_parts, sft_row
-from crr.policy.sft_trainer import SFTSettings, quiet_hf, sft
 from crr.replay import engine_options, get_engine
 from crr.replay.base import ForkEngine
 from crr.replay.checkout import building
 from crr.rundir import RunDir
+from crr.sft.curriculum import DEFAULT_LEVELS, LEVELS, curriculum_rows
+from crr.sft.rows import action_parts, sft_row
+from crr.sft.trainer import SFTSettings, quiet_hf, sft
 from crr.tasks.loaders import MICRO_DEFAULT_N, MICRO_SETS, load_micro, load_tasks
 from crr.tasks.schema import Task
 
@@ -209,9 +209,9 @@ class SFTRecipe:
     ray: str | None = None             # a ray:... engine's cluster address, as ray.init takes it (None: auto)
     data: ExpertDataSettings = field(default_factory=ExpertDataSettings)
     train: SFTSettings = field(default_factory=SFTSettings)
-    # Synthetic lookup-and-repair rows (crr.policy.curriculum) for the stages that use them.
+    # Synthetic lookup-and-repair rows (crr.sft.curriculum) for the stages that use them.
     curriculum_rows: int = 0
-    # Their levels, in order, an equal share each (crr.policy.curriculum: 0 views only the named function, 1 a
+    # Their levels, in order, an equal share each (crr.sft.curriculum: 0 views only the named function, 1 a
     # module of two functions, 2 up to three modules of up to four).
     curriculum_levels: list[int] = field(default_factory=lambda: list(DEFAULT_LEVELS))
     # Re-split the model's tokenizer before anything else (crr.policy.model.split_word_spaces: names start
@@ -276,7 +276,7 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
                progress: Progress | None = None, data_only: bool = False) -> Path:
     """Expert data (or the run's saved copy when resuming), then SFT; the model goes to run/model.
     With `data_only`, stop after the data and return its directory (train elsewhere with
-    crr.policy.sft_trainer, e.g. on a GPU node).
+    crr.sft.trainer, e.g. on a GPU node).
 
     Metrics go to run/metrics.jsonl (one record per logging step: the loss curve)."""
     if recipe.split_word_spaces:
@@ -349,9 +349,9 @@ def sft_results(run: RunDir) -> tuple[dict | None, list[tuple[int, float]]]:
 
 def trainer_command(model: str, data_dir: Path, recipe: SFTRecipe) -> str:
     """The command that trains on expert data saved by `warm_start(..., data_only=True)` elsewhere (e.g. a GPU
-    node) as the recipe would: crr.policy.sft_trainer, OUT_DIR left to fill in."""
+    node) as the recipe would: crr.sft.trainer, OUT_DIR left to fill in."""
     settings = json.dumps(asdict(replace(recipe.train, seed=recipe.seed)))
-    return (f"python -m crr.policy.sft_trainer {model} OUT_DIR {data_dir} --agent "
+    return (f"python -m crr.sft.trainer {model} OUT_DIR {data_dir} --agent "
             f"{recipe.data.agent_format}:{recipe.data.max_turns} --settings '{settings}'")
 
 
