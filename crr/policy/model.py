@@ -107,7 +107,7 @@ def split_word_spaces(tokenizer_json: dict) -> dict:
     of the time when that token is a space-led onset (` k`, ` b`, ` po`: frequent, nearly parallel
     embeddings, all followed by unpredictable syllables) and about 95 % when it is not (`(b`, `k`); re-split,
     every name that is not itself one space-led token starts with a token of the second kind
-    (scripts/name_copy_probe.py, scripts/copy_lever_probe.py).
+    (research/name_copy_probe.py, research/copy_lever_probe.py).
     """
     out = json.loads(json.dumps(tokenizer_json))
     split = out["pre_tokenizer"]["pretokenizers"][0]["pattern"]

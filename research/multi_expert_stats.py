@@ -1,6 +1,6 @@
 """The multi expert's episode lengths on a task set: decisions and tokens, mean and p95 (issue 30's figure).
 
-    .venv/bin/python scripts/multi_expert_stats.py multi-val --n 64
+    .venv/bin/python research/multi_expert_stats.py multi-val --n 64
 
 Each task's episode is planned by crr.agent.expert.explore_script (default ExpertConfig, seed 0), played in a
 local sandbox and scored by the verifier, as `crr sft` builds its expert data (crr.sft.warm_start.expert_episode),
