@@ -24,7 +24,7 @@ LAYERS = [
     ("agent/policy", ("agent", "policy")),
     ("tasks", ("tasks",)),
     ("replay", ("replay",)),
-    ("base", ("rundir", "errors", "__init__")),
+    ("base", ("rundir", "errors", "seeds", "__init__")),
 ]
 
 

@@ -25,7 +25,7 @@ The run directory (the format crr report reads):
 Resume: evaluating into an existing run directory (`resume_eval`) runs only the (instance, sample) pairs
 without a record, plus, with retry_infra, those whose record is an infrastructure failure. Samples are
 run in chunks of `batch` episodes (one generation batch, one sandbox each); chunk c of pass p samples
-with seed SeedSequence([seed, p, c]), recorded on every result.
+with seed derive_seed(seed, p, c) (crr.seeds), recorded on every result.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from crr.eval.taxonomy import error_mode, held_out_counts, summarise_modes
 from crr.policy import SERVER_BACKEND, check_backend
 from crr.replay import engine_options
 from crr.rundir import RunDir
+from crr.seeds import derive_seed
 from crr.tasks.loaders import TASK_SETS, dataset_adapter, load_tasks
 from crr.tasks.schema import Task
 
@@ -416,7 +417,7 @@ def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]
     with get_engine(config.engine, **engine_options(config.engine, ray=config.ray)) as engine:
         for c, start in enumerate(range(0, len(pending), config.batch)):
             chunk = pending[start:start + config.batch]
-            seed = chunk_seed(config.seed, pass_index, c)
+            seed = derive_seed(config.seed, pass_index, c)  # distinct chunks (and resumed passes) draw independent samples
 
             def record(traj, chunk=chunk, seed=seed) -> None:
                 nonlocal finished
@@ -437,10 +438,6 @@ def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]
                     on_trajectory=record)
 
 
-def chunk_seed(seed: int, pass_index: int, chunk: int) -> int:
-    """The rollout seed of chunk `chunk` in evaluation pass `pass_index`: distinct chunks (and resumed
-    passes) draw independent samples."""
-    return int(np.random.SeedSequence([seed, pass_index, chunk]).generate_state(1)[0])
 
 
 def result_record(task: Task, sample: int, seed: int, traj) -> dict:
