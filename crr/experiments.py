@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from crr.errors import CRRError
-from crr.tasks.loaders import MICRO_SETS
+from crr.tasks.loaders import TASK_SETS
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 PAPER_SEEDS = (11, 23, 47)
@@ -46,9 +46,6 @@ PAPER_SEEDS = (11, 23, 47)
 # preset lists it, so a run made before a key existed still finds its arm).
 ABLATION_KEYS = ("k", "selector", "horizon", "cf_temperature", "zero_contrast", "cf_samples", "proposal",
                  "fork_cost_multiplier", "replay_noise")
-# `crr eval NAME`: the loaders' named sets and the hub benchmarks (as crr.eval.evaluate.BENCHMARKS, which this
-# commands-layer module cannot import without a cycle through crr.train)
-BENCHMARKS = (*MICRO_SETS, "verified", "live", "rebench", "gym")
 EVAL_SETTINGS = ("samples", "temperature", "seed", "n_tasks", "max_turns", "max_new_tokens", "split", "engine",
                  "ray", "workers", "batch")                          # crr.eval.EvalConfig fields a spec may set
 
@@ -167,8 +164,8 @@ def _eval_spec(path: Path, entry) -> EvalSpec:
         # crr eval labels a task file's results by the file's stem (crr.eval.evaluate.benchmark)
         return EvalSpec(tasks.stem or tasks.name, tasks, fractions, settings, arms)
     dataset = entry.get("dataset", "micro-test")
-    if dataset not in BENCHMARKS:
-        raise CRRError(f"{path}: eval dataset {dataset!r} is not one of {', '.join(BENCHMARKS)} (or give tasks: FILE)")
+    if dataset not in TASK_SETS:
+        raise CRRError(f"{path}: eval dataset {dataset!r} is not one of {', '.join(TASK_SETS)} (or give tasks: FILE)")
     return EvalSpec(dataset, None, fractions, settings, arms)
 
 

@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from crr.agent.episode import Episode, EpisodeConfig, Trajectory
@@ -46,6 +45,7 @@ from crr.policy.model import agent_record, load_policy
 from crr.replay import engine_options, engine_workers, get_engine
 from crr.replay.base import ForkEngine
 from crr.rundir import RunDir
+from crr.seeds import derive_seed
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
 
@@ -112,7 +112,7 @@ class RolloutResult:
 
 def sample_seed(seed: int, round_index: int) -> int:
     """The generation seed of round `round_index`: a deterministic function of the rollout seed."""
-    return int(np.random.SeedSequence([seed, round_index]).generate_state(1)[0])
+    return derive_seed(seed, round_index)
 
 
 def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,

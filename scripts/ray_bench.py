@@ -1,5 +1,5 @@
 """Benchmark for the report (not a timed test): tool-call and fork latency through the ray:local engine
-against the local engine directly, in one run (crr.replay.bench.ray_bench).
+against the local engine directly, in one run (crr.bench.fork.ray_bench).
 
     .venv/bin/python scripts/ray_bench.py [--address ADDR] [--inner local|docker] [--files N] [--repeats N]
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from crr.replay.bench import ray_bench
+from crr.bench.fork import ray_bench
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Benchmark for the report (not a timed test): determinism-filter throughput on the local engine and on
 ray:local over throwaway clusters of 1 and 2 raylets on this machine, in one run
-(crr.filter.bench.ray_filter_bench).
+(crr.bench.filter.ray_filter_bench).
 
     .venv/bin/python scripts/ray_filter_bench.py [--tasks nano-band] [--n 8] [--slots 2] [--reruns 3]
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from crr.filter.bench import ray_filter_bench
+from crr.bench.filter import ray_filter_bench
 
 
 def main() -> None:

@@ -16,13 +16,13 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 import yaml
 
 from crr.policy.model import AGENT_FILE, SHIPPED_DEFAULT, load_policy
+from crr.replay.checkout import building
 from crr.rundir import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,18 +68,13 @@ def main() -> None:
         provenance["base"] = json.loads(Path(args.base_provenance).read_text())
     if provenance["sft_record"]:
         provenance["sft_record"]["base_model"] = Path(provenance["sft_record"]["base_model"]).name
-    tmp = Path(tempfile.mkdtemp(dir=SHIPPED_DEFAULT.parent, prefix=".default."))
-    try:
+    with building(SHIPPED_DEFAULT, keep_theirs=lambda _: False) as tmp:
         model.to(torch.bfloat16).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         shutil.copy(Path(args.model) / AGENT_FILE, tmp / AGENT_FILE)
         (tmp / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
         if SHIPPED_DEFAULT.exists():
-            shutil.rmtree(SHIPPED_DEFAULT)
-        tmp.rename(SHIPPED_DEFAULT)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            shutil.rmtree(SHIPPED_DEFAULT)  # the one it replaces
     print(f"installed {_rel(SHIPPED_DEFAULT)} ({sum(f.stat().st_size for f in SHIPPED_DEFAULT.iterdir()) / 1e6:.1f} MB)")
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from crr.replay.bench import commit_all
+from crr.bench.fork import commit_all
 from crr.tasks.schema import Task
 
 

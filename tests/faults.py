@@ -1,4 +1,4 @@
-"""Fault injection on real `crr` processes (tests/test_interrupt.py, scripts/interrupt_figures.py): signal one
+"""Fault injection on real `crr` processes (tests/test_interrupt.py, research/interrupt_figures.py): signal one
 mid-run, then find what of it survives: its processes, containers, snapshot images, engine directories, mounts."""
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ import pytest
 
 from crr.agent.conversation import Conversation, render_text
 from crr.agent.tools import split_lines
-from crr.policy.curriculum import _run, curriculum_rows, repair_messages
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import default_model_dir, load_policy
+from crr.sft.curriculum import _run, curriculum_rows, repair_messages
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -74,13 +74,13 @@ def test_rows_have_the_compact_episode_layout():
 
 
 def test_the_name_copy_probe_counts_names_not_escapes_and_splits_name_starts_by_context():
-    """scripts/name_copy_probe.py (issue 11's copy diagnostics): the `n` of a JSON-escaped newline is not a name
+    """research/name_copy_probe.py (issue 11's copy diagnostics): the `n` of a JSON-escaped newline is not a name
     start, attributes and builtins are not names; on curriculum rows every name start lands in exactly one bucket
     of its previous token's followers and in one of space-led or not, and the embedding figure is a cosine."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "name_copy_probe.py"
+    path = Path(__file__).resolve().parents[1] / "research" / "name_copy_probe.py"
     spec = importlib.util.spec_from_file_location("name_copy_probe", path)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)

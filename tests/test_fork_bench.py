@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from crr.bench.fork import fork_bench, synthetic_task
 from crr.cli import app
 from crr.errors import CRRError
-from crr.replay.bench import fork_bench, synthetic_task
 
 KEYS = {"engine", "mode", "n_files", "repeats", "snapshot_ms_p50", "snapshot_ms_p95", "restore_ms_p50",
         "restore_ms_p95", "fork_ms_p50", "fork_ms_p95", "exact"}

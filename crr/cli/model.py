@@ -106,7 +106,7 @@ def model_bench(
     as_json: bool = json_option(),
 ) -> None:
     """Time grammar-constrained generation on the paper's prompt: tokens/s and grammar rejection rate."""
-    from crr.policy.bench import generation_bench
+    from crr.bench.model import generation_bench
     from crr.policy.model import default_model_dir
 
     if batch < 1 or repeats < 1:
@@ -137,9 +137,9 @@ def model_sft_bench(
     as_json: bool = json_option(),
 ) -> None:
     """Time SFT steps: TRL's fused LM head against crr's action-token loss on the same batches."""
-    from crr.policy.bench import sft_step_bench
-    from crr.policy.curriculum import LEVELS
+    from crr.bench.model import sft_step_bench
     from crr.policy.model import default_model_dir
+    from crr.sft.curriculum import LEVELS
 
     if batch < 1 or steps < 1 or level not in LEVELS:
         raise CRRError(f"--batch and --steps must be at least 1 and --level one of {LEVELS}")
@@ -156,7 +156,7 @@ def model_sft_bench(
                   f"({result['speedup']:.2f}x)", highlight=False)
 
 
-# The default recipe, crr.policy.sft.SFTRecipe() (tests/test_sft.py keeps them equal; `crr model probe`'s expert
+# The default recipe, crr.sft.warm_start.SFTRecipe() (tests/test_sft.py keeps them equal; `crr model probe`'s expert
 # explores as the recipe's does); spelled out here so that the CLI starts without importing torch.
 _SFT_DEFAULTS = {"tasks": "micro-train", "n_tasks": 160, "episodes": 1, "error_rate": 0.3, "epochs": 2.0,
                  "lr": 1e-3, "bf16": False, "decoy_views": 2}
@@ -190,8 +190,8 @@ def model_probe(
     from crr.agent.expert import ExpertConfig
     from crr.eval.evaluate import load_eval_policy, resolve_policy
     from crr.policy.model import agent_record
-    from crr.policy.sft import ExpertDataSettings, action_field_stats, build_sft_dataset
     from crr.replay import engine_options, get_engine
+    from crr.sft.warm_start import ExpertDataSettings, action_field_stats, build_sft_dataset
     from crr.tasks.loaders import load_tasks
 
     if n_tasks < 1:
@@ -245,11 +245,11 @@ def sft_command(
     out: Path = out_option(),
     resume: Path | None = typer.Option(None, "--resume", help="Continue an interrupted `crr sft` run directory "
                                        "(its config, expert data and latest checkpoint)."),
-    recipe_file: Path | None = typer.Option(None, "--recipe", help="A recipe YAML (crr.policy.sft.SFTRecipe's "
+    recipe_file: Path | None = typer.Option(None, "--recipe", help="A recipe YAML (crr.sft.warm_start.SFTRecipe's "
                                             "fields, e.g. experiments/sft-nano.yaml, the shipped default's); "
                                             "replaces the recipe options above."),
     data_only: bool = typer.Option(False, "--data-only", help="Stop after the expert data; prints how to train "
-                                   "on it elsewhere (python -m crr.policy.sft_trainer, e.g. on a GPU node)."),
+                                   "on it elsewhere (python -m crr.sft.trainer, e.g. on a GPU node)."),
 ) -> None:
     """Warm-start a policy with supervised fine-tuning on scripted expert trajectories: the expert explores
     (views decoys, reproduces the issue, sometimes errs and corrects itself), every episode is played in a
@@ -260,7 +260,7 @@ def sft_command(
 
     from crr.agent.expert import ExpertConfig
     from crr.policy.model import default_model_dir
-    from crr.policy.sft import (ExpertDataSettings, SFTRecipe, SFTSettings, install_if_default, resume_sft,
+    from crr.sft.warm_start import (ExpertDataSettings, SFTRecipe, SFTSettings, install_if_default, resume_sft,
                                 sft_results, start_sft, trainer_command, warm_start)
 
     if resume is not None:

@@ -29,7 +29,7 @@ def fork_bench_cmd(
     """Time snapshot, restore and fork (snapshot + restore + `true` in the fork) on a synthetic repo."""
     from rich.table import Table
 
-    from crr.replay.bench import fork_bench
+    from crr.bench.fork import fork_bench
 
     with err_console.status(f"fork bench: {engine} engine, {files} files, {repeats} repeats"):
         result = fork_bench(engine, mode, n_files=files, repeats=repeats, ray=ray)

@@ -1,4 +1,4 @@
-"""Task sets: `crr tasks micro|bench|synth|show|band`."""
+"""Task sets: `crr tasks micro|bench|synth|show|sets|band`."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def tasks_bench(
     """Time task generation (tasks/s) and describe what it made: bug families, file sizes, issue length."""
     from rich.table import Table
 
-    from crr.tasks.micro import bench_micro
+    from crr.bench.tasks import bench_micro
 
     with err_console.status(f"generating {n} {tier} {split} tasks ({workers} worker(s), "
                             f"{'warm' if warm else 'fresh'} pytest)"):
@@ -187,8 +187,8 @@ def tasks_synth(
 @tasks_app.command("show")
 @friendly
 def tasks_show(
-    source: str = typer.Argument(..., help="A JSONL file, a directory with tasks.jsonl, micro-train/micro-test, "
-                                           "a dataset name, a save_to_disk directory or a .parquet file."),
+    source: str = typer.Argument(..., help="A named set (`crr tasks sets`), a JSONL file, a directory with "
+                                           "tasks.jsonl, a dataset name, a save_to_disk directory or a .parquet file."),
     split: str | None = typer.Option(None, "--split", help="Dataset split (datasets only)."),
     adapter: str | None = typer.Option(None, "--adapter", help="Dataset adapter for local copies: swe-bench, "
                                        "swe-gym, swe-rebench, swe-bench-live, generic."),
@@ -215,6 +215,26 @@ def tasks_show(
         difficulty = t.metadata.get("difficulty") or t.extra.get("difficulty") or ""
         table.add_row(Text(t.instance_id), Text(t.repo), str(len(t.FAIL_TO_PASS)), str(len(t.PASS_TO_PASS)),
                       Text(str(difficulty)))
+    console.print(table)
+
+
+@tasks_app.command("sets")
+@friendly
+def tasks_sets(as_json: bool = json_option("name, what and hub dataset of each set")) -> None:
+    """The named task sets (crr.tasks.loaders.TASK_SETS): what `crr tasks show`, `crr eval NAME` and a
+    config's tasks/eval key take by name."""
+    from rich.table import Table
+
+    from crr.tasks.loaders import TASK_SETS
+
+    if as_json:
+        emit_json([{"name": s.name, "what": s.what, "dataset": s.dataset} for s in TASK_SETS.values()])
+        return
+    table = Table(title=f"{len(TASK_SETS)} named task sets")
+    table.add_column("name")
+    table.add_column("what")
+    for s in TASK_SETS.values():
+        table.add_row(Text(s.name), Text(s.what))
     console.print(table)
 
 

@@ -89,9 +89,10 @@ def _iteration_line(r: dict) -> str:
 def _held_out_pass(tasks: str, n: int | None, cfg, run, when: str, model: str | None = None,
                    run_dir: Path | None = None) -> float:
     """Greedy pass@1 of the policy before or after training (a crr eval run directory inside the train run)."""
-    from crr.eval.evaluate import ALIASES, BENCHMARKS, evaluate, open_eval
+    from crr.eval.evaluate import ALIASES, evaluate, open_eval
+    from crr.tasks.loaders import TASK_SETS
 
-    dataset, file = (tasks, None) if tasks in {**BENCHMARKS, **ALIASES} else ("tasks", tasks)
+    dataset, file = (tasks, None) if tasks in {**TASK_SETS, **ALIASES} else ("tasks", tasks)
     config, eval_run = open_eval(dataset, file, model=model, run_dir=run_dir, out=run.path / f"eval-{when}",
                                  n_tasks=n, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
                                  engine=cfg.engine, ray=cfg.ray, agent_format=cfg.agent_format, workers=cfg.workers)

@@ -4,7 +4,6 @@
 """
 
 from crr.eval.evaluate import (
-    BENCHMARKS,
     EvalConfig,
     Policy,
     benchmark,
@@ -21,7 +20,7 @@ from crr.eval.evaluate import (
 from crr.eval.passk import KS, instance_counts, pass_at_k, summarise_samples
 from crr.eval.taxonomy import ERROR_MODES, error_mode, held_out_counts, summarise_modes
 
-__all__ = ["BENCHMARKS", "ERROR_MODES", "KS", "EvalConfig", "Policy", "benchmark", "error_mode", "evaluate",
+__all__ = ["ERROR_MODES", "KS", "EvalConfig", "Policy", "benchmark", "error_mode", "evaluate",
            "held_out_counts", "instance_counts", "load_eval_policy", "load_eval_tasks", "open_eval", "pass_at_k",
            "resolve_policy", "result_record", "resume_eval", "start_eval", "summarise_modes", "summarise_samples",
            "write_outputs"]

@@ -25,7 +25,7 @@ The run directory (the format crr report reads):
 Resume: evaluating into an existing run directory (`resume_eval`) runs only the (instance, sample) pairs
 without a record, plus, with retry_infra, those whose record is an infrastructure failure. Samples are
 run in chunks of `batch` episodes (one generation batch, one sandbox each); chunk c of pass p samples
-with seed SeedSequence([seed, p, c]), recorded on every result.
+with seed derive_seed(seed, p, c) (crr.seeds), recorded on every result.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ from crr.eval.taxonomy import error_mode, held_out_counts, summarise_modes
 from crr.policy import SERVER_BACKEND, check_backend
 from crr.replay import engine_options
 from crr.rundir import RunDir
-from crr.tasks.loaders import MICRO_SETS, load_tasks
+from crr.seeds import derive_seed
+from crr.tasks.loaders import TASK_SETS, dataset_adapter, load_tasks
 from crr.tasks.schema import Task
 
 log = logging.getLogger(__name__)
@@ -61,36 +62,26 @@ INFRA_RETRIED = "infra_retried.jsonl"
 DEFAULT_OUT = Path("results/evals")
 SAMPLED_TEMPERATURE = 0.6  # the paper's multi-sample evaluation
 
-# crr eval's benchmark names -> (tasks source for crr.tasks.loaders, dataset adapter): the loaders' named sets
-# (one catalogue: crr.tasks.loaders.MICRO_SETS) and the hub's benchmarks
-BENCHMARKS: dict[str, tuple[str, str | None]] = {
-    **{name: (name, None) for name in MICRO_SETS},
-    "verified": ("SWE-bench/SWE-bench_Verified", "swe-bench"),
-    "live": ("SWE-bench-Live/SWE-bench-Live", "swe-bench-live"),
-    "rebench": ("nebius/SWE-rebench", "swe-rebench"),
-    "gym": ("SWE-Gym/SWE-Gym", "swe-gym"),
-}
-ALIASES = {"micro": "micro-test"}
-HUB_BENCHMARKS = ("verified", "live", "rebench", "gym")
+ALIASES = {"micro": "micro-test"}   # crr eval's benchmark names: these and crr.tasks.loaders.TASK_SETS
 
 
 def benchmark(name: str, path: str | None = None) -> tuple[str, str, str | None]:
-    """(dataset label, tasks source, adapter) of `crr eval NAME [FILE]`: a benchmark by name (FILE: a
-    local copy of a hub dataset, a save_to_disk directory or .parquet file), or `tasks FILE`."""
+    """(dataset label, tasks source, adapter) of `crr eval NAME [FILE]`: a named task set (FILE: a local
+    copy of a hub dataset, a save_to_disk directory or .parquet file), or `tasks FILE`."""
     name = ALIASES.get(name, name)
     if name == "tasks":
         if path is None:
             raise CRRError("`crr eval tasks FILE` needs the task file (JSONL) or directory")
         return Path(path).stem or Path(path).resolve().name, path, None
-    if name not in BENCHMARKS:
-        raise CRRError(f"unknown benchmark {name!r}; use one of micro, {', '.join(HUB_BENCHMARKS)}, "
+    if name not in TASK_SETS:
+        raise CRRError(f"unknown benchmark {name!r}; use one of {', '.join([*ALIASES, *TASK_SETS])}, "
                        "or `tasks FILE` for a task file")
-    source, adapter = BENCHMARKS[name]
-    if path is not None:
-        if name not in HUB_BENCHMARKS:
-            raise CRRError(f"{name} is the embedded micro set and takes no FILE; use `crr eval tasks {path}`")
-        source = path
-    return name, source, adapter
+    dataset = TASK_SETS[name].dataset
+    if dataset is None:
+        if path is not None:
+            raise CRRError(f"{name} is one of crr's task sets and takes no FILE; use `crr eval tasks {path}`")
+        return name, name, None
+    return name, path if path is not None else dataset, dataset_adapter(dataset)
 
 
 # ------------------------------------------------------------------------------------ the policy
@@ -337,7 +328,8 @@ def load_eval_tasks(config: EvalConfig) -> list[Task]:
     try:
         tasks = load_tasks(config.tasks, config.split, adapter=config.adapter)
     except CRRError as e:
-        if config.tasks == BENCHMARKS.get(config.dataset, ("",))[0] and config.dataset in HUB_BENCHMARKS:
+        hub = TASK_SETS[config.dataset].dataset if config.dataset in TASK_SETS else None
+        if hub is not None and config.tasks == hub:
             raise CRRError(f"{e}. Then evaluate the copy with `crr eval {config.dataset} DIR`") from None
         raise
     return tasks[:config.n_tasks] if config.n_tasks else tasks
@@ -425,7 +417,7 @@ def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]
     with get_engine(config.engine, **engine_options(config.engine, ray=config.ray)) as engine:
         for c, start in enumerate(range(0, len(pending), config.batch)):
             chunk = pending[start:start + config.batch]
-            seed = chunk_seed(config.seed, pass_index, c)
+            seed = derive_seed(config.seed, pass_index, c)  # distinct chunks (and resumed passes) draw independent samples
 
             def record(traj, chunk=chunk, seed=seed) -> None:
                 nonlocal finished
@@ -446,10 +438,6 @@ def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]
                     on_trajectory=record)
 
 
-def chunk_seed(seed: int, pass_index: int, chunk: int) -> int:
-    """The rollout seed of chunk `chunk` in evaluation pass `pass_index`: distinct chunks (and resumed
-    passes) draw independent samples."""
-    return int(np.random.SeedSequence([seed, pass_index, chunk]).generate_state(1)[0])
 
 
 def result_record(task: Task, sample: int, seed: int, traj) -> dict:

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from transformers.utils import logging as hf_logging
 
 from crr.errors import CRRError
 from crr.policy.corpus import corpus
+from crr.replay.checkout import building
 
 log = logging.getLogger(__name__)
 # transformers logs through Python logging like every other library, not through a stderr handler of its own:
@@ -44,7 +44,7 @@ hf_logging.disable_default_handler()
 hf_logging.enable_propagation()
 
 MODEL_VERSION = "1"  # bump when the recipe below changes: it keys the cache of the default model
-# bump when crr.policy.sft.SFTRecipe's defaults change: it keys the cached warm-started default
+# bump when crr.sft.warm_start.SFTRecipe's defaults change: it keys the cached warm-started default
 SFT_RECIPE_VERSION = "1"
 CHAT_TEMPLATE = "qwen3_instruct_2507"
 VOCAB_SIZE = 6144
@@ -107,7 +107,7 @@ def split_word_spaces(tokenizer_json: dict) -> dict:
     of the time when that token is a space-led onset (` k`, ` b`, ` po`: frequent, nearly parallel
     embeddings, all followed by unpredictable syllables) and about 95 % when it is not (`(b`, `k`); re-split,
     every name that is not itself one space-led token starts with a token of the second kind
-    (scripts/name_copy_probe.py, scripts/copy_lever_probe.py).
+    (research/name_copy_probe.py, research/copy_lever_probe.py).
     """
     out = json.loads(json.dumps(tokenizer_json))
     split = out["pre_tokenizer"]["pretokenizers"][0]["pattern"]
@@ -130,14 +130,10 @@ def write_split_model(model_dir: Path | str, out_dir: Path | str) -> Path:
         return out
     if not (Path(model_dir) / "tokenizer.json").is_file():
         raise CRRError(f"no tokenizer.json in {model_dir}: re-splitting needs a local model directory")
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
-        shutil.copytree(model_dir, tmp, dirs_exist_ok=True)
+    with building(out, keep_theirs=lambda d: (d / "tokenizer.json").is_file()) as tmp:
+        shutil.copytree(model_dir, tmp)
         tokenizer_json = json.loads((tmp / "tokenizer.json").read_text())
         (tmp / "tokenizer.json").write_text(json.dumps(split_word_spaces(tokenizer_json), ensure_ascii=False))
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -161,20 +157,9 @@ def init_tiny_model(out_dir: Path | str, seed: int = 0, size: str = "tiny") -> P
         model = Qwen3ForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
+    with building(out, keep_theirs=lambda _: False) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        try:
-            tmp.rename(out)
-        except OSError:
-            raise CRRError(f"{out} was written by someone else while this build ran; pass a new --out path") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info("wrote a %s model (%d parameters, vocab %d) to %s", size, param_count(model), len(tokenizer), out)
     return out
 

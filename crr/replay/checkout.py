@@ -11,7 +11,8 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from crr.errors import CRRError
@@ -32,13 +33,32 @@ def _git(*args: str, cwd: Path | None = None) -> str:
     return out.stdout
 
 
-def publish(built: Path, dest: Path) -> None:
-    """Move a freshly built cache entry into place; if another process got there first, keep theirs."""
+def publish(built: Path, dest: Path, keep_theirs: Callable[[Path], bool] = Path.is_dir) -> None:
+    """Move a freshly built folder into place as `dest` in one rename (an empty `dest` is replaced), so that
+    readers see no folder or a whole one. If another process filled `dest` meanwhile, theirs is kept when
+    `keep_theirs(dest)` says it is whole (the default: it is a folder); otherwise a CRRError says so."""
     try:
         os.rename(built, dest)
     except OSError:
-        if not dest.is_dir():
-            raise
+        if keep_theirs(dest):
+            return
+        if dest.exists():
+            raise CRRError(f"{dest} was written by someone else while this build ran; choose a new path") from None
+        raise
+
+
+@contextmanager
+def building(dest: Path, keep_theirs: Callable[[Path], bool] = Path.is_dir) -> Iterator[Path]:
+    """Build the folder `dest` whole or not at all: yields a path beside it (not yet made) to build into,
+    published as `dest` (`publish`) when the block ends without error; the temporary sibling is removed
+    in any case, so a crash leaves nothing half-built behind."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
+    try:
+        yield work / dest.name
+        publish(work / dest.name, dest, keep_theirs)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def cached_repo(kind: str, task: TaskSpec, key: str, build: Callable[[Path], None]) -> Path:
@@ -48,13 +68,8 @@ def cached_repo(kind: str, task: TaskSpec, key: str, build: Callable[[Path], Non
     dest = cache_root() / kind / f"{safe}-{key}"
     if dest.is_dir():
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{safe}."))
-    try:
-        build(tmp / "repo")
-        publish(tmp / "repo", dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with building(dest) as repo:
+        build(repo)
     return dest
 
 

@@ -37,7 +37,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from crr.errors import CRRError
 from crr.replay import http
-from crr.replay.checkout import cache_root, publish
+from crr.replay.checkout import building, cache_root
 from crr.rundir import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -77,12 +77,9 @@ def lock(requirements: Sequence[str]) -> list[str]:
         lines = sorted(_pin(wheel) for wheel in tmp.glob("*.whl"))
         (tmp / LOCK_FILE).write_text("".join(f"{line}\n" for line in lines))
         dest = _wheelhouse_dir(lines)
-        dest.parent.mkdir(parents=True, exist_ok=True)
         if not dest.is_dir():
-            staged = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
-            shutil.move(str(tmp), staged / "w")
-            publish(staged / "w", dest)
-            shutil.rmtree(staged, ignore_errors=True)
+            with building(dest) as staged:
+                shutil.move(str(tmp), staged)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     atomic_write_text(cached, "".join(f"{line}\n" for line in lines))
@@ -95,21 +92,15 @@ def wheelhouse(lines: Sequence[str]) -> Path:
     dest = _wheelhouse_dir(lines)
     if (dest / LOCK_FILE).is_file():
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
-    try:
-        (tmp / "w").mkdir()
-        (tmp / LOCK_FILE).write_text("".join(f"{line}\n" for line in lines))
-        _pip("download", "--no-deps", "--only-binary=:all:", "--require-hashes", "-r", str(tmp / LOCK_FILE),
-             "--dest", str(tmp / "w"), what=f"download the wheels of lock {digest(lines)[:12]}")
-        got = sorted(_pin(wheel) for wheel in (tmp / "w").glob("*.whl"))
+    with building(dest) as w:
+        w.mkdir()
+        (w / LOCK_FILE).write_text("".join(f"{line}\n" for line in lines))
+        _pip("download", "--no-deps", "--only-binary=:all:", "--require-hashes", "-r", str(w / LOCK_FILE),
+             "--dest", str(w), what=f"download the wheels of lock {digest(lines)[:12]}")
+        got = sorted(_pin(wheel) for wheel in w.glob("*.whl"))
         if got != sorted(lines):  # pip checked every hash; this catches a lock that misses a wheel
             raise CRRError(f"the wheels downloaded for lock {digest(lines)[:12]} are not the lock's "
                            f"({len(got)} vs {len(lines)} wheels); regenerate the lock")
-        shutil.move(str(tmp / LOCK_FILE), tmp / "w" / LOCK_FILE)
-        publish(tmp / "w", dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 

@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from crr.errors import CRRError, TaskFormatError
-from crr.replay.checkout import cache_root
+from crr.replay.checkout import building, cache_root
 from crr.tasks.micro import generate_micro
 from crr.tasks.schema import (
     DEFAULT_LOG_PARSER,
@@ -38,7 +36,7 @@ from crr.tasks.schema import (
 
 log = logging.getLogger(__name__)
 
-# Named generated sets, the one catalogue (crr eval's benchmark names are these and the hub's): name -> (tier,
+# Named generated sets (registered in TASK_SETS below): name -> (tier,
 # split); each is generated on first use, MICRO_DEFAULT_N[tier] tasks from index 0 unless MICRO_RANGES gives
 # (first index, n). Task i of a split depends on (tier, seed, split, i) only, so ranges of one split are disjoint.
 # nano-test is the committed results' benchmark (its 64 tasks); they were used to choose recipes, so they are
@@ -50,9 +48,6 @@ MICRO_SETS = {"micro-train": ("default", "train"), "micro-test": ("default", "te
               "multi-train": ("multi", "train"), "multi-val": ("multi", "val"), "multi-test": ("multi", "test")}
 MICRO_DEFAULT_N = {"default": 32, "nano": 64, "multi": 64}
 MICRO_RANGES = {"nano-test2": (64, 256), "nano-val": (0, 256), "multi-val": (0, 256), "multi-test": (0, 256)}
-# Task sets shipped in the package (tasks.jsonl + repos/): nano-band is the learnable band of the shipped
-# default (crr tasks band: the nano-train tasks 2000-2255 it solves in 1-3 of 4 samples; band.json says how).
-SHIPPED_SETS = {"nano-band": Path(__file__).parent / "sets" / "nano-band"}
 MICRO_DEFAULT_SEED = 0
 
 # Test commands of the SWE-bench repositories whose runner is not plain pytest (swebench 4.x
@@ -71,19 +66,54 @@ ACTIVATE_TESTBED = ("if [ -f /opt/miniconda3/bin/activate ]; then "
                     "source /opt/miniconda3/bin/activate && conda activate testbed; fi")
 
 
+# ------------------------------------------------------------------------------------ named sets
+
+@dataclass(frozen=True)
+class TaskSet:
+    """A task set by name: `load_tasks(name)`, `crr eval NAME`, a comparison's eval dataset, `crr tasks sets`."""
+    name: str
+    what: str                                   # one line for `crr tasks sets`
+    load: Callable[[str | None], list[Task]]    # split (None: the set's own) -> the set's tasks
+    dataset: str | None = None                  # a hub dataset's id: `crr eval NAME DIR` reads a local copy of it
+
+
+# The one catalogue of named task sets; a new set is one register_task_set call (crr's own are below).
+TASK_SETS: dict[str, TaskSet] = {}
+
+
+def register_task_set(name: str, what: str, load: Callable[[str | None], list[Task]], *,
+                      dataset: str | None = None) -> TaskSet:
+    """Name a task set for load_tasks, `crr eval` and `crr tasks sets` (a name registered again is replaced)."""
+    TASK_SETS[name] = TaskSet(name, what, load, dataset)
+    return TASK_SETS[name]
+
+
+def _generated(name: str, tier: str, split: str) -> Callable[[str | None], list[Task]]:
+    def load(asked: str | None) -> list[Task]:
+        if asked is not None and asked != split:
+            raise CRRError(f"{name} is the {split} split already; drop --split {asked}")
+        first, n = MICRO_RANGES.get(name, (0, None))
+        return load_micro(split, n=n, tier=tier, first=first)
+    return load
+
+
+def _shipped(name: str, directory: Path) -> Callable[[str | None], list[Task]]:
+    def load(split: str | None) -> list[Task]:
+        _no_split(name, split)
+        return read_tasks_jsonl(directory / TASKS_FILE)
+    return load
+
+
+def _hub(dataset: str) -> Callable[[str | None], list[Task]]:
+    return lambda split: _load_dataset_rows(dataset, split, None)
+
+
 # ------------------------------------------------------------------------------------ entry points
 
 def load_tasks(source: str, split: str | None = None, *, adapter: str | None = None) -> list[Task]:
-    """Tasks from a JSONL file, a directory with tasks.jsonl, a micro set name, or a dataset."""
-    if source in MICRO_SETS:
-        tier, set_split = MICRO_SETS[source]
-        if split is not None and split != set_split:
-            raise CRRError(f"{source} is the {set_split} split already; drop --split {split}")
-        first, n = MICRO_RANGES.get(source, (0, None))
-        return load_micro(set_split, n=n, tier=tier, first=first)
-    if source in SHIPPED_SETS:
-        _no_split(source, split)
-        return read_tasks_jsonl(SHIPPED_SETS[source] / TASKS_FILE)
+    """Tasks from a named set (TASK_SETS), a JSONL file, a directory with tasks.jsonl, or a dataset."""
+    if source in TASK_SETS:
+        return TASK_SETS[source].load(split)
     path = Path(source).expanduser()
     if path.is_file() and path.suffix == ".parquet":
         return _load_dataset_rows(source, split, adapter, local=path)
@@ -102,7 +132,7 @@ def load_tasks(source: str, split: str | None = None, *, adapter: str | None = N
         raise CRRError(f"{source} does not exist; check the path")
     if re.fullmatch(r"[\w.-]+/[\w.-]+", source):
         return _load_dataset_rows(source, split, adapter)
-    raise CRRError(f"{source!r} is not a file, a directory, a micro set ({', '.join(MICRO_SETS)}), a shipped set ({', '.join(SHIPPED_SETS)}) "
+    raise CRRError(f"{source!r} is not a file, a directory, a named set ({', '.join(TASK_SETS)}) "
                    "or a dataset name like SWE-Gym/SWE-Gym")
 
 
@@ -130,17 +160,8 @@ def load_micro(split: str, n: int | None = None, seed: int | None = None, tier: 
     if not (target / TASKS_FILE).is_file():
         log.info("generating the %s %s set (n=%d, seed=%d) into %s", tier, split, n, seed, target)
         # generated beside the target and renamed into place, so concurrent first uses are safe
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-        try:
-            generate_micro(tmp / "set", n=n, seed=seed, split=split, tier=tier, workers=workers, first=first)
-            try:
-                os.rename(tmp / "set", target)
-            except OSError:
-                if not (target / TASKS_FILE).is_file():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with building(target, keep_theirs=lambda d: (d / TASKS_FILE).is_file()) as built:
+            generate_micro(built, n=n, seed=seed, split=split, tier=tier, workers=workers, first=first)
     return read_tasks_jsonl(target / TASKS_FILE)
 
 
@@ -281,6 +302,11 @@ DATASETS: dict[str, tuple[str, str]] = {
 }
 
 
+def dataset_adapter(dataset: str) -> str:
+    """The adapter that reads a dataset's rows (and a local copy of it): generic for a dataset crr does not know."""
+    return _adapter(None, dataset)[0]
+
+
 def _adapter(name: str | None, source: str) -> tuple[str, Callable[[dict], dict]]:
     if name is None:
         name = DATASETS.get(source, ("generic", ""))[0]
@@ -344,3 +370,19 @@ def _open_dataset(source: str, split: str | None, local: Path | None):
                        f"or pass a local save_to_disk directory or .parquet file") from None
     except ValueError as e:  # e.g. an unknown split
         raise CRRError(f"could not load {source}[{split}]: {e}") from None
+
+
+# ------------------------------------------------------------------------------------ crr's own named sets
+
+for _name, (_tier, _split) in MICRO_SETS.items():
+    _first, _n = MICRO_RANGES.get(_name, (0, MICRO_DEFAULT_N[_tier]))
+    register_task_set(_name, f"generated on first use: {_tier} tier, {_split} split, tasks {_first}-{_first + _n - 1}",
+                      _generated(_name, _tier, _split))
+# Shipped in the package (tasks.jsonl + repos/): nano-band is the learnable band of the shipped default
+# (crr tasks band: the nano-train tasks 2000-2255 it solves in 1-3 of 4 samples; band.json says how).
+register_task_set("nano-band", "shipped: the learnable band of the shipped warm start (80 of nano-train tasks 2000-2255)",
+                  _shipped("nano-band", Path(__file__).parent / "sets" / "nano-band"))
+# The hub's benchmarks (`crr eval NAME DIR` evaluates a local copy of the dataset)
+for _name, _dataset in {"verified": "SWE-bench/SWE-bench_Verified", "live": "SWE-bench-Live/SWE-bench-Live",
+                        "rebench": "nebius/SWE-rebench", "gym": "SWE-Gym/SWE-Gym"}.items():
+    register_task_set(_name, f"the Hugging Face dataset {_dataset}", _hub(_dataset), dataset=_dataset)

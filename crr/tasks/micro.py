@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crr.errors import CRRError
+from crr.replay.checkout import building
 from crr.tasks.bugs import FAMILIES, Mutant, iter_mutants, mutants
 from crr.tasks.multi import (
     ISSUE_STYLES,
@@ -164,29 +165,25 @@ def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rat
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise CRRError(f"{out_dir} already exists and is not an empty directory; choose a new --out "
                        "(nothing was written)")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    build = Path(tempfile.mkdtemp(dir=out_dir.parent.absolute(), prefix=f".{out_dir.name}."))
     scratch = Path(tempfile.mkdtemp(prefix="crr-micro-", dir=_scratch_root()))
     try:
-        (scratch / f"{_PIN_MODULE}.py").write_text(_PIN_PLUGIN)
-        flaky = _flaky_plan(n, seed, split, flaky_rate)
-        jobs = [(index, seed, split, flaky.get(index), build, scratch, tier, warm, knobs)
-                for index in range(first, first + n)]
-        tasks = []
-        # Processes, not threads: a candidate is mostly Python (AST mutants, git and pytest plumbing).
-        with (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1
-              else contextlib.nullcontext()) as pool:
-            for task in (pool.map(_generate_job, jobs) if pool else map(_generate_job, jobs)):
-                tasks.append(task)
-                if progress is not None:
-                    progress(task)
-        write_tasks(tasks, build / TASKS_FILE)
-        if out_dir.exists():
-            out_dir.rmdir()  # empty, checked above
-        os.rename(build, out_dir)
+        with building(out_dir.absolute(), keep_theirs=lambda _: False) as build:
+            build.mkdir()
+            (scratch / f"{_PIN_MODULE}.py").write_text(_PIN_PLUGIN)
+            flaky = _flaky_plan(n, seed, split, flaky_rate)
+            jobs = [(index, seed, split, flaky.get(index), build, scratch, tier, warm, knobs)
+                    for index in range(first, first + n)]
+            tasks = []
+            # Processes, not threads: a candidate is mostly Python (AST mutants, git and pytest plumbing).
+            with (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1
+                  else contextlib.nullcontext()) as pool:
+                for task in (pool.map(_generate_job, jobs) if pool else map(_generate_job, jobs)):
+                    tasks.append(task)
+                    if progress is not None:
+                        progress(task)
+            write_tasks(tasks, build / TASKS_FILE)
     finally:
         _close_warm()
-        shutil.rmtree(build, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
     return read_tasks_jsonl(out_dir / TASKS_FILE)  # what is on disk, with repo_src inside out_dir
 
@@ -772,53 +769,3 @@ def _pytest(repo: Path, plugin_dir: Path, warm: bool = False, lean: bool = False
     except subprocess.TimeoutExpired:
         return {}
     return PARSER_REGISTRY[DEFAULT_LOG_PARSER](out.stdout, None)
-
-
-
-# ------------------------------------------------------------------------------------ benchmark
-
-def bench_micro(n: int, seed: int = 0, split: str = "train", tier: str = "nano", workers: int = 1,
-                warm: bool = True, sample: int = 50) -> dict:
-    """Generate `n` tasks into a throw-away directory and time it (a benchmark command, not a test).
-
-    Returns {"n", "seconds", "tasks_per_s", "families": {family: count}, "files": {kind: {"mean_lines",
-    "mean_chars", "mean_tokens"}}, "issue_chars"}: file sizes at base_commit over the first `sample` tasks
-    (kinds: "source" = the package's modules, "test" = test files, "other" = README, pyproject, __init__),
-    tokens counted as words and punctuation marks (a tokenizer-free proxy).
-    """
-    import re
-    import time
-    from collections import Counter
-
-    root = Path(tempfile.mkdtemp(prefix="crr-micro-bench-"))
-    try:
-        start = time.perf_counter()
-        tasks = generate_micro(root / "set", n=n, seed=seed, split=split, tier=tier, workers=workers, warm=warm)
-        seconds = time.perf_counter() - start
-        sizes: dict[str, list[tuple[int, int, int]]] = {"source": [], "test": [], "other": []}
-        for task in tasks[:sample]:
-            clone = root / "clone"
-            subprocess.run(["git", "clone", "-q", task.repo_src, str(clone)], check=True, capture_output=True,
-                           env={**os.environ, **_GIT_ENV})
-            package = task.metadata["package"]
-            for path in sorted(p for p in clone.rglob("*") if p.is_file() and ".git" not in p.parts):
-                rel = path.relative_to(clone).as_posix()
-                kind = ("test" if rel.startswith("tests/") else
-                        "source" if rel.startswith(f"{package}/") and path.name != "__init__.py" else "other")
-                text = path.read_text()
-                sizes[kind].append((text.count("\n"), len(text), len(re.findall(r"\w+|[^\w\s]", text))))
-            shutil.rmtree(clone)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-    def mean(values: list[int]) -> float:
-        return round(sum(values) / len(values), 1) if values else 0.0
-
-    return {"n": n, "tier": tier, "split": split, "workers": workers, "warm": warm, "seconds": round(seconds, 2),
-            "tasks_per_s": round(n / seconds, 3),
-            "families": dict(sorted(Counter(t.metadata["bug_family"] for t in tasks).items())),
-            "files": {kind: {"per_task": round(len(rows) / min(sample, n), 2),
-                             "mean_lines": mean([r[0] for r in rows]), "mean_chars": mean([r[1] for r in rows]),
-                             "mean_tokens": mean([r[2] for r in rows])} for kind, rows in sizes.items()},
-            "issue_chars": mean([len(t.problem_statement) for t in tasks]),
-            **({"n_bugs": dict(sorted(Counter(t.metadata["n_bugs"] for t in tasks).items()))} if tier == "multi" else {})}

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from crr.agent.tools import ToolCallError, parse_tool_call
 from crr.errors import CRRError
 from crr.policy.backend import GenerationBackend, StepSample
+from crr.seeds import derive_seed
 
 VALIDITY_RESAMPLES = 3
 
@@ -34,10 +33,6 @@ def _canonical(text: str) -> str | None:
         return parse_tool_call(text).canonical()
     except ToolCallError:
         return None
-
-
-def _sub_seed(seed: int, attempt: int) -> int:
-    return int(np.random.SeedSequence([seed, attempt]).generate_state(1)[0])
 
 
 def tempered(backend: GenerationBackend, conversations: list[list[dict]], realised: list[str], *,
@@ -59,7 +54,7 @@ def validity_filtered(backend: GenerationBackend, conversations: list[list[dict]
         if not redo:
             break
         again = tempered(backend, [conversations[i] for i in redo], [realised[i] for i in redo],
-                         temperature=temperature, seed=_sub_seed(seed, attempt), max_new_tokens=max_new_tokens)
+                         temperature=temperature, seed=derive_seed(seed, attempt), max_new_tokens=max_new_tokens)
         for i, s in zip(redo, again):
             out[i] = s
     return [s if s is not None and _canonical(s.text) is not None else None for s in out]

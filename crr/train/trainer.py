@@ -65,6 +65,7 @@ from crr.replay import engine_options, get_engine
 from crr.replay.checkout import publish
 from crr.rollout import RolloutConfig, rollout, rollout_pool
 from crr.rundir import RunDir
+from crr.seeds import derive_seed
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
 from crr.train import records
@@ -147,7 +148,7 @@ class CRRTrainer(GRPOTrainer):
         cfg, G = self.cfg, self.num_generations
         step, rank = self.state.global_step, self.accelerator.process_index
         # process 0 (the only one of a plain run) draws from (seed, step); process r > 0 from (seed, step, r)
-        seed = int(np.random.SeedSequence([cfg.seed, step] + ([rank] if rank else [])).generate_state(1)[0])
+        seed = derive_seed(cfg.seed, step, *([rank] if rank else []))
         if len(prompts) % G or any(p != prompts[i - i % G] for i, p in enumerate(prompts)):
             raise CRRError(f"this process got {len(prompts)} prompts that are not whole groups of G={G}")
         tasks = [self.tasks[p] for p in prompts[::G]]

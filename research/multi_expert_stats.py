@@ -1,9 +1,9 @@
 """The multi expert's episode lengths on a task set: decisions and tokens, mean and p95 (issue 30's figure).
 
-    .venv/bin/python scripts/multi_expert_stats.py multi-val --n 64
+    .venv/bin/python research/multi_expert_stats.py multi-val --n 64
 
 Each task's episode is planned by crr.agent.expert.explore_script (default ExpertConfig, seed 0), played in a
-local sandbox and scored by the verifier, as `crr sft` builds its expert data (crr.policy.sft.expert_episode),
+local sandbox and scored by the verifier, as `crr sft` builds its expert data (crr.sft.warm_start.expert_episode),
 in the compact format with H = 12; tokens are counted with the shipped default's tokenizer. A catalogue name
 loads its first N tasks only (generated once into the crr cache); any other source goes to load_tasks.
 """
@@ -18,8 +18,8 @@ from transformers import AutoTokenizer
 from crr.agent.expert import ExpertConfig
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import default_model_dir
-from crr.policy.sft import ExpertDataSettings, expert_episode
 from crr.replay import get_engine
+from crr.sft.warm_start import ExpertDataSettings, expert_episode
 from crr.tasks.loaders import MICRO_RANGES, MICRO_SETS, load_micro, load_tasks
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +43,6 @@ from crr.agent.episode import EpisodeConfig, play_calls
 from crr.agent.expert import ExpertConfig, call_json, explore_script
 from crr.agent.prompt import DEFAULT_MAX_TURNS, agent_format
 from crr.errors import CRRError, SandboxError
-from crr.policy.curriculum import DEFAULT_LEVELS, LEVELS, curriculum_rows
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import (
     SFT_RECIPE_VERSION,  # noqa: F401  (re-exported)
@@ -53,11 +51,13 @@ from crr.policy.model import (
     load_policy,
     write_split_model,
 )
-from crr.policy.rows import action_parts, sft_row
-from crr.policy.sft_trainer import SFTSettings, quiet_hf, sft
 from crr.replay import engine_options, get_engine
 from crr.replay.base import ForkEngine
+from crr.replay.checkout import building
 from crr.rundir import RunDir
+from crr.sft.curriculum import DEFAULT_LEVELS, LEVELS, curriculum_rows
+from crr.sft.rows import action_parts, sft_row
+from crr.sft.trainer import SFTSettings, quiet_hf, sft
 from crr.tasks.loaders import MICRO_DEFAULT_N, MICRO_SETS, load_micro, load_tasks
 from crr.tasks.schema import Task
 
@@ -231,9 +231,9 @@ class SFTRecipe:
     ray: str | None = None             # a ray:... engine's cluster address, as ray.init takes it (None: auto)
     data: ExpertDataSettings = field(default_factory=ExpertDataSettings)
     train: SFTSettings = field(default_factory=SFTSettings)
-    # Synthetic lookup-and-repair rows (crr.policy.curriculum) for the stages that use them.
+    # Synthetic lookup-and-repair rows (crr.sft.curriculum) for the stages that use them.
     curriculum_rows: int = 0
-    # Their levels, in order, an equal share each (crr.policy.curriculum: 0 views only the named function, 1 a
+    # Their levels, in order, an equal share each (crr.sft.curriculum: 0 views only the named function, 1 a
     # module of two functions, 2 up to three modules of up to four).
     curriculum_levels: list[int] = field(default_factory=lambda: list(DEFAULT_LEVELS))
     # Re-split the model's tokenizer before anything else (crr.policy.model.split_word_spaces: names start
@@ -298,7 +298,7 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
                progress: Progress | None = None, data_only: bool = False) -> Path:
     """Expert data (or the run's saved copy when resuming), then SFT; the model goes to run/model.
     With `data_only`, stop after the data and return its directory (train elsewhere with
-    crr.policy.sft_trainer, e.g. on a GPU node).
+    crr.sft.trainer, e.g. on a GPU node).
 
     Metrics go to run/metrics.jsonl (one record per logging step: the loss curve)."""
     if recipe.split_word_spaces:
@@ -371,9 +371,9 @@ def sft_results(run: RunDir) -> tuple[dict | None, list[tuple[int, float]]]:
 
 def trainer_command(model: str, data_dir: Path, recipe: SFTRecipe) -> str:
     """The command that trains on expert data saved by `warm_start(..., data_only=True)` elsewhere (e.g. a GPU
-    node) as the recipe would: crr.policy.sft_trainer, OUT_DIR left to fill in."""
+    node) as the recipe would: crr.sft.trainer, OUT_DIR left to fill in."""
     settings = json.dumps(asdict(replace(recipe.train, seed=recipe.seed)))
-    return (f"python -m crr.policy.sft_trainer {model} OUT_DIR {data_dir} --agent "
+    return (f"python -m crr.sft.trainer {model} OUT_DIR {data_dir} --agent "
             f"{recipe.data.agent_format}:{recipe.data.max_turns} --settings '{settings}'")
 
 
@@ -389,15 +389,6 @@ def install_default(model: Path, target: Path) -> Path:
     """Copy a warm-started model into the cache as the default (atomic; a concurrent install wins)."""
     if (target / "config.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        shutil.copytree(model, tmp, dirs_exist_ok=True)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with building(target, keep_theirs=lambda d: (d / "config.json").is_file()) as tmp:
+        shutil.copytree(model, tmp)
     return target

@@ -1,7 +1,7 @@
 """What a signalled crr command leaves, per engine and signal, before the next command and after it; and the
 records and unique tasks once the interrupted run is resumed. Prints one JSON line per case.
 
-    python scripts/interrupt_figures.py [--engines local docker] [--signals TERM KILL] [--commands filter eval]
+    python research/interrupt_figures.py [--engines local docker] [--signals TERM KILL] [--commands filter eval]
 
 Runs real `crr filter-tasks` / `crr eval` processes on 8 generated micro tasks in a temporary directory
 (its own crr cache), signals each once its first record is written, then resumes it.

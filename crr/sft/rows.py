@@ -1,6 +1,6 @@
 """SFT rows: a conversation as the token stream RL builds for it, with the ids the constrained sampler emits.
 
-Shared by the expert's episodes (crr.policy.sft) and the synthetic curriculum (crr.policy.curriculum).
+Shared by the expert's episodes (crr.sft.warm_start) and the synthetic curriculum (crr.sft.curriculum).
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ a figure near 1 says the model cannot tell those tokens apart, so a copy of one 
 sed rows (--sed, the expert's `p_sed` episodes): the tokens of each `sed -i 'Ns/OLD/NEW/' PATH` command, split
 into line number, OLD, NEW, path and the rest; and how often each of those parts is right in every token.
 
-    .venv/bin/python scripts/name_copy_probe.py MODEL EXPERT_DATA [--rows 40] [--sed]
-    .venv/bin/python scripts/name_copy_probe.py MODEL --curriculum 120 [--seed 999] [--level 0|1|2]
+    .venv/bin/python research/name_copy_probe.py MODEL EXPERT_DATA [--rows 40] [--sed]
+    .venv/bin/python research/name_copy_probe.py MODEL --curriculum 120 [--seed 999] [--level 0|1|2]
 
 EXPERT_DATA: a `crr sft` run's expert_data/ (rows with input_ids and assistant_masks); --curriculum N probes N
-fresh synthetic repair rows instead (crr.policy.curriculum, level 2 unless --level; no sandbox needed). Used for issue
+fresh synthetic repair rows instead (crr.sft.curriculum, level 2 unless --level; no sandbox needed). Used for issue
 11's warm-start attempts (experiments/sft-nano-lineview.yaml, sft-nano-copyloss.yaml, sft-nano-sed.yaml).
 """
 
@@ -31,10 +31,10 @@ import datasets
 import torch
 
 from crr.agent.expert import SED_EDIT
-from crr.policy.curriculum import curriculum_rows
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import load_policy
-from crr.policy.rows import action_parts
+from crr.sft.curriculum import curriculum_rows
+from crr.sft.rows import action_parts
 
 NOT_NAMES = set(keyword.kwlist) | set(dir(builtins)) | {"upper", "lower"}
 # A name starts at a letter or underscore that no word character, dot or backslash precedes: the backslash

@@ -1,10 +1,10 @@
 """The training half of the warm start: TRL's SFTTrainer on token rows (`input_ids`, `assistant_masks`).
 
-Kept apart from crr.policy.sft (expert data: sandboxes, tools, the grammar) so the training step imports
+Kept apart from crr.sft.warm_start (expert data: sandboxes, tools, the grammar) so the training step imports
 only torch, transformers, TRL and datasets and runs on its own, for instance on a GPU node with the expert
 data built elsewhere:
 
-    python -m crr.policy.sft_trainer MODEL_DIR OUT_DIR EXPERT_DATA_DIR... [--settings JSON] [--agent compact:8]
+    python -m crr.sft.trainer MODEL_DIR OUT_DIR EXPERT_DATA_DIR... [--settings JSON] [--agent compact:8]
 
 (`crr sft` runs it in-process; both give the same model for the same rows and settings on one device.)
 """
@@ -31,7 +31,8 @@ from crr.agent.prompt import TOOL_SCHEMAS
 from crr.errors import CRRError
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import load_policy, write_agent_record
-from crr.policy.rows import action_parts
+from crr.replay.checkout import building
+from crr.sft.rows import action_parts
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +190,7 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
                                             processing_class=tokenizer, callbacks=[_Report(on_log, progress)])
             trainer.remove_callback(PrinterCallback)  # it prints every log record; `on_log` gets them instead
             trainer.train(resume_from_checkpoint=resume and _has_checkpoint(ckpt_dir))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-        try:
+        with building(out, keep_theirs=lambda _: False) as tmp:
             with quiet_hf():
                 trainer.save_model(str(tmp))
             tokenizer.padding_side = "left"
@@ -200,12 +199,6 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
             (tmp / "crr_sft.json").write_text(json.dumps(record, indent=2) + "\n")
             if agent is not None:
                 write_agent_record(tmp, *agent)
-            if out.exists():
-                out.rmdir()  # empty, checked above
-            tmp.rename(out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     finally:
         if own_ckpt:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -234,7 +227,7 @@ def _has_checkpoint(path: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m crr.policy.sft_trainer", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m crr.sft.trainer", description=__doc__.split("\n")[0])
     parser.add_argument("model", help="the model directory to warm-start")
     parser.add_argument("out", help="new directory for the warm-started model")
     parser.add_argument("data", nargs="+", help="expert data saved by crr sft --data-only (run dirs' expert_data/), "

@@ -1,9 +1,9 @@
 """Does a lever move the copy? Fine-tune a model for a few minutes on fresh curriculum rows and probe it as it goes.
 
 Issue 11's warm start is capped by one token: the first token of a name in an edit's replacement
-(scripts/name_copy_probe.py). A full recipe and evaluation cost an hour or more here; this script tells in minutes
+(research/name_copy_probe.py). A full recipe and evaluation cost an hour or more here; this script tells in minutes
 whether a change to the model or the rows moves that token at all, teacher-forced on held-out curriculum rows
-(the same rows every time: crr.policy.curriculum, seed 999, the larger level). Levers (--lever):
+(the same rows every time: crr.sft.curriculum, seed 999, the larger level). Levers (--lever):
 
     control   the model as it is
     kv6       every attention layer's 2 key/value heads copied into 6, one per query head (the same function,
@@ -19,8 +19,8 @@ whether a change to the model or the rows moves that token at all, teacher-force
               model's objective, six times the supervised tokens per row at the same compute, and the one under
               which small transformers grow copy (induction) heads
 
-    .venv/bin/python scripts/copy_lever_probe.py --lever kv6 --minutes 10 [--threads 1] [--out FILE.jsonl]
-    .venv/bin/python scripts/copy_lever_probe.py --model RANDOM --lever lm --lr 1e-3 --levels 0 1 --probe-level 1
+    .venv/bin/python research/copy_lever_probe.py --lever kv6 --minutes 10 [--threads 1] [--out FILE.jsonl]
+    .venv/bin/python research/copy_lever_probe.py --model RANDOM --lever lm --lr 1e-3 --levels 0 1 --probe-level 1
 
 (--model a random model, e.g. `crr model init`'s re-split by crr.policy.model.write_split_model: how fast a lever
 grows the copy from random weights; --levels the training rows' curriculum levels, --probe-level the held-out rows'.)
@@ -44,10 +44,10 @@ from name_copy_probe import probe_model  # this directory is on sys.path when ru
 from crr.agent.conversation import action_message
 from crr.agent.expert import call_json
 from crr.agent.tools import ToolCall
-from crr.policy.curriculum import curriculum_rows, repair_messages
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import load_policy
-from crr.policy.rows import action_parts, sft_row
+from crr.sft.curriculum import curriculum_rows, repair_messages
+from crr.sft.rows import action_parts, sft_row
 
 LEVERS = ("control", "kv6", "drill", "qknorm", "untie", "spread", "lm")
 

@@ -4,7 +4,7 @@ holds it: one line, or from the def line as the expert's p_def_edit episodes do)
 line exactly. An edit is an edit_file call or a one-line `sed -i 'Ns/OLD/NEW/' PATH` (run_shell), whose result
 on the gold line is that line with its first OLD replaced. Used for issue 11's warm-start attempts.
 
-    .venv/bin/python scripts/edit_stats.py EVAL_RUN_DIR [--tasks nano-test]
+    .venv/bin/python research/edit_stats.py EVAL_RUN_DIR [--tasks nano-test]
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def score(tasks: list[Task], records: list[dict]) -> dict:
 def ray_filter_bench(n: int = 8, tasks: str = "nano-band", slots: int = 2, node_counts: tuple[int, ...] = (1, 2),
                      reruns: int = 3, out: Path | str | None = None) -> dict:
     """Filter throughput on the local engine and on `ray:local` over throwaway clusters of 1, 2, ...
-    raylets on this machine (crr.replay.bench.local_cluster), in one run, on the first `n` tasks of `tasks`.
+    raylets on this machine (crr.bench.fork.local_cluster), in one run, on the first `n` tasks of `tasks`.
 
     Every configuration has `slots` sandbox slots in all (a cluster of k raylets: slots / k CPUs and
     sandbox slots each) and runs `slots` workers, so the rows differ only in where the sandboxes run; on
@@ -107,8 +107,8 @@ def ray_filter_bench(n: int = 8, tasks: str = "nano-band", slots: int = 2, node_
     """
     import tempfile
 
+    from crr.bench.fork import local_cluster
     from crr.replay import get_engine
-    from crr.replay.bench import local_cluster
     from crr.replay.checkout import base_checkout
     from crr.tasks.loaders import load_tasks
 

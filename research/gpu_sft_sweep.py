@@ -5,15 +5,15 @@ stage-1 budget and learning rate can be compared side by side and their models e
 `crr eval tasks nano-test`. Two steps:
 
     # here, after `crr sft --recipe experiments/sft-nano-2h.yaml --out DIR` has built its data:
-    .venv/bin/python scripts/gpu_sft_sweep.py pack RUN_DIR .gpu      # rows (int16, ~7 MB) + the base model
+    .venv/bin/python research/gpu_sft_sweep.py pack RUN_DIR .gpu      # rows (int16, ~7 MB) + the base model
     # on the GPU machine (torch and transformers only), one process per variant, side by side:
-    python3 scripts/gpu_sft_sweep.py train .gpu NAME S1_EPOCHS S1_LR S2_EPOCHS S2_LR --out $OUT [--rows 0:5000,...]
+    python3 research/gpu_sft_sweep.py train .gpu NAME S1_EPOCHS S1_LR S2_EPOCHS S2_LR --out $OUT [--rows 0:5000,...]
 
 `train` writes NAME.safetensors (bf16, tied embedding): copy it over model.safetensors in a copy of RUN_DIR/base_model
-(plus crr/policy/default/crr_agent.json) to evaluate it. A hand loop rather than crr.policy.sft_trainer because the
+(plus crr/policy/default/crr_agent.json) to evaluate it. A hand loop rather than crr.sft.trainer because the
 GPU machine has torch and transformers but not TRL, datasets or xgrammar (crr's trainer imports them); the loop has
 the trainer's settings: AdamW (no weight decay), cosine schedule with 3 % warmup, gradient clip 1.0, bf16 autocast,
-8 rows a step, right padding, the loss on the action tokens (crr.policy.sft_trainer.action_nll), stage 1 (the
+8 rows a step, right padding, the loss on the action tokens (crr.sft.trainer.action_nll), stage 1 (the
 curriculum) in order and stage 2 (the expert's episodes) shuffled. Its numerics and stage-2 row order differ from
 the CPU run's, so its pass@1 estimates the recipe's rather than reproduces it.
 """

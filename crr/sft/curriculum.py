@@ -30,7 +30,7 @@ from crr.agent.expert import call_json, from_def_line, function_at
 from crr.agent.prompt import agent_format
 from crr.agent.tools import ToolCall, render_diff, render_view, split_lines, truncate
 from crr.policy.grammar import ToolCallGrammar
-from crr.policy.rows import sft_row
+from crr.sft.rows import sft_row
 from crr.tasks.bugs import mutants
 from crr.tasks.micro import issue_text
 from crr.tasks.nano import NANO_FAMILIES, nano_template

@@ -50,9 +50,9 @@ def sft_step_bench(model: str, batch: int = 8, steps: int = 6, level: int = 1, b
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
     from trl.trainer.utils import add_fused_lm_head
 
-    from crr.policy.curriculum import curriculum_rows
     from crr.policy.grammar import ToolCallGrammar
-    from crr.policy.sft_trainer import action_nll
+    from crr.sft.curriculum import curriculum_rows
+    from crr.sft.trainer import action_nll
 
     if threads is not None:
         torch.set_num_threads(threads)

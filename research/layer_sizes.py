@@ -1,7 +1,7 @@
 """The size of crr's layers (issue 13's figures): lines per layer as tests/test_architecture.py assigns modules to
 layers, the largest files, the longest functions, and each CLI command's body (lines after its docstring).
 
-    .venv/bin/python scripts/layer_sizes.py
+    .venv/bin/python research/layer_sizes.py
 """
 
 from __future__ import annotations

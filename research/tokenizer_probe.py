@@ -9,11 +9,11 @@ necessary): a level is left once the model copies 80 % of its held-out lines exa
 of the test split (its disjoint vocabulary), scored teacher-forced: token accuracy, a name's first token, and the
 whole line right.
 
-    .venv/bin/python scripts/tokenizer_probe.py default|nano [--minutes 18] [--threads 1] [--untied]
+    .venv/bin/python research/tokenizer_probe.py default|nano [--minutes 18] [--threads 1] [--untied]
 
 --untied gives the model separate input and output embeddings (the default ties them, as the shipped model does):
 the shipped model's tied embeddings of the tokens that start names ended up nearly parallel
-(scripts/name_copy_probe.py), and the run ends by printing that figure for the model it trained.
+(research/name_copy_probe.py), and the run ends by printing that figure for the model it trained.
 
 Prints the tokens per held-out name of the tokenizer, then one JSON line per evaluation (the level trained, the
 tokens seen, the scores at that level) and at the end the scores at every level.

@@ -1,4 +1,4 @@
-"""VLLMBackend against TransformersBackend on real prompts: `python -m crr.policy.vllm_bench [--json OUT]`.
+"""VLLMBackend against TransformersBackend on real prompts: `python -m crr.bench.vllm [--json OUT]`.
 
 Needs vllm (on CPU: .venv-vllm from scripts/setup-vllm.sh); tests/test_vllm_backend.py runs it there.
 
