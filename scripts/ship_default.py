@@ -1,7 +1,9 @@
-"""Install a warm-started model as crr's shipped default (crr/policy/default), with its provenance beside it.
+"""Install a warm-started model as crr's shipped default (crr/policy/default), or another shipped model
+(--target, e.g. crr/policy/multi, the multi tier's warm start), with its provenance beside it.
 
     .venv/bin/python scripts/ship_default.py MODEL_DIR --recipe experiments/sft-nano.yaml \
-        --data-run SFT_RUN_DIR... [--eval EVAL_RUN_DIR ...] [--note "how it was trained"] [--base-provenance FILE]
+        --data-run SFT_RUN_DIR... [--eval EVAL_RUN_DIR ...] [--note "how it was trained"] [--base-provenance FILE] \
+        [--target DIR] [--dtype bfloat16|float32]
 
 Writes the weights in bf16 (a few MB; crr loads them in the dtype they were saved in, "auto"), the tokenizer,
 the agent record (crr_agent.json) and `provenance.json`: the recipe, its data manifest (the expert summaries
@@ -41,6 +43,9 @@ def main() -> None:
     ap.add_argument("--eval", nargs="*", default=[], help="crr eval run directories of this model")
     ap.add_argument("--note", default="", help="how the weights were trained (device, command)")
     ap.add_argument("--base-provenance", help="provenance.json of the model this one was fine-tuned from")
+    ap.add_argument("--target", type=Path, default=SHIPPED_DEFAULT, help="where it goes (default: crr/policy/default)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="the weights' dtype (crr loads a model in it): evaluate the model in the dtype it ships in")
     args = ap.parse_args()
 
     model, tokenizer = load_policy(args.model)
@@ -68,14 +73,15 @@ def main() -> None:
         provenance["base"] = json.loads(Path(args.base_provenance).read_text())
     if provenance["sft_record"]:
         provenance["sft_record"]["base_model"] = Path(provenance["sft_record"]["base_model"]).name
-    with building(SHIPPED_DEFAULT, keep_theirs=lambda _: False) as tmp:
-        model.to(torch.bfloat16).save_pretrained(tmp)
+    target = args.target.resolve()
+    with building(target, keep_theirs=lambda _: False) as tmp:
+        model.to(getattr(torch, args.dtype)).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         shutil.copy(Path(args.model) / AGENT_FILE, tmp / AGENT_FILE)
         (tmp / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
-        if SHIPPED_DEFAULT.exists():
-            shutil.rmtree(SHIPPED_DEFAULT)  # the one it replaces
-    print(f"installed {_rel(SHIPPED_DEFAULT)} ({sum(f.stat().st_size for f in SHIPPED_DEFAULT.iterdir()) / 1e6:.1f} MB)")
+        if target.exists():
+            shutil.rmtree(target)  # the one it replaces
+    print(f"installed {_rel(target)} ({sum(f.stat().st_size for f in target.iterdir()) / 1e6:.1f} MB)")
 
 
 if __name__ == "__main__":

@@ -158,8 +158,9 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
 
-    with quiet_hf():
-        model, tokenizer = load_policy(model_dir)
+    with quiet_hf():  # fp32 master weights whatever the saved dtype (a bf16 model would train in pure bf16, whose
+        # updates round away; bf16=True autocasts the compute instead)
+        model, tokenizer = load_policy(model_dir, dtype=torch.float32)
     tokenizer.padding_side = "right"  # for training; load_policy's left padding is for generation
     if settings.loss_on is not None:
         dataset = only_parts(dataset, ToolCallGrammar(tokenizer), settings.loss_on)
