@@ -128,11 +128,11 @@ def build_sft_dataset(tasks: list[Task], engine: ForkEngine, seed: int, tokenize
     grammar = ToolCallGrammar(tokenizer)
     done: dict[tuple[str, int], tuple[dict | None, dict]] = {}
     if run is not None:
-        rows = {(r["instance_id"], r["seed"]): r for r in run.records(EXPERT_ROWS_FILE)}
+        saved = {(r["instance_id"], r["seed"]): r for r in run.records(EXPERT_ROWS_FILE)}
         for record in run.records(EXPERT_FILE):
             key = (record["instance_id"], record["seed"])
-            if not record.get("kept") or key in rows:
-                done[key] = rows.get(key), record
+            if not record.get("kept") or key in saved:
+                done[key] = saved.get(key), record
         if done:
             log.info("resuming with %d of %d expert episodes already played", len(done), len(jobs))
     lock = threading.Lock()
