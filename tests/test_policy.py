@@ -214,6 +214,23 @@ def test_unbounded_grammar_calls_parse_or_are_flagged_truncated(policy):
     assert any(not s.truncated for s in samples)
 
 
+def test_the_grammar_refuses_an_empty_path_or_command_and_keeps_their_escapes(policy):
+    # the tools reject them ("command is empty"); a policy that learned run_shell before its command
+    # looped on that error (docs/multi-tier.md). Other strings may still be empty.
+    def call(name, **arguments):
+        return json.dumps({"name": name, "arguments": arguments})
+    for bound in (None, 10):
+        grammar = ToolCallGrammar(policy[1], COMPACT_TOOLS, max_value_chars=bound)
+        assert grammar.tokenize(call("run_shell", command="")) is None
+        assert grammar.tokenize(call("view_file", path="")) is None
+        assert grammar.tokenize(call("edit_file", path="", start=1, end=1, replacement="x")) is None
+        assert grammar.tokenize(call("edit_file", path="a.py", start=1, end=1, replacement="")) is not None
+        assert grammar.tokenize(call("run_tests", test_filter="")) is not None
+        assert grammar.tokenize(call("run_shell", command='grep "f"\nl')) is not None  # 10 characters, escaped
+        assert grammar.tokenize(call("view_file", path="x")) is not None
+    assert grammar.tokenize(call("run_shell", command='grep "f"\nls')) is None  # 11 > the bound
+
+
 def test_a_large_value_bound_keeps_integers_within_int64(policy):
     # 24 characters a value: integer bounds stop at 18 digits (xgrammar's int64) instead of overflowing
     grammar = ToolCallGrammar(policy[1], COMPACT_TOOLS, max_value_chars=24)

@@ -33,6 +33,14 @@ from crr.errors import CRRError
 TOOL_CALL_OPEN = "<tool_call>\n"
 TOOL_CALL_CLOSE = "\n</tool_call>"
 _JSON_STRING = 'basic_string ::= (("\\"" basic_string_sub))'  # xgrammar's rule for a free JSON string
+# xgrammar's characters of a string with a minLength: no escape at all (so no quote or newline in a command)
+_MIN_LENGTH_CHARS = '_characters ::= (([^\\"\\\\\\r\\n]))'
+_JSON_CHAR = '(([^\\0-\\x1f\\"\\\\\\r\\n]) | ("\\\\" basic_escape))'  # one character of basic_string_sub
+
+# Arguments the tools reject when empty (crr.agent.tools: "path is empty", "command is empty"). The decoder
+# does not offer the empty string for them: a policy that has learned a call's name before its argument
+# would otherwise close the string at once and loop on the error (docs/multi-tier.md, the first attempt).
+NON_EMPTY_ARGUMENTS = ("path", "command")
 
 
 def tool_call_schema(tools: list[dict], max_value_chars: int | None = None) -> dict:
@@ -42,6 +50,9 @@ def tool_call_schema(tools: list[dict], max_value_chars: int | None = None) -> d
     for tool in tools:
         fn = tool.get("function", tool)
         params = copy.deepcopy(fn.get("parameters") or {"type": "object", "properties": {}})
+        for name in NON_EMPTY_ARGUMENTS:
+            if params.get("properties", {}).get(name, {}).get("type") == "string":
+                params["properties"][name]["minLength"] = 1
         if max_value_chars is not None:
             for prop in params.get("properties", {}).values():
                 if prop.get("type") == "integer" and "maximum" not in prop:
@@ -78,8 +89,8 @@ class ToolCallGrammar:
         self.vocab_size = vocab_size or len(tokenizer)
         self.eos_token_id = tokenizer.eos_token_id
         self.schema = tool_call_schema(tools, max_value_chars)
-        json_grammar = str(xgr.Grammar.from_json_schema(self.schema, any_whitespace=False,
-                                                        separators=(", ", ": ")))
+        json_grammar = _with_escapes_in_min_length_strings(str(xgr.Grammar.from_json_schema(
+            self.schema, any_whitespace=False, separators=(", ", ": "))), self.schema, max_value_chars)
         if max_value_chars is not None:
             if _JSON_STRING not in json_grammar:
                 raise CRRError("this xgrammar version names JSON strings differently; cannot bound them")
@@ -147,6 +158,24 @@ class ToolCallGrammar:
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     """Set the logits of disallowed tokens to -inf, in place (rows of logits = rows of bitmask)."""
     xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=logits.shape[-1])
+
+
+def _with_escapes_in_min_length_strings(json_grammar: str, schema: dict, max_value_chars: int | None) -> str:
+    """xgrammar compiles a string with a minLength to characters without escapes; give them JSON's escapes
+    back (a command needs its quotes and newlines), keeping the minimum."""
+    wanted = sum("minLength" in prop for case in schema["anyOf"]
+                 for prop in case["properties"]["arguments"].get("properties", {}).values())
+    lines = json_grammar.splitlines()
+    found = [i for i, line in enumerate(lines) if line.endswith(_MIN_LENGTH_CHARS)]
+    if len(found) != wanted:
+        raise CRRError(f"this xgrammar version compiles minLength strings differently ({len(found)} rules for "
+                       f"{wanted} arguments); cannot keep their escapes")
+    for i in found:
+        lines[i] = lines[i].removesuffix(_MIN_LENGTH_CHARS) + "_characters ::= " + _JSON_CHAR
+    # one character, then the rest as a free string: basic_string_sub's masks are precomputed (a repetition
+    # of characters is masked at each token, 500x slower here); bounded strings: the rest is bounded_char's
+    rest = "basic_string_sub" if max_value_chars is None else f'bounded_char{{0, {max_value_chars - 1}}} "\\""'
+    return "\n".join(lines).replace('_characters{1, -1} "\\""))', f"_characters {rest}))")
 
 
 def _ebnf_literal(text: str) -> str:
