@@ -203,8 +203,9 @@ class Trajectory:
 
 
 class Episode:
-    """One trajectory in progress. The rollout engine drives many: `start`, then per turn `act` with the
-    generated call, until `done`; then `finish` scores it. Each method runs in a worker thread."""
+    """One trajectory in progress. The episode driver (crr.rollout.drive) advances many: `start` (or `fork`
+    at s_t of a trajectory), then per turn `act` with the generated call, until `done`; then `finish` scores
+    it. Each method runs in a worker thread."""
 
     def __init__(self, task: Task, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase, config: EpisodeConfig,
                  *, task_index: int = 0, sibling: int = 0, seed: int = 0):
