@@ -8,11 +8,12 @@ on-policy trajectories"; Method, "Implementation": rollout and fork workers in l
 It lives at the top of the package, not in crr/agent/, because it joins the agent (episodes), the
 policy (one generation backend), the fork engine, a worker pool and the run directory.
 
-The episode driver `drive` runs the rounds (for rollouts, and for counterfactual branches and continuations
-in crr.train.counterfactual). Every round, each episode still running contributes one conversation to a single `backend.generate`
-call (the whole batch: the efficient shape for a KV-cached model on CPU and for vLLM on GPU); the
-sampled tool calls are then executed concurrently by a pool of workers (threads here: sandboxes run
-commands as separate processes, so threads overlap them well; `WorkerPool` is the seam for Ray).
+The episode driver `drive` runs the rounds, for rollouts (and so evaluation and the credit audit) and for
+counterfactual branches and continuations (crr.train.counterfactual). Every round, each episode still
+running contributes one conversation to a single `backend.generate` call (the whole batch: the efficient
+shape for a KV-cached model on CPU and for vLLM on GPU); the sampled tool calls are then executed
+concurrently by a pool of workers (threads here: sandboxes run commands as separate processes, so threads
+overlap them well; `WorkerPool` is the seam for Ray).
 Episodes that end are scored in the pool while the next round generates, and appended to
 `trajectories.jsonl` in the run directory as they finish, in a deterministic order; `summary.json` follows
 at the end.

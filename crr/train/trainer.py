@@ -9,7 +9,8 @@ Checkpoints (checkpoints/checkpoint-N) are published whole (`CRRTrainer._save_ch
 the newest complete one and cuts metrics.jsonl, the ledger and tuples/ back to it (`resume_run`).
 
 One iteration = one TRL generation batch = one optimizer update:
-  1. rollout_func: G trajectories per task in sandboxes (crr.rollout, the prompts TRL repeats G times);
+  1. rollout_func (`_rollout`, five calls: `_sample`, `_select`, `_branch`, `_rows`, `_keep`): G trajectories
+     per task in sandboxes (crr.rollout, the prompts TRL repeats G times);
      what else an iteration collects is the method's row in config.METHODS: for a method that selects
      (crr, search-select) the selector picks up to k steps of every scored trajectory, and each is
      forked K times (crr.train.counterfactual); mc-values plays K on-policy continuations from every
