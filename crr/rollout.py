@@ -1,22 +1,25 @@
 """The rollout engine: G on-policy trajectories per task, run together (paper: Algorithm 1, "Sample G
 on-policy trajectories"; Method, "Implementation": rollout and fork workers in logical pools).
 
-    result = rollout(tasks, backend, engine, tokenizer, RolloutConfig(group=8, seed=11), run=RunDir.create(...))
+    result = rollout(tasks, backend, engine, tokenizer, RolloutConfig(group_size=8, seed=11), run=RunDir.create(...))
     job = start_rollout(model_dir, "micro-test", n=4, out=Path("results/runs"))   # `crr rollout`
     result = job.execute()
 
 It lives at the top of the package, not in crr/agent/, because it joins the agent (episodes), the
 policy (one generation backend), the fork engine, a worker pool and the run directory.
 
-Every round, each episode still running contributes one conversation to a single `backend.generate`
-call (the whole batch: the efficient shape for a KV-cached model on CPU and for vLLM on GPU); the
-sampled tool calls are then executed concurrently by a pool of workers (threads here: sandboxes run
-commands as separate processes, so threads overlap them well; `WorkerPool` is the seam for Ray).
-Episodes that end are scored in the pool and appended to `trajectories.jsonl` in the run directory as
-they finish, in a deterministic order; `summary.json` follows at the end.
+The episode driver `drive` runs the rounds, for rollouts (and so evaluation and the credit audit) and for
+counterfactual branches and continuations (crr.train.counterfactual). Every round, each episode still
+running contributes one conversation to a single `backend.generate` call (the whole batch: the efficient
+shape for a KV-cached model on CPU and for vLLM on GPU); the sampled tool calls are then executed
+concurrently by a pool of workers (threads here: sandboxes run commands as separate processes, so threads
+overlap them well; `WorkerPool` is the seam for Ray).
+Episodes that end are scored in the pool while the next round generates, and appended to
+`trajectories.jsonl` in the run directory as they finish, in a deterministic order; `summary.json` follows
+at the end.
 
 Determinism: one seed drives every sampling seed. Round r's generation uses
-`sample_seed(seed, r)`; the batch is the episodes still running, in (task, group) order, and which
+`sample_seed(seed, r)`; the batch is the episodes still running, in (task, sibling) order, and which
 episodes run depends only on earlier samples and (deterministic) tool outputs, so two runs with the
 same seed, tasks and group size produce identical trajectories on CPU. A trajectory is a function of its
 batch as well as the seed: numerics of batched matmuls are not batch-invariant, so the same task with a
@@ -30,8 +33,9 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -89,19 +93,19 @@ def rollout_pool(engine: ForkEngine, workers: int | None = None) -> ThreadWorker
 
 @dataclass
 class RolloutConfig:
-    group: int = 8                 # G: trajectories per task
+    group_size: int = 8            # G: trajectories per task
     seed: int = 0
     workers: int | None = None     # concurrent tool executions (None: DEFAULT_WORKERS, or a Ray engine's slots)
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
 
     def __post_init__(self) -> None:
-        if self.group < 1:
-            raise CRRError(f"group (G) must be at least 1, got {self.group}")
+        if self.group_size < 1:
+            raise CRRError(f"group_size (G) must be at least 1, got {self.group_size}")
 
 
 @dataclass
 class RolloutResult:
-    trajectories: list[Trajectory]   # in (task, group) order
+    trajectories: list[Trajectory]   # in (task, sibling) order
     summary: dict
 
     def release(self) -> None:
@@ -128,8 +132,8 @@ def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngin
     if not tasks:
         raise CRRError("no tasks to roll out")
     ecfg = config.episode
-    episodes = [Episode(task, engine, tokenizer, ecfg, task_index=i, group=g, seed=config.seed)
-                for i, task in enumerate(tasks) for g in range(config.group)]
+    episodes = [Episode(task, engine, tokenizer, ecfg, task_index=i, sibling=g, seed=config.seed)
+                for i, task in enumerate(tasks) for g in range(config.group_size)]
     # Reused prefixes change a row's numbers by rounding only, but a rollout's trajectories should be a
     # function of its seed and the weights alone, whatever the backend generated before.
     backend.clear_cache()
@@ -137,34 +141,17 @@ def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngin
     pool = pool or rollout_pool(engine, config.workers)
     finished: dict[int, Trajectory] = {}
     start = time.monotonic()
-    gen_s = 0.0
 
-    def finish(done: list[int]) -> None:
-        for k, traj in zip(done, pool.map(lambda k: episodes[k].finish(), done)):
-            finished[k] = traj
-            if run is not None:
-                run.append(TRAJECTORIES_FILE, traj.to_dict())
-            if on_trajectory is not None:
-                on_trajectory(traj)
+    def finish(k: int, traj: Trajectory) -> None:
+        finished[k] = traj
+        if run is not None:
+            run.append(TRAJECTORIES_FILE, traj.to_dict())
+        if on_trajectory is not None:
+            on_trajectory(traj)
 
     try:
         pool.map(Episode.start, episodes)
-        round_index = 0
-        while True:
-            for e in episodes:
-                e.check_limits()
-            finish([k for k, e in enumerate(episodes) if e.done and k not in finished])
-            active = [e for e in episodes if not e.done]
-            if not active:
-                break
-            seed = sample_seed(config.seed, round_index)
-            t0 = time.perf_counter()
-            samples = backend.generate([e.conversation.token_ids() for e in active], temperature=ecfg.temperature,
-                                       seed=seed, max_new_tokens=ecfg.max_new_tokens)
-            elapsed = time.perf_counter() - t0
-            gen_s += elapsed
-            pool.map(functools.partial(play_sample, seed=seed, gen_s=elapsed), list(zip(active, samples)))
-            round_index += 1
+        gen_s = drive(episodes, backend, pool, ecfg, config.seed, on_end=finish)
     except BaseException:
         if own_pool:
             pool.close()  # let the actions in flight end (their own timeouts) before closing their sandboxes
@@ -187,7 +174,7 @@ def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngin
 def run_episode(task: Task, backend: GenerationBackend, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,
                 config: EpisodeConfig | None = None, seed: int = 0) -> Trajectory:
     """One trajectory: `rollout` with one task and G = 1."""
-    cfg = RolloutConfig(group=1, seed=seed, episode=config or EpisodeConfig(), workers=1)
+    cfg = RolloutConfig(group_size=1, seed=seed, episode=config or EpisodeConfig(), workers=1)
     return rollout([task], backend, engine, tokenizer, cfg).trajectories[0]
 
 
@@ -204,7 +191,7 @@ class PolicyRollout:
 
     @property
     def total(self) -> int:
-        return len(self.tasks) * self.config.group
+        return len(self.tasks) * self.config.group_size
 
     def execute(self, on_trajectory: Callable[[Trajectory], None] | None = None) -> RolloutResult:
         """`rollout` on a fork engine of its own, closed at the end."""
@@ -216,7 +203,7 @@ class PolicyRollout:
             engine.close()
 
 
-def start_rollout(model: str, tasks: str, n: int, out: Path, *, group: int = 8, seed: int = 0,
+def start_rollout(model: str, tasks: str, n: int, out: Path, *, group_size: int = 8, seed: int = 0,
                   workers: int | None = None, engine: str = "local", mode: str | None = None,
                   ray: str | None = None, temperature: float = 0.6,
                   max_turns: int | None = None, max_new_tokens: int = 512, agent_format: str | None = None,
@@ -230,22 +217,77 @@ def start_rollout(model: str, tasks: str, n: int, out: Path, *, group: int = 8, 
     policy, tokenizer = load_policy(model)
     record = agent_record(model)
     # Nothing forks here, so no snapshots; the trainer keeps them.
-    config = RolloutConfig(group=group, seed=seed, workers=workers, episode=EpisodeConfig(
+    config = RolloutConfig(group_size=group_size, seed=seed, workers=workers, episode=EpisodeConfig(
         agent_format=agent_format or record.get("agent_format", "paper"),
         max_turns=max_turns or record.get("max_turns", 50), temperature=temperature, max_new_tokens=max_new_tokens,
         time_limit_s=time_limit, max_context_tokens=getattr(policy.config, "max_position_embeddings", None),
         snapshots=False))
     backend = TransformersBackend(policy, tokenizer, max_value_chars=max_value_chars)
-    run = RunDir.create("rollout", f"n{n}-g{group}-seed{seed}", root=out, seeds={"rollout": seed},
+    run = RunDir.create("rollout", f"n{n}-g{group_size}-seed{seed}", root=out, seeds={"rollout": seed},
                         config={"model": model, "tasks": tasks, "n": n, "engine": engine, "mode": mode, "ray": ray,
                                 "max_value_chars": max_value_chars, **dataclasses.asdict(config)})
     return PolicyRollout(run, task_list, backend, tokenizer, config, engine, opts)
+
+
+def drive(episodes: list[Episode], backend: GenerationBackend, pool: WorkerPool, config: EpisodeConfig, seed: int,
+          *, first_round: int = 0, on_end: Callable[[int, Trajectory], None] | None = None,
+          generating: Callable[[], AbstractContextManager] = nullcontext,
+          scoring: Callable[[], AbstractContextManager] = nullcontext) -> float:
+    """The episode driver: advance started `episodes` round by round until every one has ended; returns the
+    seconds spent generating. Each round, the episodes still running (in list order) contribute their
+    conversations to one `backend.generate` call, sampled with `sample_seed(seed, round)` (rounds count from
+    `first_round`), and the calls are played in the worker pool (`play_sample`). The episodes that ended in a
+    round are scored (`Episode.finish`) in the pool while the next round is generated (the verifier is sandbox
+    processes, generation is the model: on separate cores they overlap); `on_end(index, trajectory)` then gets
+    them in list order. `generating` and `scoring` are the contexts a round's generation and play, and the wait
+    for its scoring, run in (the trainer's ledger phases: so each second is charged once, and the verifier only
+    for what outlasts the generation)."""
+    running = dict(enumerate(episodes))   # in list order, as rounds remove the ended ones
+    round_index, gen_s = first_round, 0.0
+    while running:
+        for e in running.values():
+            e.check_limits()
+        ending = {k: running.pop(k) for k in [k for k, e in running.items() if e.done]}
+        with in_background(functools.partial(pool.map, Episode.finish, list(ending.values()))) as scoring_round:
+            if running:
+                active = list(running.values())
+                with generating():
+                    round_seed = sample_seed(seed, round_index)
+                    t0 = time.perf_counter()
+                    samples = backend.generate([e.conversation.token_ids() for e in active],
+                                               temperature=config.temperature, seed=round_seed,
+                                               max_new_tokens=config.max_new_tokens)
+                    elapsed = time.perf_counter() - t0
+                    gen_s += elapsed
+                    pool.map(functools.partial(play_sample, seed=round_seed, gen_s=elapsed), list(zip(active, samples)))
+                round_index += 1
+            with scoring():
+                trajs = scoring_round.result()
+            for k, traj in zip(ending, trajs):
+                if on_end is not None:
+                    on_end(k, traj)
+    return gen_s
 
 
 def play_sample(pair: tuple[Episode, StepSample], seed: int, gen_s: float) -> None:
     """Play a generated call in its episode (a worker's job, for rollouts and counterfactual branches)."""
     episode, sample = pair
     episode.act(sample.text, sample.action_ids, sample, seed, gen_s)
+
+
+def timed(fn: Callable[[], T]) -> tuple[T, float]:
+    """fn() and its seconds."""
+    start = time.perf_counter()
+    return fn(), time.perf_counter() - start
+
+
+@contextmanager
+def in_background(fn: Callable[[], T]) -> Iterator[Future[T]]:
+    """`fn` runs in a helper thread while the block runs; leaving the block waits for it (also when the
+    block raises, so nothing it started outlives the caller's clean-up). A helper thread rather than the
+    worker pool itself: WorkerPool offers a blocking map only (the Ray seam), which the helper calls."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="crr-drive") as helper:
+        yield helper.submit(fn)
 
 
 def summarise(trajectories: list[Trajectory], wall_s: float, gen_s: float) -> dict:

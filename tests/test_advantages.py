@@ -20,7 +20,7 @@ from crr.train.advantages import (
 )
 
 
-def make_traj(lengths: list[tuple[int, int]], reward: float | None, group: int = 0) -> Trajectory:
+def make_traj(lengths: list[tuple[int, int]], reward: float | None, task: int = 0) -> Trajectory:
     """A trajectory whose step t has lengths[t] = (action tokens, observation tokens)."""
     steps, pos = [], 0
     for t, (na, no) in enumerate(lengths):
@@ -30,19 +30,19 @@ def make_traj(lengths: list[tuple[int, int]], reward: float | None, group: int =
                           truncated=False, tool_type=0.0, temperature=0.6, sample_seed=0, context_matches=True,
                           gen_s=0.0, exec_s=0.0))
         pos += na + no
-    return Trajectory(task_id=f"task{group}", task_index=group, group=0, seed=0, messages=[], prompt_ids=[1, 2],
+    return Trajectory(task_id=f"task{task}", task_index=task, sibling=0, seed=0, messages=[], prompt_ids=[1, 2],
                       steps=steps, reward=reward, infra_error=None if reward is not None else "sandbox died")
 
 
 def credit(traj: Trajectory, selected=(), cf=None) -> RowCredit:
-    return RowCredit(group=traj.task_index, reward=traj.reward, spans=[s.span for s in traj.steps],
+    return RowCredit(group_key=traj.task_index, reward=traj.reward, spans=[s.span for s in traj.steps],
                      selected=list(selected), counterfactuals=cf or {})
 
 
 # Two tasks x G = 3. Task 0: rewards 1, 0, 1; task 1: 0, 0, infra failure.
 TRAJS = [make_traj([(3, 2), (2, 4), (4, 0)], 1.0), make_traj([(2, 3), (3, 0)], 0.0), make_traj([(5, 0)], 1.0),
-         make_traj([(2, 2), (2, 0)], 0.0, group=1), make_traj([(3, 0)], 0.0, group=1),
-         make_traj([(2, 1), (1, 0)], None, group=1)]
+         make_traj([(2, 2), (2, 0)], 0.0, task=1), make_traj([(3, 0)], 0.0, task=1),
+         make_traj([(2, 1), (1, 0)], None, task=1)]
 
 
 def test_grpo_is_reward_minus_sibling_mean_without_std_scaling_and_excludes_infra():
@@ -119,7 +119,7 @@ def test_gigpo_adds_omega_times_the_step_advantage_within_groups_of_equal_states
     assert adv[1] == pytest.approx([-2 / 3 + 0.5 * -2 / 3, -2 / 3 + 0.5 * -0.5])
     assert adv[2] == pytest.approx([e + 0.5 * e, e])                   # c: a group of one
     assert adv[3] == pytest.approx([-0.5]) and adv[4] is None and adv[5] == pytest.approx([0.5])  # infra row left out
-    assert estimate("gigpo", [RowCredit(r.group, r.reward, r.spans) for r in rows]) == estimate("grpo", rows)
+    assert estimate("gigpo", [RowCredit(r.group_key, r.reward, r.spans) for r in rows]) == estimate("grpo", rows)
 
 
 def test_mc_values_is_the_difference_of_successive_monte_carlo_values():

@@ -169,6 +169,8 @@ def test_episode_of_the_tiny_model_records_every_step(backend, tokenizer, engine
     # JSON round trip: everything but the runtime handles survives.
     back = Trajectory.from_dict(json.loads(json.dumps(traj.to_dict())))
     assert back.to_dict() == traj.to_dict() and back.completion_ids == traj.completion_ids
+    old = {**{k: v for k, v in traj.to_dict().items() if k != "sibling"}, "group": traj.sibling}   # written before the rename
+    assert Trajectory.from_dict(old).to_dict() == traj.to_dict()
     assert traj.conversation(tokenizer).token_ids() == traj.prompt_ids + traj.completion_ids
     traj.release()
 

@@ -26,7 +26,7 @@ def test_records_tensorboard_and_resume(ran_tasks_file, tmp_path):
     trajs = [r for r in recs if r["kind"] == "trajectory"]
     branches = [r for r in recs if r["kind"] == "branch"]
     assert [r["row"] for r in trajs] == [0, 1, 2] and {r["update"] for r in recs} == {0}
-    assert all(r["task_id"] == "ran-1" and r["steps"] for r in trajs)
+    assert all(r["task_id"] == "ran-1" and r["steps"] for r in trajs) and [r["sibling"] for r in trajs] == [0, 1, 2]
     forks = json.loads((run / "ledger.json").read_text())["cumulative"]["forks"]
     assert sum(b["proposal"] is not None for b in branches) == forks == len(read_tuples(run)) > 0
     it = next(r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "iteration")

@@ -17,7 +17,7 @@ def realised(task, engine, contents: list[str]):
     """One realised trajectory per content: the file set to it, then the same `cat` call."""
     trajs = []
     for i, text in enumerate(contents):
-        ep = Episode(task, engine, _tok(), EpisodeConfig(max_turns=3, snapshots=False), group=i)
+        ep = Episode(task, engine, _tok(), EpisodeConfig(max_turns=3, snapshots=False), sibling=i)
         ep.start()
         ep.act(json.dumps({"name": "run_shell", "arguments": {"command": f"echo {text} > state.txt"}}))
         ep.act(CAT)

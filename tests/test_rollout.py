@@ -47,10 +47,10 @@ def task(make_task):
 CONFIG = EpisodeConfig(max_turns=3, max_new_tokens=40, temperature=1.0)
 
 
-def run_group(backend, task, seed: int, run: RunDir | None = None, group: int = 3):
+def run_group(backend, task, seed: int, run: RunDir | None = None, group_size: int = 3):
     with get_engine("local") as engine:
         result = rollout([task], backend, engine, backend.tokenizer,
-                         RolloutConfig(group=group, seed=seed, workers=2, episode=CONFIG), run=run)
+                         RolloutConfig(group_size=group_size, seed=seed, workers=2, episode=CONFIG), run=run)
         assert all(t.snapshots for t in result.trajectories if t.steps and not t.steps[0].terminal)
         result.release()
     return result
@@ -65,7 +65,7 @@ def test_group_runs_concurrently_is_written_and_is_deterministic_per_seed(backen
     run = RunDir.create("rollout", "test", root=tmp_path)
     first = run_group(backend, task, seed=5, run=run)
     records = run.records(TRAJECTORIES_FILE)
-    assert len(records) == 3 and sorted(r["group"] for r in records) == [0, 1, 2]
+    assert len(records) == 3 and sorted(r["sibling"] for r in records) == [0, 1, 2]
     assert [r["task_id"] for r in records] == [task.instance_id] * 3
     summary = json.loads((run.path / "summary.json").read_text())
     assert summary == json.loads(json.dumps(first.summary))
@@ -86,8 +86,8 @@ def test_group_runs_concurrently_is_written_and_is_deterministic_per_seed(backen
 
 def test_seeds_and_bad_input():
     assert sample_seed(1, 0) == sample_seed(1, 0) != sample_seed(1, 1) != sample_seed(2, 1)
-    with pytest.raises(CRRError, match="group"):
-        RolloutConfig(group=0)
+    with pytest.raises(CRRError, match="group_size"):
+        RolloutConfig(group_size=0)
     with pytest.raises(CRRError, match="workers"):
         ThreadWorkerPool(0)
     with pytest.raises(CRRError, match="no tasks"):
@@ -96,7 +96,7 @@ def test_seeds_and_bad_input():
 
 def test_cli_rollout_end_to_end(task, tmp_path):
     tasks = write_tasks([task], tmp_path / "tasks.jsonl")
-    args = ["rollout", "--tasks", str(tasks), "--n", "1", "--group", "2", "--max-turns", "3", "--max-new-tokens", "40",
+    args = ["rollout", "--tasks", str(tasks), "--n", "1", "--group-size", "2", "--max-turns", "3", "--max-new-tokens", "40",
             "--max-value-chars", "4", "--temperature", "1.0", "--seed", "1", "--workers", "2", "--out", str(tmp_path / "runs")]
     result = CliRunner().invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
@@ -104,7 +104,7 @@ def test_cli_rollout_end_to_end(task, tmp_path):
     assert out["summary"]["trajectories"] == 2 and len(out["trajectories"]) == 2
     assert all(1 <= len(t["steps"]) <= 3 and t["reward"] in (0.0, 1.0) for t in out["trajectories"])
     run_dir = RunDir.open(out["summary"]["run_dir"])
-    assert len(run_dir.records(TRAJECTORIES_FILE)) == 2 and run_dir.config["group"] == 2
+    assert len(run_dir.records(TRAJECTORIES_FILE)) == 2 and run_dir.config["group_size"] == 2
 
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -148,7 +148,7 @@ def test_branches_reuse_the_cached_prefix_and_a_failed_round_leaves_no_sandbox(b
     try:
         with get_engine("local") as engine:
             result = rollout([task], backend, engine, backend.tokenizer,
-                             RolloutConfig(group=2, seed=5, workers=2, episode=CONFIG))
+                             RolloutConfig(group_size=2, seed=5, workers=2, episode=CONFIG))
             trajs = result.trajectories
             picks = {i: [Selection(0, 0.0)] for i, t in enumerate(trajs) if len(t.steps) > 1}
             assert picks

@@ -61,7 +61,7 @@ def check_page(run: Path, tmp_path: Path, chromium: str) -> None:
 
         page.locator(f'.traj[data-row="{forked["row"]}"]').click()
         detail = page.locator("#detail")
-        assert f"sibling {forked['group']}" in detail.inner_text()
+        assert f"sibling {forked['sibling']}" in detail.inner_text()
         assert page.locator("#detail > .step").count() == len(forked["steps"])   # its own, not its forks'
         fork = detail.locator(f'.fork[data-t="{branch["t"]}"]').first
         assert "return" in fork.locator(".head").inner_text() and not fork.locator(".branch-steps").is_visible()

@@ -129,7 +129,7 @@ class Step:
 class Trajectory:
     task_id: str
     task_index: int
-    group: int
+    sibling: int                      # which of the task's G trajectories (0..G-1)
     seed: int
     messages: list[dict]              # the initial system and user messages
     prompt_ids: list[int]
@@ -165,7 +165,7 @@ class Trajectory:
         """One row of TRL's rollout_func: prompt_ids, completion_ids, logprobs (0.0 on observation
         tokens), env_mask, plus the step spans and the reward for the CRR advantage."""
         if any(len(s.behaviour_logprobs) != len(s.action_ids) for s in self.steps):
-            raise CRRError(f"trajectory {self.task_id}[{self.group}] has scripted steps (no behaviour log-probabilities)")
+            raise CRRError(f"trajectory {self.task_id}[{self.sibling}] has scripted steps (no behaviour log-probabilities)")
         logprobs = [lp for s in self.steps
                     for lp in s.behaviour_logprobs + [0.0] * len(s.observation_ids)]
         return {"prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids, "logprobs": logprobs,
@@ -190,6 +190,8 @@ class Trajectory:
     @classmethod
     def from_dict(cls, d: dict) -> Trajectory:
         d = {k: v for k, v in d.items() if k not in ("turns", "generated_tokens")}
+        if "group" in d:   # records written before the sibling index was named `sibling`
+            d["sibling"] = d.pop("group")
         steps = [Step(**{**s, "span": tuple(s["span"])}) for s in d.pop("steps")]
         return cls(**d, steps=steps)
 
@@ -201,13 +203,14 @@ class Trajectory:
 
 
 class Episode:
-    """One trajectory in progress. The rollout engine drives many: `start`, then per turn `act` with the
-    generated call, until `done`; then `finish` scores it. Each method runs in a worker thread."""
+    """One trajectory in progress. The episode driver (crr.rollout.drive) advances many: `start` (or `fork`
+    at s_t of a trajectory), then per turn `act` with the generated call, until `done`; then `finish` scores
+    it. Each method runs in a worker thread."""
 
     def __init__(self, task: Task, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase, config: EpisodeConfig,
-                 *, task_index: int = 0, group: int = 0, seed: int = 0):
+                 *, task_index: int = 0, sibling: int = 0, seed: int = 0):
         self.task, self.engine, self.tokenizer, self.config = task, engine, tokenizer, config
-        self.traj = Trajectory(task.instance_id, task_index, group, seed, [], [], task=task, engine=engine,
+        self.traj = Trajectory(task.instance_id, task_index, sibling, seed, [], [], task=task, engine=engine,
                                agent_format=config.agent_format)
         self.format = agent_format(config.agent_format)
         self.sandbox: Sandbox | None = None
@@ -217,6 +220,23 @@ class Episode:
         # branches set it to inject replay noise (crr.train.replay_noise), everything else reads the real one.
         self.observe: Callable[[int, ToolCall, Observation], Observation] | None = None
         self._start = time.monotonic()
+
+    @classmethod
+    def fork(cls, traj: Trajectory, t: int, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,
+             config: EpisodeConfig) -> Episode:
+        """An episode standing at s_t of `traj` (a counterfactual branch before its a_t): its trajectory holds the
+        prefix a_0..a_{t-1} (so the turn cap H counts from s_0), its conversation is the one before a_t and its
+        sandbox a fork of s_t (`fork_at`). A failed fork is an infrastructure failure of this episode (it is
+        done, with no sandbox), not a return of 0."""
+        ep = cls(traj.task, engine, tokenizer, config, task_index=traj.task_index, sibling=traj.sibling, seed=traj.seed)
+        ep.traj.messages, ep.traj.prompt_ids = traj.messages, traj.prompt_ids
+        ep.traj.steps = list(traj.steps[:t])
+        ep.conversation = traj.conversation(tokenizer, t)
+        try:
+            ep.sandbox = fork_at(traj, t, engine)
+        except CRRError as e:
+            ep._infra(f"fork at step {t}: {e}")
+        return ep
 
     @property
     def done(self) -> bool:
@@ -306,7 +326,7 @@ class Episode:
         if self.sandbox is not None:
             self.sandbox.close()
         traj.wall_s = time.monotonic() - self._start
-        log.info("%s[%d] %s after %d steps: reward %s%s", traj.task_id, traj.group, traj.end_reason,
+        log.info("%s[%d] %s after %d steps: reward %s%s", traj.task_id, traj.sibling, traj.end_reason,
                  len(traj.steps), traj.reward, f" (infra: {traj.infra_error})" if traj.infra_error else "")
         return traj
 
@@ -322,7 +342,7 @@ class Episode:
         return snapshot_ms, digest
 
     def _infra(self, reason: str) -> None:
-        log.warning("%s[%d]: infrastructure failure: %s", self.task.instance_id, self.traj.group, reason)
+        log.warning("%s[%d]: infrastructure failure: %s", self.task.instance_id, self.traj.sibling, reason)
         self.traj.end_reason, self.traj.infra_error, self.traj.reward = "infra_error", reason, None
 
 
@@ -350,7 +370,7 @@ def fork_at(traj: Trajectory, t: int, engine: ForkEngine | None = None, task: Ta
     before a_t, or, when it is gone, the prefix a_0..a_{t-1} replayed in a fresh sandbox and verified
     against the recorded tree digest. The caller closes the sandbox."""
     if not 0 <= t < len(traj.steps):
-        raise CRRError(f"step {t} is outside trajectory {traj.task_id}[{traj.group}] (steps 0..{len(traj.steps) - 1})")
+        raise CRRError(f"step {t} is outside trajectory {traj.task_id}[{traj.sibling}] (steps 0..{len(traj.steps) - 1})")
     engine = engine or traj.engine
     if engine is None:
         raise CRRError("this trajectory holds no fork engine (read back from JSONL?); pass engine=")
@@ -367,7 +387,7 @@ def replay_at(traj: Trajectory, t: int, engine: ForkEngine, task: Task | None = 
         raise CRRError(f"replaying trajectory {traj.task_id} needs its task; pass task=")
     expected = traj.steps[t].digest
     if expected is None:
-        raise CRRError(f"step {t} of {traj.task_id}[{traj.group}] has no snapshot and no recorded tree digest to "
+        raise CRRError(f"step {t} of {traj.task_id}[{traj.sibling}] has no snapshot and no recorded tree digest to "
                        "verify a replay against; run episodes with snapshots=True or digests=True")
     sandbox = engine.start(task)
     try:
@@ -380,6 +400,6 @@ def replay_at(traj: Trajectory, t: int, engine: ForkEngine, task: Task | None = 
         raise
     if digest != expected:
         sandbox.close()
-        raise SandboxError(f"replaying {traj.task_id}[{traj.group}] to step {t} diverged: tree digest {digest[:12]} "
+        raise SandboxError(f"replaying {traj.task_id}[{traj.sibling}] to step {t} diverged: tree digest {digest[:12]} "
                            f"!= recorded {expected[:12]} (a nondeterministic command in the prefix?)")
     return sandbox

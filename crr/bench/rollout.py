@@ -90,7 +90,7 @@ def fork_bench(engine: str = "local", steps: int = 45, at: tuple[int, ...] = (5,
         return result
 
 
-def throughput_bench(model: str | None = None, group: int = 8, max_turns: int = 4, max_new_tokens: int = 96,
+def throughput_bench(model: str | None = None, group_size: int = 8, max_turns: int = 4, max_new_tokens: int = 96,
                      max_value_chars: int | None = 16, temperature: float = 0.6, seed: int = 0,
                      engine: str = "local", workers: int = 4, threads: int | None = None,
                      prefix_cache: bool = True, engine_opts: dict | None = None) -> dict:
@@ -104,14 +104,14 @@ def throughput_bench(model: str | None = None, group: int = 8, max_turns: int = 
     model_obj, tokenizer = load_policy(model)
     backend = TransformersBackend(model_obj, tokenizer, max_value_chars=max_value_chars,
                                   **({} if prefix_cache else {"prefix_cache_bytes": 0}))
-    config = RolloutConfig(group=group, seed=seed, workers=workers, episode=EpisodeConfig(
+    config = RolloutConfig(group_size=group_size, seed=seed, workers=workers, episode=EpisodeConfig(
         max_turns=max_turns, temperature=temperature, max_new_tokens=max_new_tokens, snapshots=False))
     with (tempfile.TemporaryDirectory(prefix="crr-rollout-bench-") as tmp,
           get_engine(engine, **(engine_opts or {})) as eng):
         task = _micro_task(seed, Path(tmp))
         result = rollout([task], backend, eng, tokenizer, config)
     s = result.summary
-    return {"model": model, "threads": torch.get_num_threads(), "group": group, "max_turns": max_turns, "max_new_tokens": max_new_tokens,
+    return {"model": model, "threads": torch.get_num_threads(), "group_size": group_size, "max_turns": max_turns, "max_new_tokens": max_new_tokens,
             "max_value_chars": max_value_chars, "temperature": temperature, "engine": engine,
             "prefix_cache": prefix_cache, "prompt_tokens_reused": backend.prefix_cache.reused_tokens,
             "prompt_tokens_prefilled": backend.prefix_cache.prefilled_tokens if prefix_cache else None,

@@ -66,7 +66,7 @@ def _rollout(tasks, backend, tokenizer, fmt_name: str, max_turns: int, max_new_t
     episode = EpisodeConfig(max_turns=max_turns, temperature=0.0, max_new_tokens=max_new_tokens, snapshots=False,
                             agent_format=fmt_name, max_context_tokens=context)
     with get_engine("local") as engine:
-        return rollout(tasks, backend, engine, tokenizer, RolloutConfig(group=1, seed=0, workers=2, episode=episode))
+        return rollout(tasks, backend, engine, tokenizer, RolloutConfig(group_size=1, seed=0, workers=2, episode=episode))
 
 
 

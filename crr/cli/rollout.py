@@ -26,7 +26,7 @@ def rollout_command(
     model: str | None = model_option("the shipped warm-started default"),
     tasks: str = tasks_option("micro-test"),
     n: int = typer.Option(1, "--n", help="Tasks to roll out (the first N)."),
-    group: int = typer.Option(8, "--group", help="G: trajectories per task."),
+    group_size: int = typer.Option(8, "--group-size", "--group", help="G: trajectories per task."),
     engine: str = engine_option(),
     ray: str | None = ray_option(),
     mode: str | None = mode_option(),
@@ -55,7 +55,7 @@ def rollout_command(
     if model is None:
         with err_console.status("loading the default model (the random tiny one is built on first use)"):
             model = str(default_policy_dir())
-    job = start_rollout(model, tasks, n, out, group=group, seed=seed, workers=workers, engine=engine, mode=mode,
+    job = start_rollout(model, tasks, n, out, group_size=group_size, seed=seed, workers=workers, engine=engine, mode=mode,
                         ray=ray, temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens,
                         agent_format=agent_format, max_value_chars=max_value_chars, time_limit=time_limit)
     err_console.print(f"run directory: {job.run.path}", highlight=False)
@@ -91,7 +91,7 @@ def _transcript(t):
     from rich.table import Table
 
     reward = f"[yellow]infra: {t.infra_error}[/]" if t.reward is None else f"R = {t.reward:g}"
-    table = Table(title=f"{t.task_id} #{t.group}: {reward}, {t.end_reason} after {len(t.steps)} turns",
+    table = Table(title=f"{t.task_id} #{t.sibling}: {reward}, {t.end_reason} after {len(t.steps)} turns",
                   title_justify="left")
     for col, justify in (("t", "right"), ("call", "left"), ("H_t", "right"), ("type", "right"),
                          ("observation", "left")):
@@ -108,7 +108,7 @@ def _transcript(t):
 @friendly
 def rollout_bench_command(
     model: str | None = model_option(),
-    group: int = typer.Option(8, "--group", help="G: trajectories of the one micro task."),
+    group_size: int = typer.Option(8, "--group-size", "--group", help="G: trajectories of the one micro task."),
     max_turns: int = typer.Option(4, "--max-turns", help="Turn cap of the throughput run."),
     max_new_tokens: int = max_new_tokens_option(96),
     max_value_chars: int = max_value_chars_option(16, help="Bound every string argument to this many characters "
@@ -141,10 +141,10 @@ def rollout_bench_command(
             result["fork"] = fork_bench(engine, steps=fork_steps, repeats=repeats, **opts)
     if only in (None, "throughput"):
         for reuse in {"on": [True], "off": [False], "both": [False, True]}[prefix_cache]:
-            with err_console.status(f"throughput bench: G={group}, {max_turns}-turn cap, prefix cache "
+            with err_console.status(f"throughput bench: G={group_size}, {max_turns}-turn cap, prefix cache "
                                     f"{'on' if reuse else 'off'}"):
                 result["throughput" if reuse else "throughput_no_prefix_cache"] = throughput_bench(
-                    model, group=group, max_turns=max_turns, max_new_tokens=max_new_tokens,
+                    model, group_size=group_size, max_turns=max_turns, max_new_tokens=max_new_tokens,
                     max_value_chars=max_value_chars or None, engine=engine, threads=threads, prefix_cache=reuse,
                     engine_opts=opts)
     if as_json:
@@ -174,7 +174,7 @@ def _print_rollout_bench(result: dict) -> None:
         r = result[key]
         reuse = (f"prefix cache on: {r['prompt_tokens_reused']} prompt tokens reused, {r['prompt_tokens_prefilled']} "
                  "encoded" if r["prefix_cache"] else "prefix cache off")
-        console.print(f"throughput ({reuse}): G={r['group']}, {r['max_turns']}-turn cap, {r['steps']} turns, "
+        console.print(f"throughput ({reuse}): G={r['group_size']}, {r['max_turns']}-turn cap, {r['steps']} turns, "
                       f"{r['threads']} torch thread(s): "
                       f"[bold]{r['generated_tokens_per_s']:.1f} generated tokens/s[/] ({r['generated_tokens']} in "
                       f"{r['generation_s']:.0f} s of generation), [bold]{r['trajectories_per_min']:.2f} "

@@ -67,7 +67,7 @@ class AuditConfig:
     model: str | None = None             # None: crr's default policy (crr.policy.model.default_policy_dir)
     tasks: str = "nano-band"
     n_tasks: int = 8                     # the first N tasks; N x G trajectories
-    group: int = 4                       # G siblings per task, as in training
+    group_size: int = 4                  # G siblings per task, as in training
     continuations: int = 16              # M: the oracle's on-policy continuations per step
     repeats: int = 3                     # R: each estimator's random draws, repeated
     seed: int = 11
@@ -96,7 +96,7 @@ class AuditConfig:
     bootstrap: int = 1000                # resamples of trajectories for the correlations' intervals
 
     def __post_init__(self) -> None:
-        for name in ("n_tasks", "group", "continuations", "repeats", "cf_samples", "mc_samples", "max_new_tokens"):
+        for name in ("n_tasks", "group_size", "continuations", "repeats", "cf_samples", "mc_samples", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise CRRError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.k < 0:
@@ -112,7 +112,22 @@ def load_audit_config(preset: Path | str | None = None, overrides: dict | None =
     unknown = sorted(set(data) - names)
     if unknown:
         raise CRRError(f"unknown audit config key(s) {unknown}; see experiments/credit-audit-nano.yaml")
+    return audit_config(data)
+
+
+def audit_config(data: dict) -> AuditConfig:
+    """An AuditConfig from its keys; `group` (audits and presets before G was named `group_size`) is read as
+    group_size."""
+    if "group" in data:
+        data = {**{k: v for k, v in data.items() if k != "group"}, "group_size": data["group"]}
     return AuditConfig(**data)
+
+
+def audit_records(records: list[dict]) -> list[dict]:
+    """An audit's records.jsonl as read; `group` (records before the sibling index was named `sibling`) is read
+    as sibling."""
+    return [{**{k: v for k, v in r.items() if k != "group"}, "sibling": r["group"]} if "group" in r else r
+            for r in records]
 
 
 def parse_overrides(pairs: list[str]) -> dict:
@@ -126,7 +141,7 @@ def parse_overrides(pairs: list[str]) -> dict:
 
 
 def start_audit(cfg: AuditConfig, out: Path | str) -> RunDir:
-    return RunDir.create("credit-audit", f"n{cfg.n_tasks}-g{cfg.group}-m{cfg.continuations}-seed{cfg.seed}",
+    return RunDir.create("credit-audit", f"n{cfg.n_tasks}-g{cfg.group_size}-m{cfg.continuations}-seed{cfg.seed}",
                          root=out, config=dataclasses.asdict(cfg), seeds={"audit": cfg.seed})
 
 
@@ -134,7 +149,7 @@ def resume_audit(path: Path | str) -> tuple[AuditConfig, RunDir]:
     run = RunDir.open(path, write=True)
     if run.manifest.get("command") != "credit-audit":
         raise CRRError(f"{path} is not a `crr credit audit` run directory")
-    return AuditConfig(**run.config), run
+    return audit_config(run.config), run
 
 
 def needs(name: str) -> set[str]:
@@ -203,11 +218,11 @@ def audit_task(cfg: AuditConfig, task, task_index: int, forks: _Forks) -> list[d
     from crr.train.advantages import state_keys
     from crr.train.selectors import Selection, SelectorParams, select
 
-    G = cfg.group
+    G = cfg.group_size
     wanted = set().union(*(needs(n) for n in cfg.estimators))
     start = time.perf_counter()
     result = rollout([task], forks.backend, forks.engine, forks.tokenizer,
-                     RolloutConfig(group=G, seed=_seed(cfg.seed, task_index, 0), episode=forks.episode),
+                     RolloutConfig(group_size=G, seed=_seed(cfg.seed, task_index, 0), episode=forks.episode),
                      pool=forks.pool)
     rollout_s = time.perf_counter() - start
     trajs = result.trajectories
@@ -240,7 +255,7 @@ def audit_task(cfg: AuditConfig, task, task_index: int, forks: _Forks) -> list[d
                                           "continuations": {"env_steps": mc_steps[i], "wall_s": mc_s / G}}})
     finally:
         result.release()
-    return [{"task_id": t.task_id, "task_index": task_index, "group": i, "reward": t.reward,
+    return [{"task_id": t.task_id, "task_index": task_index, "sibling": i, "reward": t.reward,
              "end_reason": t.end_reason, "steps": len(t.steps), "spans": [list(s.span) for s in t.steps],
              "actions": [s.call["name"] if s.call else None for s in t.steps],
              "state_keys": state_keys(t.steps),
@@ -270,8 +285,8 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
     tasks = load_tasks(cfg.tasks)[:cfg.n_tasks]
     if not tasks:
         raise CRRError(f"{cfg.tasks} holds no tasks")
-    done = {(r["task_index"], r["group"]) for r in run.records(RECORDS)}
-    todo = [i for i in range(len(tasks)) if any((i, g) not in done for g in range(cfg.group))]
+    done = {(r["task_index"], r["sibling"]) for r in audit_records(run.records(RECORDS))}
+    todo = [i for i in range(len(tasks)) if any((i, g) not in done for g in range(cfg.group_size))]
     if not todo:   # a finished audit: no model to load
         return
     model_dir = cfg.model or str(default_policy_dir())
@@ -292,7 +307,7 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
                 t0, before = time.perf_counter(), forks.rollouts
                 records = audit_task(cfg, tasks[i], i, forks)
                 for rec in records:
-                    if (i, rec["group"]) not in done:
+                    if (i, rec["sibling"]) not in done:
                         run.append(RECORDS, rec)
                 info = {"event": "task", "task_index": i, "task_id": tasks[i].instance_id,
                         "wall_s": time.perf_counter() - t0, "rollouts": forks.rollouts - before}
@@ -321,7 +336,7 @@ def advantages(records: list[dict], cfg: AuditConfig) -> dict[str, list[list[lis
                 for j in members:
                     rec, d = records[j], records[j]["draws"][r]
                     rows.append(RowCredit(
-                        group=task_index, reward=rec["reward"], spans=[tuple(s) for s in rec["spans"]],
+                        group_key=task_index, reward=rec["reward"], spans=[tuple(s) for s in rec["spans"]],
                         selected=d["selected"] if "selected" in need else [],
                         counterfactuals=({int(t): v for t, v in d["counterfactuals"].items()}
                                          if "counterfactuals" in need else {}),
@@ -349,7 +364,7 @@ def frames(records: list[dict], cfg: AuditConfig) -> tuple[pd.DataFrame, pd.Data
         for rec, draws in zip(records, per):
             if rec["truth"] is None:
                 continue
-            traj = f"{rec['task_index']}/{rec['group']}"
+            traj = f"{rec['task_index']}/{rec['sibling']}"
             costs.append({"estimator": name, "traj": traj, "env_steps": _cost(rec, name, "env_steps"),
                           "wall_s": _cost(rec, name, "wall_s")})
             for r, adv in enumerate(draws):

@@ -434,7 +434,7 @@ def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]
                     on_result(result, finished, len(pending))
 
             rollout([t for t, _ in chunk], backend, engine, tokenizer,
-                    RolloutConfig(group=1, seed=seed, workers=config.workers, episode=episode),
+                    RolloutConfig(group_size=1, seed=seed, workers=config.workers, episode=episode),
                     on_trajectory=record)
 
 

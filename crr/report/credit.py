@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from crr.credit.audit import RECORDS, TABLE, AuditConfig, is_audit, metrics_frame
+from crr.credit.audit import RECORDS, TABLE, AuditConfig, audit_config, audit_records, is_audit, metrics_frame
 from crr.report.output import write_table
 from crr.report.plots import Plot, _save
 from crr.report.tables import DASH, Table
@@ -38,7 +38,7 @@ def audit_table(path: Path, records: list[dict], cfg: AuditConfig, name: str = T
     scored = [r for r in records if r["truth"] is not None]
     steps = sum(r["steps"] for r in scored)
     caption = (f"Credit audit ({path.name}): {len(scored)} scored trajectories of {cfg.model or 'the default policy'} "
-               f"on {cfg.tasks} (G={cfg.group}, T={cfg.temperature}), {steps} steps. A*(t) = V(s_t+1) - V(s_t) from "
+               f"on {cfg.tasks} (G={cfg.group_size}, T={cfg.temperature}), {steps} steps. A*(t) = V(s_t+1) - V(s_t) from "
                f"M={cfg.continuations} on-policy continuations per step (Wilson/Newcombe 95 % intervals); each "
                f"estimator on its own budget, its random draws repeated R={cfg.repeats} times. Correlations over "
                "(step, repeat) pairs with 95 % bootstrap intervals over trajectories; sign agreement on the steps "
@@ -116,7 +116,7 @@ def _audits(paths: list[Path]) -> list[Path]:
 def _load(path: Path) -> tuple[list[dict], AuditConfig]:
     import yaml
 
-    return list(read_jsonl(path / RECORDS)), AuditConfig(**yaml.safe_load((path / "config.yaml").read_text()))
+    return audit_records(list(read_jsonl(path / RECORDS))), audit_config(yaml.safe_load((path / "config.yaml").read_text()))
 
 
 def _name(path: Path, many: bool) -> str:
@@ -136,8 +136,8 @@ def credit_plots(paths: list[Path], out: Path) -> list[Plot]:
 
 def write_audit(run: RunDir) -> dict:
     """The table (md, csv, tex), the plot and summary.json from the run's records."""
-    records = run.records(RECORDS)
-    cfg = AuditConfig(**run.config)
+    records = audit_records(run.records(RECORDS))
+    cfg = audit_config(run.config)
     table = audit_table(run.path, records, cfg)
     write_table(table, run.path)
     plot = audit_plot(run.path, run.path, records, cfg)

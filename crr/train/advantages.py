@@ -44,7 +44,7 @@ Estimator = Callable[..., list[list[float] | None]]
 @dataclass
 class RowCredit:
     """What an estimator needs of one realised trajectory."""
-    group: int                                   # the task (prompt) this row is a sibling in
+    group_key: int                               # the task (prompt) whose G siblings this row is one of
     reward: float | None                         # R(tau); None: infrastructure failure
     spans: list[tuple[int, int]]                 # a_t's (start, end) in completion_ids
     selected: list[int] = field(default_factory=list)              # indices the selector chose
@@ -115,14 +115,14 @@ def group_baselines(rows: Sequence[RowCredit]) -> dict[int, float]:
     scored: dict[int, list[float]] = defaultdict(list)
     for r in rows:
         if r.reward is not None:
-            scored[r.group].append(r.reward)
+            scored[r.group_key].append(r.reward)
     return {g: sum(v) / len(v) for g, v in scored.items()}
 
 
 @estimator("grpo")
 def grpo(rows: Sequence[RowCredit]) -> list[list[float] | None]:
     base = group_baselines(rows)
-    return [None if r.reward is None else [r.reward - base[r.group]] * len(r.spans) for r in rows]
+    return [None if r.reward is None else [r.reward - base[r.group_key]] * len(r.spans) for r in rows]
 
 
 estimator("search_select")(grpo)
@@ -155,7 +155,7 @@ def state_groups(rows: Sequence[RowCredit]) -> dict[tuple[int, str], list[tuple[
     for i, r in enumerate(rows):
         if r.reward is not None:
             for t, key in enumerate(r.state_keys):
-                groups[(r.group, key)].append((i, t))
+                groups[(r.group_key, key)].append((i, t))
     return groups
 
 

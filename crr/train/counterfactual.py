@@ -2,8 +2,9 @@
 trajectory, K times: sample a_t~ from the proposal, fork the sandbox at s_t, play a_t~ there, continue on
 policy to the end (or for h more steps), and score the branch with the verifier.
 
-All branches of an iteration advance together, one batched generation per round (the shape the
-rollout engine uses), with their tool calls run by the worker pool. Each branch is an Episode whose
+All branches of an iteration advance together, one batched generation per round, with their tool calls
+run by the worker pool: after the proposal's round they are driven by the rollouts' episode driver
+(crr.rollout.drive), and each is forked by `Episode.fork`. Each branch is an Episode whose
 trajectory starts with the realised prefix a_0..a_{t-1} (so the turn cap H counts from s_0 and the
 branch's token stream is a full trajectory, which Search-Select can train on) and whose sandbox and
 conversation are the fork's. A branch computes only what is new in it: its prompt at s_t is a prefix
@@ -24,29 +25,22 @@ proposal; their seconds and tokens go to the same ledger phases and counts.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
-from crr.agent.episode import Episode, EpisodeConfig, Trajectory, fork_at
-from crr.errors import CRRError
+from crr.agent.episode import Episode, EpisodeConfig, Trajectory
 from crr.policy.backend import GenerationBackend, StepSample
 from crr.replay.base import ForkEngine
-from crr.rollout import WorkerPool, play_sample, sample_seed
+from crr.rollout import WorkerPool, drive, in_background, sample_seed, timed
 from crr.train.ledger import Ledger
 from crr.train.proposals import get_proposal
 from crr.train.replay_noise import RerunOutputs
 from crr.train.selectors import Selection
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 @dataclass
@@ -78,14 +72,16 @@ def run_branches(trajs: list[Trajectory], picks: dict[int, list[Selection]], *, 
 
     def fork(i: int) -> None:
         b = branches[i]
-        episodes[i] = _fork_episode(trajs[b.row], b, engine, tokenizer, config, horizon)
+        # the horizon h shortens a branch's turn cap to h steps after a_t
+        cap = config if horizon is None else dataclasses.replace(config, max_turns=min(config.max_turns, b.t + 1 + horizon))
+        episodes[i] = Episode.fork(trajs[b.row], b.t, engine, tokenizer, cap)
         if noise is not None:
             episodes[i].observe = noise.for_branch(trajs[b.row].task_id, (b.row, b.t, b.k_index))
 
     try:
         # every s_t is restored in the worker pool while the proposals are generated (they need no sandbox);
         # a branch whose proposal is skipped loses its restore, which is rare (the policy always picked a_t)
-        with _in_background(lambda: _timed(lambda: pool.map(fork, range(len(branches))))) as forking:
+        with in_background(lambda: timed(lambda: pool.map(fork, range(len(branches))))) as forking:
             with ledger.phase("cf_rollout_s"):
                 t0 = time.perf_counter()
                 samples = propose(backend, [trajs[b.row].conversation(tokenizer, b.t).token_ids() for b in branches],
@@ -106,7 +102,15 @@ def run_branches(trajs: list[Trajectory], picks: dict[int, list[Selection]], *, 
         with ledger.phase("cf_rollout_s"):
             pool.map(lambda i: episodes[i].act(branches[i].sample.text, branches[i].sample.action_ids,
                                                branches[i].sample, sample_seed(seed, 0), proposal_s), list(episodes))
-        _drive(episodes, branches, backend, pool, ledger, config, seed)
+        playing = sorted(episodes)   # the branches on policy from a_t~ on, in branch order
+
+        def scored(j: int, traj: Trajectory) -> None:
+            branches[playing[j]].traj = traj
+
+        # round 0 was the proposal's; the verifier of the branches that end in a round runs while the next
+        # round is generated (charged to generation), cf_test_s is only what outlasts it
+        drive([episodes[i] for i in playing], backend, pool, config, seed, first_round=1, on_end=scored,
+              generating=lambda: ledger.phase("cf_rollout_s"), scoring=lambda: ledger.phase("cf_test_s"))
     except BaseException:
         for e in episodes.values():
             if e.sandbox is not None and not e.done:
@@ -124,62 +128,3 @@ def continuations(trajs: list[Trajectory], *, samples: int, backend: GenerationB
     return run_branches(trajs, points, cf_samples=samples, backend=backend, engine=engine, tokenizer=tokenizer,
                         episode=episode, proposal="on_policy", cf_temperature=episode.temperature, seed=seed,
                         horizon=None, pool=pool, ledger=ledger, noise=noise)
-
-
-def _fork_episode(traj: Trajectory, b: Branch, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,
-                  config: EpisodeConfig, horizon: int | None) -> Episode:
-    """An Episode standing at s_t of `traj` in a forked sandbox (its turn cap shortened by the horizon)."""
-    if horizon is not None:
-        config = dataclasses.replace(config, max_turns=min(config.max_turns, b.t + 1 + horizon))
-    ep = Episode(traj.task, engine, tokenizer, config, task_index=traj.task_index, group=traj.group, seed=traj.seed)
-    ep.traj.messages, ep.traj.prompt_ids = traj.messages, traj.prompt_ids
-    ep.traj.steps = list(traj.steps[:b.t])
-    ep.conversation = traj.conversation(tokenizer, b.t)
-    try:
-        ep.sandbox = fork_at(traj, b.t, engine)
-    except CRRError as e:   # the fork failed: an infrastructure failure of this branch, not a return of 0
-        ep._infra(f"fork at step {b.t}: {e}")
-    return ep
-
-
-def _drive(episodes: dict[int, Episode], branches: list[Branch], backend: GenerationBackend, pool: WorkerPool,
-           ledger: Ledger, config: EpisodeConfig, seed: int) -> None:
-    """Advance every branch on policy until it ends. The branches that ended in a round are scored by the
-    verifier in the worker pool while the next round is generated (the verifier is sandbox processes,
-    generation is the model: on separate cores they overlap); the ledger charges the overlap to
-    generation and to cf_test_s only the verifier's seconds that outlast it."""
-    round_index = 1
-    while episodes:
-        for e in episodes.values():
-            e.check_limits()
-        ending = {i: episodes.pop(i) for i in [i for i, e in episodes.items() if e.done]}
-        with _in_background(functools.partial(pool.map, Episode.finish, list(ending.values()))) as scoring:
-            if episodes:
-                active = sorted(episodes)
-                with ledger.phase("cf_rollout_s"):
-                    round_seed = sample_seed(seed, round_index)
-                    t0 = time.perf_counter()
-                    samples = backend.generate([episodes[i].conversation.token_ids() for i in active],
-                                               temperature=config.temperature, seed=round_seed,
-                                               max_new_tokens=config.max_new_tokens)
-                    gen_s = time.perf_counter() - t0
-                    pool.map(functools.partial(play_sample, seed=round_seed, gen_s=gen_s),
-                             [(episodes[i], s) for i, s in zip(active, samples)])
-                round_index += 1
-            with ledger.phase("cf_test_s"):
-                for i, traj in zip(ending, scoring.result()):
-                    branches[i].traj = traj
-
-
-def _timed(fn: Callable[[], T]) -> tuple[T, float]:
-    start = time.perf_counter()
-    return fn(), time.perf_counter() - start
-
-
-@contextmanager
-def _in_background(fn: Callable[[], T]) -> Iterator[Future[T]]:
-    """`fn` runs in a helper thread while the block runs; leaving the block waits for it (also when the
-    block raises, so nothing it started outlives the caller's clean-up). A helper thread rather than the
-    worker pool itself: WorkerPool offers a blocking map only (the Ray seam), which the helper calls."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="crr-branches") as helper:
-        yield helper.submit(fn)

@@ -5,12 +5,13 @@ gzip JSONL part per update under `trajectories/` (`part-{update:06d}.jsonl.gz`, 
 name and renamed like the tuple parts of crr.train.tuples, so a part is whole or absent; a resume cuts them
 back to its checkpoint with the same `drop_parts_from`). Config switch: `keep_trajectories`.
 
-    {"kind": "trajectory", "update", "row", "task_id", "group" (sibling index), "reward" (None: an
+    {"kind": "trajectory", "update", "row", "task_id", "sibling" (which of the task's G; "group" in
+     runs before 2026-11-27, read as "sibling"), "reward" (None: an
      infrastructure failure), "infra_error", "end_reason", "resolution", "model_patch", "replaced"
      (Search-Select trained on a branch's sequence instead), "steps": [{"t", "call" | "action", "observation"
      (capped as in the prompt: crr.agent.tools.truncate), "is_error", "entropy" (H_t), "selected",
      "advantage" (the run's estimator), "grpo_advantage"}]}
-    {"kind": "branch", "update", "row" (the trajectory it forked), "task_id", "group", "t" (the step it forked
+    {"kind": "branch", "update", "row" (the trajectory it forked), "task_id", "sibling", "t" (the step it forked
      at), "k_index", "selector_score", "proposal" (the counterfactual action; None: the proposal skipped it),
      "proposal_logprob", "steps" (the branch's actions from t on, the proposal first), "reward" (its return;
      None: the fork or its sandbox failed), "end_reason", "infra_error"}
@@ -54,7 +55,7 @@ def collect(trajs: list[Trajectory], branches: list[Branch], rows: dict, picks: 
     out = []
     for i, traj in enumerate(trajs):
         selected = {s.t for s in picks.get(i, [])}
-        out.append({"kind": "trajectory", "local": i, "task_id": traj.task_id, "group": traj.group,
+        out.append({"kind": "trajectory", "local": i, "task_id": traj.task_id, "sibling": traj.sibling,
                     "reward": traj.reward, "infra_error": traj.infra_error, "end_reason": traj.end_reason,
                     "resolution": traj.resolution, "model_patch": traj.model_patch,
                     "replaced": rows["completion_ids"][i] != traj.completion_ids,
@@ -62,7 +63,7 @@ def collect(trajs: list[Trajectory], branches: list[Branch], rows: dict, picks: 
     for b in branches:
         traj = trajs[b.row]
         steps = [_step(s) for s in b.traj.steps[b.t:]] if b.traj is not None else []
-        out.append({"kind": "branch", "local": b.row, "task_id": traj.task_id, "group": traj.group, "t": b.t,
+        out.append({"kind": "branch", "local": b.row, "task_id": traj.task_id, "sibling": traj.sibling, "t": b.t,
                     "k_index": b.k_index, "selector_score": b.selection.score,
                     "proposal": None if b.sample is None else b.sample.text,
                     "proposal_logprob": None if b.sample is None else b.sample.proposal_logprob,
@@ -100,12 +101,16 @@ def write_update(run_path: Path | str, update: int, parts: list[dict], rows: lis
 
 
 def read_records(run_path: Path | str) -> list[dict]:
-    """Every record of a run, update by update (none when it kept no trajectories)."""
+    """Every record of a run, update by update (none when it kept no trajectories); a record written before the
+    sibling index was named "sibling" has its "group" read as "sibling"."""
     folder = Path(run_path) / RECORDS_DIR
     out = []
     for p in sorted(folder.glob("part-*.jsonl.gz")) if folder.is_dir() else []:
         with gzip.open(p, "rt", encoding="utf-8") as f:
             out.extend(json.loads(line) for line in f if line.strip())
+    for r in out:
+        if "group" in r:
+            r["sibling"] = r.pop("group")
     return out
 
 

@@ -9,7 +9,8 @@ Checkpoints (checkpoints/checkpoint-N) are published whole (`CRRTrainer._save_ch
 the newest complete one and cuts metrics.jsonl, the ledger and tuples/ back to it (`resume_run`).
 
 One iteration = one TRL generation batch = one optimizer update:
-  1. rollout_func: G trajectories per task in sandboxes (crr.rollout, the prompts TRL repeats G times);
+  1. rollout_func (`_rollout`, five calls: `_sample`, `_select`, `_branch`, `_rows`, `_keep`): G trajectories
+     per task in sandboxes (crr.rollout, the prompts TRL repeats G times);
      what else an iteration collects is the method's row in config.METHODS: for a method that selects
      (crr, search-select) the selector picks up to k steps of every scored trajectory, and each is
      forked K times (crr.train.counterfactual); mc-values plays K on-policy continuations from every
@@ -41,7 +42,8 @@ import math
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +65,7 @@ from crr.policy.backend import TransformersBackend
 from crr.policy.model import agent_record, default_policy_dir, load_policy, write_agent_record
 from crr.replay import engine_options, get_engine
 from crr.replay.checkout import publish
-from crr.rollout import RolloutConfig, rollout, rollout_pool
+from crr.rollout import RolloutConfig, RolloutResult, rollout, rollout_pool
 from crr.rundir import RunDir
 from crr.seeds import derive_seed
 from crr.tasks.loaders import load_tasks
@@ -145,59 +147,88 @@ class CRRTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ 1. rollouts and forks
     def _rollout(self, prompts: list[str], trainer: GRPOTrainer) -> dict:
-        cfg, G = self.cfg, self.num_generations
-        step, rank = self.state.global_step, self.accelerator.process_index
+        """Algorithm 1 up to the advantages (TRL's rollout_func): this process's rows of one iteration, each
+        with its credit record; the advantages (line 10) and the update (line 11) follow in
+        _generate_and_score_completions and TRL's optimizer step."""
+        step, seed, tasks, offset = self._batch(prompts)
+        self.ledger.begin(step)
+        with self._generating():
+            result = self._sample(tasks, seed, step)                            # G on-policy trajectories per task
+            trajs = result.trajectories
+            picks = self._select(trajs, seed) if self.cfg.row.selects else {}  # the steps to fork
+            branches = self._branch(trajs, picks, seed)                         # K branches from each
+        out = self._rows(trajs, picks, branches, offset)                        # TRL's rows, credit records
+        self._keep(step, offset, result, picks, branches, out)
+        self._update_start = time.perf_counter()
+        return out
+
+    def _batch(self, prompts: list[str]) -> tuple[int, int, list[Task], int]:
+        """(update step, iteration seed, tasks, global index of the first task) of this process's prompts,
+        which TRL gives as whole groups: each task's prompt G times."""
+        G, step, rank = self.num_generations, self.state.global_step, self.accelerator.process_index
         # process 0 (the only one of a plain run) draws from (seed, step); process r > 0 from (seed, step, r)
-        seed = derive_seed(cfg.seed, step, *([rank] if rank else []))
+        seed = derive_seed(self.cfg.seed, step, *([rank] if rank else []))
         if len(prompts) % G or any(p != prompts[i - i % G] for i, p in enumerate(prompts)):
             raise CRRError(f"this process got {len(prompts)} prompts that are not whole groups of G={G}")
         tasks = [self.tasks[p] for p in prompts[::G]]
-        offset = rank * len(tasks)   # this process's first task in the iteration (its groups' global index)
-        self.ledger.begin(step)
-        # the bare policy (the same module as the DDP-wrapped one's; under DeepSpeed ZeRO-3 its parameters
-        # gathered whole, so each process generates on its own, as TRL's own generation does)
+        return step, seed, tasks, rank * len(tasks)   # (this process's first task in the iteration)
+
+    @contextmanager
+    def _generating(self) -> Iterator[None]:
+        """The policy in eval mode, with self.backend generating from it: the bare policy (the same module as the
+        DDP-wrapped one's; under DeepSpeed ZeRO-3 its parameters gathered whole, so each process generates on
+        its own, as TRL's own generation does)."""
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
                                          gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model:
             was_training = model.training
             if self.backend is None:   # the live policy (LoRA weights update in place)
                 self.backend = (TransformersBackend(model, self.processing_class, device=str(self.accelerator.device))
-                                if cfg.backend == "transformers" else self._vllm_backend(model))
+                                if self.cfg.backend == "transformers" else self._vllm_backend(model))
             model.eval()
             try:
-                with self.ledger.phase("rollout_s"):
-                    if cfg.backend != "transformers":   # on-policy: vLLM samples from the last update's weights
-                        self._sync_weights(step)
-                    result = rollout(tasks, self.backend, self.engine, self.processing_class,
-                                     RolloutConfig(group=G, seed=seed, workers=cfg.workers, episode=self.episode),
-                                     pool=self.pool)
-                trajs = result.trajectories
-                self.ledger.move(sum((s.snapshot_ms or 0.0) for t in trajs for s in t.steps) / 1e3, "rollout_s",
-                                 "fork_s")
-                picks = self._select(trajs, seed) if cfg.row.selects else {}
-                # injected replay noise rho draws from this iteration's realised outputs (none to gather at rho = 0)
-                noise = RerunOutputs(trajs, cfg.replay_noise, seed + 2) if cfg.replay_noise else None
-                forking = {"backend": self.backend, "engine": self.engine, "tokenizer": self.processing_class,
-                           "episode": self.episode, "seed": seed + 1, "pool": self.pool, "ledger": self.ledger,
-                           "noise": noise}
-                if cfg.forks == "counterfactual":
-                    branches = run_branches(trajs, picks, cf_samples=cfg.cf_samples, proposal=cfg.proposal,
-                                            cf_temperature=cfg.cf_temperature, horizon=cfg.horizon, **forking)
-                elif cfg.forks == "continuation":
-                    branches = continuations(trajs, samples=cfg.cf_samples, **forking)
-                else:
-                    branches = []
-                tuples = [self._tuple(trajs[b.row], b, step, offset) for b in branches if b.sample is not None]
+                yield
             finally:
                 model.train(was_training)
-        out = self._rows(trajs, picks, branches, offset)
-        self.records = records.collect(trajs, branches, out, picks) if cfg.keep_trajectories else None
+
+    def _sample(self, tasks: list[Task], seed: int, step: int) -> RolloutResult:
+        """Algorithm 1, line 3: G on-policy trajectories per task, snapshotting every s_t (charged to fork_s)."""
+        with self.ledger.phase("rollout_s"):
+            if self.cfg.backend != "transformers":   # on-policy: vLLM samples from the last update's weights
+                self._sync_weights(step)
+            result = rollout(tasks, self.backend, self.engine, self.processing_class,
+                             RolloutConfig(group_size=self.num_generations, seed=seed, workers=self.cfg.workers,
+                                           episode=self.episode), pool=self.pool)
+        self.ledger.move(sum((s.snapshot_ms or 0.0) for t in result.trajectories for s in t.steps) / 1e3,
+                         "rollout_s", "fork_s")
+        return result
+
+    def _branch(self, trajs: list[Trajectory], picks: dict, seed: int) -> list[Branch]:
+        """Algorithm 1, lines 5-9, the method's forks: K counterfactual branches of every picked step, or K
+        on-policy continuations from every state (mc-values), or none."""
+        cfg = self.cfg
+        # injected replay noise rho draws from this iteration's realised outputs (none to gather at rho = 0)
+        noise = RerunOutputs(trajs, cfg.replay_noise, seed + 2) if cfg.replay_noise else None
+        forking = {"backend": self.backend, "engine": self.engine, "tokenizer": self.processing_class,
+                   "episode": self.episode, "seed": seed + 1, "pool": self.pool, "ledger": self.ledger, "noise": noise}
+        if cfg.forks == "counterfactual":
+            return run_branches(trajs, picks, cf_samples=cfg.cf_samples, proposal=cfg.proposal,
+                                cf_temperature=cfg.cf_temperature, horizon=cfg.horizon, **forking)
+        if cfg.forks == "continuation":
+            return continuations(trajs, samples=cfg.cf_samples, **forking)
+        return []
+
+    def _keep(self, step: int, offset: int, result: RolloutResult, picks: dict, branches: list[Branch],
+              out: dict) -> None:
+        """What an iteration leaves: its tuples/ part, its trajectory records (keep_trajectories; written with
+        the advantages) and its statistics; the snapshots are freed."""
+        trajs = result.trajectories
+        tuples = [self._tuple(trajs[b.row], b, step, offset) for b in branches if b.sample is not None]
+        self.records = records.collect(trajs, branches, out, picks) if self.cfg.keep_trajectories else None
         result.release()
         shared = self._gather_iteration(trajs, picks, branches, tuples)
         if self.accelerator.is_main_process:
             write_part(self.run.path, step, shared["tuples"])
         self._record_iteration(shared)
-        self._update_start = time.perf_counter()
-        return out
 
     def _vllm_backend(self, model):
         """A VLLMBackend on the live policy: vLLM loads the model directory, then gets the policy's
@@ -270,7 +301,7 @@ class CRRTrainer(GRPOTrainer):
             for b in mine:
                 if b.reward is not None:
                     returns.setdefault(b.t, []).append(b.reward)
-            credit = RowCredit(group=offset + traj.task_index, reward=traj.reward, spans=row["step_spans"],
+            credit = RowCredit(group_key=offset + traj.task_index, reward=traj.reward, spans=row["step_spans"],
                                selected=[s.t for s in picks.get(i, [])] if j is None else [],
                                counterfactuals=returns if cfg.forks == "counterfactual" else {},
                                state_keys=state_keys(traj.steps),
@@ -285,7 +316,7 @@ class CRRTrainer(GRPOTrainer):
         snap = traj.snapshots.get(b.t)
         branch_steps = b.traj.steps[b.t:] if b.traj is not None else []
         return {"task_id": traj.task_id, "policy_seed": self.cfg.seed, "policy_version": step, "iteration": step,
-                "row": (offset + traj.task_index) * self.num_generations + traj.group, "t": b.t, "steps": len(traj.steps),
+                "row": (offset + traj.task_index) * self.num_generations + traj.sibling, "t": b.t, "steps": len(traj.steps),
                 "snapshot_id": None if snap is None else snap.id, "realised_action": traj.steps[b.t].action,
                 "counterfactual_action": b.sample.text, "prefix_actions": [s.action for s in traj.steps[:b.t]],
                 "realised_suffix": [s.action for s in traj.steps[b.t:]],

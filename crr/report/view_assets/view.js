@@ -84,7 +84,7 @@ function showTrajectory(run, u, traj, row) {
   const onlyDiff = run._filter;
   const branches = u.branches.filter(b => b.row === traj.row);
   detail.replaceChildren(
-    el("h3", {text: `${traj.task_id} · sibling ${traj.group} · update ${u.update + 1}`}),
+    el("h3", {text: `${traj.task_id} · sibling ${traj.sibling} · update ${u.update + 1}`}),
     el("div", {class: "meta"}, el("span", {class: "tag", text: `R = ${fmt(traj.reward)}`}),
        el("span", {class: "tag", text: `end: ${traj.end_reason}`}),
        traj.infra_error ? el("span", {class: "tag", text: `infrastructure failure: ${traj.infra_error}`}) : null,
@@ -137,7 +137,7 @@ function renderTrain(run, i, list) {
           if (run._filter && !t.steps.some(differs)) continue;
           const forked = new Set(u.branches.filter(b => b.row === t.row).map(b => b.t));
           const row = el("div", {class: "traj" + (forked.size ? " has-fork" : ""), "data-row": t.row},
-            el("span", {class: "r", text: `#${t.group} R ${t.reward === null ? "infra" : fmt(t.reward)}`}),
+            el("span", {class: "r", text: `#${t.sibling} R ${t.reward === null ? "infra" : fmt(t.reward)}`}),
             ...t.steps.map(s => {
               const b = el("span", {class: "box" + (s.selected ? " sel" : "") + (forked.has(s.t) ? " fork" : "") + (differs(s) ? " differs" : ""),
                                     title: `step ${s.t}: ${s.call ? s.call.name : "unparsed"}, advantage ${fmt(s.advantage)} (GRPO ${fmt(s.grpo_advantage)})`});
