@@ -42,8 +42,8 @@ from crr.agent.episode import Episode, EpisodeConfig, Trajectory
 from crr.errors import CRRError
 from crr.policy.backend import GenerationBackend, StepSample, TransformersBackend
 from crr.policy.model import agent_record, load_policy
-from crr.replay import engine_options, engine_workers, get_engine
-from crr.replay.base import ForkEngine
+from crr.sandbox import engine_options, engine_workers, get_engine
+from crr.sandbox.base import ForkEngine
 from crr.rundir import RunDir
 from crr.seeds import derive_seed
 from crr.tasks.loaders import load_tasks

@@ -20,9 +20,9 @@ import pytest
 from typer.testing import CliRunner
 
 from crr.errors import CRRError, SandboxError
-from crr.replay.base import MAX_OUTPUT_BYTES, ForkEngine, Sandbox, tree_digest
-from crr.replay.checkout import cache_root
-from crr.replay.docker import DEFAULT_BASE_IMAGE, TESTBED_ENV, DockerEngine, docker_client, gc
+from crr.sandbox.base import MAX_OUTPUT_BYTES, ForkEngine, Sandbox, tree_digest
+from crr.sandbox.checkout import cache_root
+from crr.sandbox.docker import DEFAULT_BASE_IMAGE, TESTBED_ENV, DockerEngine, docker_client, gc
 
 pytestmark = pytest.mark.docker
 
@@ -245,7 +245,7 @@ def test_dead_container_is_a_sandbox_error(engine, api, task):
 
 
 def test_wedged_container_cannot_hang_an_action(engine, api, task, monkeypatch):
-    monkeypatch.setattr("crr.replay.docker._GRACE_S", 1.0)
+    monkeypatch.setattr("crr.sandbox.docker._GRACE_S", 1.0)
     with engine.start(task) as sb:
         api.pause(sb.box.id)  # a frozen PID 1 never runs the action, and kill cannot reach it
         try:
@@ -389,7 +389,7 @@ def test_gc_removes_only_crashed_runs(client, task):
 
 _RUN_AND_DIE = """
 import os, sys, json
-from crr.replay.docker import DockerEngine
+from crr.sandbox.docker import DockerEngine
 from crr.tasks.schema import Task
 task = Task(**json.loads(sys.argv[1]))
 engine = DockerEngine(mode="overlay")

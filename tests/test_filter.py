@@ -20,7 +20,7 @@ from crr.cli import app
 from crr.filter.determinism import (ADMITTED, DISCARDED, F2P_PASSES_BEFORE_GOLD, INFRA_ERROR, NO_FAIL_TO_PASS,
                                     NONDETERMINISTIC, P2P_FAILS_BEFORE_GOLD, RESULTS, FilterConfig,
                                     discard_table, filter_tasks, open_run, run_seeds)
-from crr.replay.checkout import cache_root
+from crr.sandbox.checkout import cache_root
 from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks, write_tasks
 

@@ -17,11 +17,11 @@ import pytest
 from conftest import procs_with
 
 from crr.errors import CRRError, SandboxError
-from crr.replay import get_engine
-from crr.replay.base import MAX_OUTPUT_BYTES, ForkEngine, Sandbox, tree_digest
-from crr.replay import engine_options, local
-from crr.replay.local import LocalEngine, gc_leftovers
-from crr.replay.overlay import OverlayWorkspace
+from crr.sandbox import get_engine
+from crr.sandbox.base import MAX_OUTPUT_BYTES, ForkEngine, Sandbox, tree_digest
+from crr.sandbox import engine_options, local
+from crr.sandbox.local import LocalEngine, gc_leftovers
+from crr.sandbox.overlay import OverlayWorkspace
 
 FILES = {"README.md": "hello\n", "pkg/__init__.py": "", "pkg/core.py": "def f():\n    return 1\n",
          "pkg/sub/deep.py": "X = 1\n", "docs/guide.txt": "guide\n", "gone/a.txt": "a\n", "gone/b.txt": "b\n"}
@@ -315,7 +315,7 @@ def test_nothing_outlives_close_or_an_exception(engine, task):
 
 _CRASH = """
 import json, os, sys, threading, time
-from crr.replay.local import LocalEngine
+from crr.sandbox.local import LocalEngine
 from crr.tasks.schema import Task
 task = Task(**json.loads(sys.argv[1]))
 engine = LocalEngine(workdir=sys.argv[2])
@@ -371,7 +371,7 @@ def test_overlay_unavailable_falls_back_to_copies_once(task, tmp_path, caplog):
     with OverlayWorkspace(tmp_path / "ws", base) as ws:  # an upper dir cannot live on overlayfs
         with pytest.raises(SandboxError, match="overlayfs is unavailable"):
             LocalEngine(workdir=ws.tree / "sb", overlay=True)
-        with caplog.at_level(logging.WARNING, logger="crr.replay.local"):
+        with caplog.at_level(logging.WARNING, logger="crr.sandbox.local"):
             engines = [LocalEngine(workdir=ws.tree / "sb") for _ in range(2)]
         assert [e.mode for e in engines] == ["copy", "copy"]
         assert sum("fall back to plain copies" in r.message for r in caplog.records) == 1
@@ -394,7 +394,7 @@ def test_an_engine_that_cannot_contain_refuses_foreign_tasks(make_task, tmp_path
     """No sandbox root here (as on a host without the root filesystem, or not root): the engine says
     so when made, runs crr's own generated tasks, and refuses any other unless told to trust it."""
     foreign, own = make_task(FILES), make_task(FILES, instance_id="nano-1", repo="crr/nano")
-    with caplog.at_level(logging.WARNING, logger="crr.replay.local"):
+    with caplog.at_level(logging.WARNING, logger="crr.sandbox.local"):
         eng = LocalEngine(workdir=tmp_path / "sb", rootfs=tmp_path / "no-root")
     with eng:
         assert "sandbox_root" in eng.uncontained and "cannot contain task code" in caplog.text

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from crr.cli import app
 from crr.errors import CRRError
 from crr.eval.evaluate import RESULTS, TRANSCRIPTS
-from crr.replay import engine_options, engine_workers
+from crr.sandbox import engine_options, engine_workers
 from crr.rundir import RunDir
 from crr.train.tuples import read_tuples
 
@@ -105,7 +105,7 @@ def test_ray_beside_another_engine_is_one_line_and_exit_2(tmp_path):
 
 def test_without_a_ray_engine_ray_is_never_imported(tmp_path):
     """Neither the help of the commands that take --ray, nor a command run on the local engine (with the
-    option handling of crr.replay.engine_options), imports ray."""
+    option handling of crr.sandbox.engine_options), imports ray."""
     for argv in (["eval", "--help"], ["filter-tasks", "--help"], ["tasks", "synth", "--help"]):
         assert ray_modules(*argv) == "[]", argv
     call = json.dumps({"name": "view_file", "arguments": {"path": "setup.py"}})
@@ -191,7 +191,7 @@ def test_crr_training_on_ray_gives_the_local_advantages(cluster, tmp_path, caplo
     for engine in ("local", "ray:local"):
         ray = [f"ray={cluster.address}"] if engine.startswith("ray:") else []
         out = tmp_path / engine.replace(":", "-")
-        with caplog.at_level("INFO", logger="crr.replay.ray_engine"):
+        with caplog.at_level("INFO", logger="crr.sandbox.ray_engine"):
             result = crr("train", "--method", "crr", "--out", str(out), "--max-updates", "2", "tasks=nano-band",
                          "n_tasks=2", "tasks_per_iteration=2", "num_generations=2", "max_turns=4",
                          "max_new_tokens=96", "k=2", "eta=0.0", f"engine={engine}", *ray)

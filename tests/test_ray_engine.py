@@ -20,10 +20,10 @@ from crr.agent.tools import ToolCall, execute
 from crr.agent.verifier import verify
 from crr.bench.fork import ray_bench
 from crr.errors import CRRError, SandboxError
-from crr.replay import ENGINES, get_engine
-from crr.replay.base import ForkEngine, Sandbox, tree_digest
-from crr.replay.local import gc_leftovers
-from crr.replay.overlay import process_start
+from crr.sandbox import ENGINES, get_engine
+from crr.sandbox.base import ForkEngine, Sandbox, tree_digest
+from crr.sandbox.local import gc_leftovers
+from crr.sandbox.overlay import process_start
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
 
@@ -70,7 +70,7 @@ def calc(tmp_path_factory) -> Task:
 
 def test_ray_stays_out_of_light_imports():
     """Naming the engines and `crr --help` import no ray: the factory defers it to `get_engine("ray:...")`."""
-    code = ("import sys\nfrom typer.testing import CliRunner\nfrom crr.cli import app\nfrom crr.replay import ENGINES\n"
+    code = ("import sys\nfrom typer.testing import CliRunner\nfrom crr.cli import app\nfrom crr.sandbox import ENGINES\n"
             "assert {'ray:local', 'ray:docker'} <= set(ENGINES)\n"
             "assert CliRunner().invoke(app, ['--help']).exit_code == 0\n"
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n")

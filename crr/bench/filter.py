@@ -108,8 +108,8 @@ def ray_filter_bench(n: int = 8, tasks: str = "nano-band", slots: int = 2, node_
     import tempfile
 
     from crr.bench.fork import local_cluster
-    from crr.replay import get_engine
-    from crr.replay.checkout import base_checkout
+    from crr.sandbox import get_engine
+    from crr.sandbox.checkout import base_checkout
     from crr.tasks.loaders import load_tasks
 
     if n < 1 or slots < 1 or not node_counts or any(k < 1 or slots % k for k in node_counts):

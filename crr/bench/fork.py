@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from crr.errors import CRRError, SandboxError
-from crr.replay import RAY_PREFIX, engine_options, get_engine
-from crr.replay.base import tree_digest
-from crr.replay.checkout import base_checkout
+from crr.sandbox import RAY_PREFIX, engine_options, get_engine
+from crr.sandbox.base import tree_digest
+from crr.sandbox.checkout import base_checkout
 from crr.tasks.schema import Task
 
 log = logging.getLogger(__name__)

@@ -178,7 +178,7 @@ def long_command(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from crr.replay import reclaim_leftovers
+        from crr.sandbox import reclaim_leftovers
 
         if reclaimed := reclaim_leftovers():
             err_console.print(f"reclaimed {len(reclaimed)} leftovers of crr processes that no longer exist "
@@ -231,7 +231,7 @@ def engine_option(default: str | None = "local", help: str = f"Fork engine: {ENG
 
 
 def trust_task_code_option() -> Any:
-    """`crr --trust-task-code`: for every engine of the command (crr.replay.engine_options reads TRUST_ENV)."""
+    """`crr --trust-task-code`: for every engine of the command (crr.sandbox.engine_options reads TRUST_ENV)."""
     return typer.Option(False, "--trust-task-code",
                         help="Run task sets other than crr's own generated ones on a local engine even where this "
                              "host cannot contain their code (no sandbox root filesystem, cgroups or tmpfs; the engine says "
@@ -239,7 +239,7 @@ def trust_task_code_option() -> Any:
 
 
 def ray_option() -> Any:
-    """--ray, beside every --engine: the Ray cluster of a ray:... engine (crr.replay.engine_options)."""
+    """--ray, beside every --engine: the Ray cluster of a ray:... engine (crr.sandbox.engine_options)."""
     return typer.Option(None, "--ray", metavar="ADDRESS",
                         help="Ray cluster address, as ray.init takes it (default auto: the cluster this machine "
                              "belongs to; local: a one-node Ray here). Only with --engine ray:local|ray:docker.")

@@ -21,7 +21,7 @@ def demo(
     from rich.table import Table
 
     from crr.demo import run_demo
-    from crr.replay import engine_options, get_engine
+    from crr.sandbox import engine_options, get_engine
     from crr.rundir import RunDir
     from crr.tasks.micro import generate_micro
 

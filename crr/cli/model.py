@@ -190,7 +190,7 @@ def model_probe(
     from crr.agent.expert import ExpertConfig
     from crr.eval.evaluate import load_eval_policy, resolve_policy
     from crr.policy.model import agent_record
-    from crr.replay import engine_options, get_engine
+    from crr.sandbox import engine_options, get_engine
     from crr.sft.warm_start import ExpertDataSettings, action_field_stats, build_sft_dataset
     from crr.tasks.loaders import load_tasks
 

@@ -128,7 +128,7 @@ def rollout_bench_command(
     """Rollout throughput (generated tokens/s, trajectories/min at G) and fork-by-index latency at t=5
     and t=40: restore of the per-step snapshot vs replay of the prefix verified by tree digest."""
     from crr.bench.rollout import fork_bench, throughput_bench
-    from crr.replay import engine_options
+    from crr.sandbox import engine_options
 
     if only not in (None, "throughput", "fork"):
         raise CRRError(f"--only takes throughput or fork, got {only!r}")

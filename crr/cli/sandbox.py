@@ -72,7 +72,7 @@ def tool_command(
 
     from crr.agent.tools import play_calls, script_calls
     from crr.agent.verifier import verify
-    from crr.replay import engine_options, get_engine
+    from crr.sandbox import engine_options, get_engine
     from crr.tasks.loaders import load_task
 
     if (call is None) == (script is None):
@@ -120,8 +120,8 @@ def sandbox_gc(
     """Remove the containers, snapshot images, mounts and directories of crashed crr runs (only
     crr's, only those whose owning process is gone)."""
     from crr.errors import SandboxError
-    from crr.replay import docker as docker_engine
-    from crr.replay.local import gc_leftovers
+    from crr.sandbox import docker as docker_engine
+    from crr.sandbox.local import gc_leftovers
 
     verb = "would remove" if dry_run else "removed"
     try:

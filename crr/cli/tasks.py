@@ -156,7 +156,7 @@ def tasks_synth(
     SWE-bench rows (F2P/P2P measured, issue text from the failing test)."""
     from rich.table import Table
 
-    from crr.replay import engine_options
+    from crr.sandbox import engine_options
     from crr.tasks.synth import curated as curated_packages
     from crr.tasks.synth import parse_package, synthesise
 

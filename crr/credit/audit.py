@@ -263,7 +263,7 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
     from crr.agent.episode import EpisodeConfig
     from crr.policy.backend import TransformersBackend
     from crr.policy.model import agent_record, default_policy_dir, load_policy
-    from crr.replay import engine_options, get_engine
+    from crr.sandbox import engine_options, get_engine
     from crr.rollout import rollout_pool
     from crr.tasks.loaders import load_tasks
 

@@ -46,7 +46,7 @@ from crr.errors import CRRError
 from crr.eval.passk import summarise_samples
 from crr.eval.taxonomy import error_mode, held_out_counts, summarise_modes
 from crr.policy import SERVER_BACKEND, check_backend
-from crr.replay import engine_options
+from crr.sandbox import engine_options
 from crr.rundir import RunDir
 from crr.seeds import derive_seed
 from crr.tasks.loaders import TASK_SETS, dataset_adapter, load_tasks
@@ -401,7 +401,7 @@ def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]
     # deferred with torch above: the episode, backend and rollout import torch and transformers
     from crr.agent.episode import EpisodeConfig
     from crr.policy.backend import TransformersBackend
-    from crr.replay import get_engine
+    from crr.sandbox import get_engine
     from crr.rollout import RolloutConfig, rollout
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

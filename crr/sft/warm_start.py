@@ -51,9 +51,9 @@ from crr.policy.model import (
     load_policy,
     write_split_model,
 )
-from crr.replay import engine_options, get_engine
-from crr.replay.base import ForkEngine
-from crr.replay.checkout import building
+from crr.sandbox import engine_options, get_engine
+from crr.sandbox.base import ForkEngine
+from crr.sandbox.checkout import building
 from crr.rundir import RunDir
 from crr.sft.curriculum import DEFAULT_LEVELS, LEVELS, curriculum_rows
 from crr.sft.rows import action_parts, sft_row
@@ -227,7 +227,7 @@ class SFTRecipe:
     tasks: str = "micro-train"         # anything crr.tasks.loaders.load_tasks takes
     n_tasks: int | None = 160          # the first N tasks (a micro set is generated that large if need be)
     seed: int = 0                      # the expert's episodes and the trainer
-    engine: str = "local"              # local, docker, ray:local, ray:docker (crr.replay.ENGINES)
+    engine: str = "local"              # local, docker, ray:local, ray:docker (crr.sandbox.ENGINES)
     ray: str | None = None             # a ray:... engine's cluster address, as ray.init takes it (None: auto)
     data: ExpertDataSettings = field(default_factory=ExpertDataSettings)
     train: SFTSettings = field(default_factory=SFTSettings)

@@ -27,7 +27,7 @@ from trl import GRPOConfig
 from crr.errors import CRRError
 from crr.experiments import EXPERIMENTS, read_preset
 from crr.policy import SERVER_BACKEND, check_backend
-from crr.replay import engine_options
+from crr.sandbox import engine_options
 from crr.train.advantages import check as check_estimator
 from crr.train.distributed import launched_processes
 from crr.train.selectors import STATE_SELECTORS
@@ -68,7 +68,7 @@ class CRRConfig(GRPOConfig):
     tasks: str = "micro-train"
     n_tasks: int | None = None                 # use the first N tasks
     tasks_per_iteration: int = 1               # prompts per generation batch (each x G siblings)
-    engine: str = "local"                      # local, docker, ray:local, ray:docker (crr.replay.ENGINES)
+    engine: str = "local"                      # local, docker, ray:local, ray:docker (crr.sandbox.ENGINES)
     ray: str | None = None                     # a ray:... engine's cluster address, as ray.init takes it (None: auto)
     workers: int | None = None                 # concurrent tool executions (None: 4, or a Ray engine's slots)
     # --- episodes (the paper's H, rollout temperature)

@@ -38,7 +38,7 @@ from transformers import PreTrainedTokenizerBase
 from crr.agent.episode import Episode, EpisodeConfig, Trajectory, fork_at
 from crr.errors import CRRError
 from crr.policy.backend import GenerationBackend, StepSample
-from crr.replay.base import ForkEngine
+from crr.sandbox.base import ForkEngine
 from crr.rollout import WorkerPool, play_sample, sample_seed
 from crr.train.ledger import Ledger
 from crr.train.proposals import get_proposal

@@ -14,7 +14,7 @@ from pathlib import Path
 from crr.agent.tools import execute
 from crr.agent.verifier import verify
 from crr.errors import CRRError
-from crr.replay import engine_options, get_engine
+from crr.sandbox import engine_options, get_engine
 from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks
 from crr.train.tuples import read_tuples

@@ -1,7 +1,7 @@
 """The `local` fork engine: sandboxes are copy-on-write workspaces on this machine (paper:
 Preliminaries, "forkable at horizon h"; the fork cost is Appendix "Rollout-Dispatch Cost Breakdown").
 
-Each sandbox is an overlay workspace (crr.replay.overlay) over the task's cached base checkout, so
+Each sandbox is an overlay workspace (crr.sandbox.overlay) over the task's cached base checkout, so
 a snapshot copies only the diff and a restore is one mount: a fork costs milliseconds.
 
 Every command runs in its own root: the minimal Debian that scripts/build-base-image.sh keeps at
@@ -32,7 +32,7 @@ What each sandbox is held to as a whole (probed once per engine; what is missing
   it: the spawner thread joins it for the spawn (moving a thread costs ~0.1 ms here);
 - a network namespace per sandbox with only its own loopback up: no network, yet tests that serve
   on 127.0.0.1 work, and concurrent forks never contend for the same port. The one door is an engine
-  made with `record_http=True` (the determinism filter's recording run, crr.replay.http): its
+  made with `record_http=True` (the determinism filter's recording run, crr.sandbox.http): its
   sandboxes share the host's network and record their HTTP traffic;
 - a pids cgroup per engine (`pids.max`, cgroup v1): a fork bomb hits the cap, not the machine
   (RLIMIT_NPROC counts all of the user's processes and is not enforced for root at all). Commands
@@ -41,7 +41,7 @@ What each sandbox is held to as a whole (probed once per engine; what is missing
 - per command: its own session; at the timeout its process group gets SIGTERM, then SIGKILL after a
   short grace; a PID namespace whose end (the command's shell ending or killed) kills everything it
   started; per-process RLIMIT_AS, RLIMIT_FSIZE (runaway files) and RLIMIT_CORE = 0.
-A task with an environment (crr.replay.mirror) also gets its cached environment bound read-only at
+A task with an environment (crr.sandbox.mirror) also gets its cached environment bound read-only at
 /opt/crr, as its Docker image has it.
 
 Where a piece cannot be had (no root filesystem, not root, no cgroup v1), the engine says
@@ -78,10 +78,10 @@ from pathlib import Path
 from typing import Self
 
 from crr.errors import CRRError, SandboxError
-from crr.replay import http, mirror
-from crr.replay.base import BoundedOutput, ClosingSandbox, ExecResult, Snapshot, TaskSpec
-from crr.replay.checkout import base_checkout, cache_root
-from crr.replay.overlay import (CopyWorkspace, Layer, OverlayWorkspace, Workspace, mount_tmpfs, mounts_under,
+from crr.sandbox import http, mirror
+from crr.sandbox.base import BoundedOutput, ClosingSandbox, ExecResult, Snapshot, TaskSpec
+from crr.sandbox.checkout import base_checkout, cache_root
+from crr.sandbox.overlay import (CopyWorkspace, Layer, OverlayWorkspace, Workspace, mount_tmpfs, mounts_under,
                                overlay_unavailable, process_start, unmount)
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class LocalEngine:
     file; pids_limit the processes of all its sandboxes together (their commands and everything those
     start). rootfs: the sandbox root (default $CRR_ROOTFS or DEFAULT_ROOTFS). trust_task_code: run any
     task even where this host cannot contain it (module doc). record_http: sandboxes get the host's
-    network and record HTTP (crr.replay.http); only the determinism filter's recording run.
+    network and record HTTP (crr.sandbox.http); only the determinism filter's recording run.
     """
 
     name = "local"

@@ -1,7 +1,15 @@
-"""Sandboxes and fork engines, chosen by name: `get_engine("local")`, `get_engine("docker", mode=...)`,
-`get_engine("ray:local", address="auto")` (sandboxes on a Ray cluster's nodes, crr.replay.ray_engine).
+"""The sandbox layer: sandboxes, fork engines and the snapshot/fork protocol (crr.sandbox.base), their gc,
+base checkouts, package mirrors and HTTP record/replay.
 
-A fork engine (the ForkEngine protocol of crr.replay.base) is registered under a name with a factory that
+HTTP record/replay (http.py, and http_plugin.py that runs inside a sandbox) lives here too, not in a
+`replay/` of its own: it is a door of the sandbox (a cassette installed into a sandbox, read by a plugin
+inside it, set up by mirror.py), and "replay" in crr's other names (`replay_at`, `crr replay verify`,
+train/replay_noise.py) means re-running an episode's actions, which belongs to the agent and train layers.
+
+Engines are chosen by name: `get_engine("local")`, `get_engine("docker", mode=...)`,
+`get_engine("ray:local", address="auto")` (sandboxes on a Ray cluster's nodes, crr.sandbox.ray_engine).
+
+A fork engine (the ForkEngine protocol of crr.sandbox.base) is registered under a name with a factory that
 takes the engine's options; a new one is
 
     register_engine("firecracker", FirecrackerEngine)      # get_engine("firecracker", **opts) -> FirecrackerEngine(**opts)
@@ -21,33 +29,33 @@ import os
 from collections.abc import Callable
 
 from crr.errors import CRRError, SandboxError
-from crr.replay.base import ForkEngine
+from crr.sandbox.base import ForkEngine
 
 log = logging.getLogger(__name__)
 
 
 def _local(**opts) -> ForkEngine:
-    from crr.replay.local import LocalEngine  # deferred: ~50 ms of imports that naming an engine need not pay
+    from crr.sandbox.local import LocalEngine  # deferred: ~50 ms of imports that naming an engine need not pay
 
     return LocalEngine(**opts)
 
 
 def _docker(**opts) -> ForkEngine:
-    from crr.replay.docker import DockerEngine  # deferred: it pulls in the Docker SDK
+    from crr.sandbox.docker import DockerEngine  # deferred: it pulls in the Docker SDK
 
     return DockerEngine(**opts)
 
 
 def _on_ray(inner: str) -> Callable[..., ForkEngine]:
     """The factory of `ray:<inner>`: sandboxes on a Ray cluster's nodes, each node running `inner`
-    (crr.replay.ray_engine). Options: address ("auto", as ray.init takes it; "local": a one-node Ray on
+    (crr.sandbox.ray_engine). Options: address ("auto", as ray.init takes it; "local": a one-node Ray on
     this machine), cpus_per_sandbox, resource, timeouts; the rest go to the inner engine on every node."""
 
     def make(**opts) -> ForkEngine:
         # deferred: importing ray costs ~0.3 s (more on a busy machine) that `crr --help` and the light
         # commands need not pay; only an engine named ray:... does (ray is the optional `ray` extra).
         try:
-            from crr.replay.ray_engine import RayEngine
+            from crr.sandbox.ray_engine import RayEngine
         except ImportError as e:
             raise CRRError(f"engine ray:{inner} needs Ray: pip install -e '.[ray]' ({e})") from None
         return RayEngine(inner, factory=ENGINES[inner], **opts)
@@ -83,7 +91,7 @@ def engine_options(engine: str, *, ray: str | None = None, mode: str | None = No
     cluster's address as ray.init takes it, for a `ray:...` engine (None there: "auto", the cluster this
     machine belongs to); `mode` (commit or overlay) for docker and ray:docker; `trust_task_code` (None:
     $CRR_TRUST_TASK_CODE, which `crr --trust-task-code` sets) lets a local engine that cannot contain
-    task code on its host run tasks that are not crr's own (crr.replay.local). A setting the engine does
+    task code on its host run tasks that are not crr's own (crr.sandbox.local). A setting the engine does
     not take is a CRRError, which a command prints as one line (exit 2)."""
     opts: dict = {}
     if trust_task_code is None:
@@ -121,8 +129,8 @@ def reclaim_leftovers() -> list[str]:
     """Free what crr processes that no longer exist left behind on this host, on both engines: local
     sandbox mounts, directories and pids cgroups; Docker containers, snapshot images and overlay mounts
     (where a Docker daemon answers). Anything a live process owns is left. Returns what was removed."""
-    from crr.replay import docker  # deferred with the engines above: the Docker SDK
-    from crr.replay.local import gc_leftovers
+    from crr.sandbox import docker  # deferred with the engines above: the Docker SDK
+    from crr.sandbox.local import gc_leftovers
 
     removed = gc_leftovers()
     try:

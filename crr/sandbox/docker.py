@@ -8,7 +8,7 @@ The sandbox state is the repository at /testbed; tools are stateless per command
            (installed packages too), but every fork pays a container start, and every generation adds
            an image layer, so long fork-of-fork chains are flattened (export + import) before
            overlay2's limit of about 125 layers.
-  overlay  /testbed is a host overlayfs workspace (crr.replay.overlay) bind-mounted into a warm,
+  overlay  /testbed is a host overlayfs workspace (crr.sandbox.overlay) bind-mounted into a warm,
            pooled container. The pool's /testbed is fed from a host slot directory on a shared mount,
            so a workspace mounted onto the slot appears inside the already running container: a fork
            is a copy of the small upper layer plus two mounts, with no container start and no image.
@@ -49,9 +49,9 @@ as root), and the rest as follows.
            Not root (the upper dir unreadable): the engine warns once and the layer is capped per file.
 
 The one door is an engine made with `record_http=True` (the determinism filter's recording run,
-crr.replay.http): its containers share the host's network and record their HTTP traffic.
+crr.sandbox.http): its containers share the host's network and record their HTTP traffic.
 
-A task with an environment (crr.replay.mirror) runs on a `crr-env:<key>` image instead of the base
+A task with an environment (crr.sandbox.mirror) runs on a `crr-env:<key>` image instead of the base
 image: the base plus /opt/crr (lock, wheelhouse, venv), installed by a container with no network.
 """
 
@@ -91,10 +91,10 @@ import requests
 from docker.types import LogConfig, Mount, Ulimit
 
 from crr.errors import CRRError, SandboxError
-from crr.replay import http, mirror
-from crr.replay.base import BoundedOutput, ClosingSandbox, ExecResult, Snapshot, TaskSpec
-from crr.replay.checkout import base_checkout, cache_root, publish
-from crr.replay.overlay import Layer, OverlayWorkspace, mount_tmpfs, mounts_under, process_start, unmount
+from crr.sandbox import http, mirror
+from crr.sandbox.base import BoundedOutput, ClosingSandbox, ExecResult, Snapshot, TaskSpec
+from crr.sandbox.checkout import base_checkout, cache_root, publish
+from crr.sandbox.overlay import Layer, OverlayWorkspace, mount_tmpfs, mounts_under, process_start, unmount
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def _owner_alive(labels: dict) -> bool:
 
 
 def _mount_call(source: str | None, target: str, flags: int) -> None:
-    # mount(2) directly, as crr.replay.overlay does: spawning mount(8) would cost ~5 ms a fork.
+    # mount(2) directly, as crr.sandbox.overlay does: spawning mount(8) would cost ~5 ms a fork.
     if _libc.mount(source.encode() if source else None, target.encode(), None, flags, None) != 0:
         err = ctypes.get_errno()
         raise SandboxError(f"mount (flags {flags:#x}) of {source} on {target} failed: {os.strerror(err)}; "
