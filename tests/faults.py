@@ -9,7 +9,7 @@ from pathlib import Path
 
 from crr.errors import SandboxError
 from crr.sandbox.checkout import cache_root
-from crr.sandbox.docker import PID, ROLE, docker_client
+from crr.sandbox.docker.common import PID, ROLE, docker_client
 from crr.sandbox.overlay import process_start
 
 ENGINES = {"local": (), "docker": ("--engine", "docker", "--mode", "overlay")}  # filter-tasks options

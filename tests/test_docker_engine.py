@@ -245,7 +245,7 @@ def test_dead_container_is_a_sandbox_error(engine, api, task):
 
 
 def test_wedged_container_cannot_hang_an_action(engine, api, task, monkeypatch):
-    monkeypatch.setattr("crr.sandbox.docker._GRACE_S", 1.0)
+    monkeypatch.setattr("crr.sandbox.docker.sandbox._GRACE_S", 1.0)
     with engine.start(task) as sb:
         api.pause(sb.box.id)  # a frozen PID 1 never runs the action, and kill cannot reach it
         try:
