@@ -268,7 +268,7 @@ def test_bench_scores_planted_flakes_against_their_labels(tmp_path):
 def test_the_filter_on_the_docker_engine(tmp_path, make_task):
     tasks = [calc(make_task, "calc-1"), hash_seed_task(make_task),
              calc(make_task, "no-image", image="crr-test-missing-image:none")]
-    run, summary = new_run(tmp_path, tasks, FilterConfig(engine="docker", engine_opts={"mode": "commit"},
+    run, summary = new_run(tmp_path, tasks, FilterConfig(engine="docker", engine_options={"mode": "commit"},
                                                          reruns=3, timeout=300))
     records = by_id(run)
     assert records["calc-1"]["verdict"] == ADMITTED

@@ -188,7 +188,7 @@ def test_a_request_with_no_recording_excludes_the_task(tmp_path, make_task, lock
 def test_record_and_replay_on_the_docker_engine(tmp_path, make_task, lock_lines, server):
     task = http_task(make_task, lock_lines, server.server_port, "http-docker")
     hits = server.hits
-    run, records = filter_run(tmp_path, [task], FilterConfig(engine="docker", engine_opts={"mode": "commit"},
+    run, records = filter_run(tmp_path, [task], FilterConfig(engine="docker", engine_options={"mode": "commit"},
                                                             reruns=2, timeout=300, record_http=True))
     assert records["http-docker"]["verdict"] == ADMITTED, records["http-docker"]
     assert server.hits == hits + 1

@@ -61,7 +61,7 @@ from crr.errors import CRRError
 from crr.policy import SERVER_BACKEND
 from crr.policy.backend import TransformersBackend
 from crr.policy.model import agent_record, default_policy_dir, load_policy, write_agent_record
-from crr.sandbox import engine_options, get_engine
+from crr.sandbox import engine_spec_of
 from crr.sandbox.checkout import publish
 from crr.rollout import RolloutConfig, rollout, rollout_pool
 from crr.rundir import RunDir
@@ -620,7 +620,7 @@ def train(cfg: CRRConfig, run: RunDir, checkpoint: str | None = None, *,
     tasks = train_tasks(cfg) if tasks is None else tasks
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_policy(resolve_model(cfg))
-    with get_engine(cfg.engine, **engine_options(cfg.engine, ray=cfg.ray)) as engine:
+    with engine_spec_of(cfg).make() as engine:
         trainer = CRRTrainer(cfg, model, tokenizer, tasks, run, engine, on_iteration=on_iteration)
         try:
             trainer.train(resume_from_checkpoint=checkpoint)

@@ -57,11 +57,7 @@ class DockerEngine(Images, Snapshots, WarmPool, LayerCap):
                  mem_limit: str = "2g", cpus: float = 1.0, pids_limit: int = 512,
                  fsize_limit_mb: int = 1024, disk_limit_mb: int = 1024,
                  flatten_depth: int = 100, pool_size: int = 2, record_http: bool = False):
-        if mode not in ("commit", "overlay"):
-            raise CRRError(f"unknown docker fork mode {mode!r}; choose commit or overlay")
-        if not 2 <= flatten_depth <= 120:
-            raise CRRError(f"flatten_depth must be between 2 and 120 (overlay2 fails near 125 layers), "
-                           f"got {flatten_depth}")
+        self.check_options({"mode": mode, "flatten_depth": flatten_depth})
         self.mode, self.mem_limit, self.cpus, self.pids_limit = mode, mem_limit, cpus, pids_limit
         self.flatten_depth, self.pool_size = flatten_depth, max(0, pool_size)
         self.fsize_limit_mb, self.disk_limit_mb = fsize_limit_mb, disk_limit_mb
@@ -83,6 +79,16 @@ class DockerEngine(Images, Snapshots, WarmPool, LayerCap):
         self._closed = False
         self.root = self._make_root()
         atexit.register(self.close)  # an interrupted run still removes what it made
+
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        """The values of an engine spec's options (crr.sandbox.engines), checked before any container starts."""
+        mode, depth = options.get("mode", "commit"), options.get("flatten_depth", 100)
+        if mode not in ("commit", "overlay"):
+            raise CRRError(f"unknown docker fork mode {mode!r}; choose commit or overlay")
+        if not isinstance(depth, int) or not 2 <= depth <= 120:
+            raise CRRError(f"flatten_depth must be between 2 and 120 (overlay2 fails near 125 layers), "
+                           f"got {depth}")
 
     # -- the ForkEngine protocol -----------------------------------------------------------------
 
