@@ -92,6 +92,10 @@ def test_the_address_is_a_config_key_of_every_run(tmp_path):
     spec = _eval_spec(tmp_path / "x.comparison.yaml", {"dataset": "nano-test", "engine": "ray:local",
                                                        "ray": "auto"})
     assert spec.eval_args("RUN")[-6:-2] == ["--engine", "ray:local", "--ray", "auto"]
+    spec = _eval_spec(tmp_path / "x.comparison.yaml", {"dataset": "nano-test", "engine": "docker", "mode": "overlay",
+                                                       "engine_options": {"mem_limit": "4g", "cpus": 2}})
+    assert spec.eval_args("RUN")[4:12] == ["--engine", "docker", "--engine-opt", "mem_limit=4g", "--engine-opt",
+                                           "cpus=2", "--mode", "overlay"]
 
 
 def test_ray_beside_another_engine_is_one_line_and_exit_2(tmp_path):
