@@ -239,7 +239,8 @@ def start_rollout(model: str, tasks: str, n: int, out: Path, *, group: int = 8, 
     backend = TransformersBackend(policy, tokenizer, max_value_chars=max_value_chars)
     run = RunDir.create("rollout", f"n{n}-g{group}-seed{seed}", root=out, seeds={"rollout": seed},
                         config={"model": model, "tasks": tasks, "n": n, "engine": engine, "engine_options": opts,
-                                "mode": mode, "ray": ray, "max_value_chars": max_value_chars, **dataclasses.asdict(config)})
+                                "mode": mode, "ray": ray, "max_value_chars": max_value_chars,
+                                **dataclasses.asdict(config)})
     return PolicyRollout(run, task_list, backend, tokenizer, config, engine, opts)
 
 

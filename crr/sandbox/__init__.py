@@ -32,8 +32,8 @@ from crr.sandbox.engines import (ENGINES, RAY_OPTIONS, RAY_PREFIX, TRUST_ENV, En
                                  engine_spec, engine_spec_of, engine_workers,
                                  get_engine, parse_options, register_engine)
 
-__all__ = ["ENGINES", "RAY_OPTIONS", "RAY_PREFIX", "TRUST_ENV", "EngineSpec", "engine_class", "engine_spec", "engine_spec_of",
-           "engine_workers", "get_engine", "parse_options", "reclaim_leftovers", "register_engine"]
+__all__ = ["ENGINES", "RAY_OPTIONS", "RAY_PREFIX", "TRUST_ENV", "EngineSpec", "engine_class", "engine_spec",
+           "engine_spec_of", "engine_workers", "get_engine", "parse_options", "reclaim_leftovers", "register_engine"]
 
 log = logging.getLogger(__name__)
 

@@ -62,8 +62,8 @@ def engine_class(name: str) -> Callable[..., ForkEngine]:
     if not sep:
         module, _, attr = ref.rpartition(".")
     if not module or not attr:
-        raise CRRError(f"unknown fork engine {name!r}; choose one of {', '.join(ENGINES)}, ray:<engine>, or the "
-                       "dotted path to an engine class (pkg.module:Class)")
+        raise CRRError(f"unknown fork engine {name!r}; choose one of {', '.join(ENGINES)}, ray:<engine>, or "
+                       "the dotted path to an engine class (pkg.module:Class)")
     try:
         found = getattr(importlib.import_module(module), attr)
     except ImportError as e:
@@ -142,7 +142,8 @@ def engine_spec(engine: str | EngineSpec, options: Mapping[str, Any] | None = No
     on_ray = engine.startswith(RAY_PREFIX)
     if ray is not None:
         if not on_ray:
-            raise CRRError(f"a Ray address (--ray {ray}) applies to a ray:<engine> engine only, not to {engine!r}")
+            raise CRRError(f"a Ray address (--ray {ray}) applies to a ray:<engine> engine only, not to "
+                           f"{engine!r}")
         opts["address"] = ray
     if mode is not None:
         opts["mode"] = mode

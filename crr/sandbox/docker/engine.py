@@ -27,9 +27,9 @@ from crr.errors import CRRError, SandboxError
 from crr.sandbox import http
 from crr.sandbox.base import Snapshot, TaskSpec
 from crr.sandbox.checkout import base_checkout, cache_root
-from crr.sandbox.docker.common import (_LOG, _MS_BIND, _MS_SHARED, _PID1, CTL_DIR, CTL_TMPFS_MB, DEFAULT_BASE_IMAGE,
-                                       ENGINE, REPO_DIR, ROLE, _Container, _docker_errors, _dispose_root, _mount_call,
-                                       _owner_labels, docker_client)
+from crr.sandbox.docker.common import (_LOG, _MS_BIND, _MS_SHARED, _PID1, CTL_DIR, CTL_TMPFS_MB,
+                                       DEFAULT_BASE_IMAGE, ENGINE, REPO_DIR, ROLE, _Container, _docker_errors,
+                                       _dispose_root, _mount_call, _owner_labels, docker_client)
 from crr.sandbox.docker.disk import LayerCap
 from crr.sandbox.docker.images import Images
 from crr.sandbox.docker.pool import WarmPool, _fresh_state, _scratch_dirs

@@ -18,7 +18,8 @@ from crr.errors import SandboxError
 from crr.sandbox import mirror
 from crr.sandbox.base import TaskSpec
 from crr.sandbox.checkout import base_checkout, cache_root, publish
-from crr.sandbox.docker.common import ENV_REPO, REPO_DIR, ROLE, TASK, TASK_REPO, _docker_errors, _label_changes, _root_owned
+from crr.sandbox.docker.common import (ENV_REPO, REPO_DIR, ROLE, TASK, TASK_REPO, _docker_errors, _label_changes,
+                                       _root_owned)
 
 log = logging.getLogger(__name__)
 

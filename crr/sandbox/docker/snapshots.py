@@ -14,7 +14,8 @@ import docker.errors
 import requests
 
 from crr.sandbox.base import Snapshot, TaskSpec
-from crr.sandbox.docker.common import _MS_BIND, REPO_DIR, ROLE, SNAPSHOT_REPO, TASK, _dispose_root, _label_changes, _mount_call
+from crr.sandbox.docker.common import (_MS_BIND, REPO_DIR, ROLE, SNAPSHOT_REPO, TASK, _dispose_root, _label_changes,
+                                       _mount_call)
 from crr.sandbox.docker.sandbox import DockerSandbox
 from crr.sandbox.overlay import Layer, OverlayWorkspace, mount_tmpfs
 
