@@ -84,8 +84,8 @@ def test_the_address_is_a_config_key_of_every_run(tmp_path):
         SFTRecipe.from_dict({"ray": "auto"})
     assert SFTRecipe.from_dict({"engine": "ray:local", "ray": "auto"}).ray == "auto"
     # the same engine spec everywhere: a name, its options, --mode as sugar; the engine checks the options
-    cfg = load_config(None, {**parse_overrides(["engine=docker", "mode=overlay", "engine_options={image: x, cpus: 2}"]),
-                             "output_dir": str(tmp_path)})
+    given = parse_overrides(["engine=docker", "mode=overlay", "engine_options={image: x, cpus: 2}"])
+    cfg = load_config(None, {**given, "output_dir": str(tmp_path)})
     assert (cfg.engine, cfg.mode, cfg.engine_options) == ("docker", "overlay", {"image": "x", "cpus": 2})
     with pytest.raises(CRRError, match="'docker' takes no option memory"):
         EvalConfig(dataset="d", tasks="t", engine="docker", engine_options={"memory": "4g"})
