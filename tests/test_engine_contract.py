@@ -23,7 +23,7 @@ from conftest import git_repo, procs_with
 
 from crr.errors import CRRError
 from crr.sandbox import EngineSpec, engine_spec, reclaim_leftovers
-from crr.sandbox.base import MAX_OUTPUT_BYTES, ForkEngine, Sandbox, tree_digest
+from crr.sandbox.base import MAX_OUTPUT_BYTES, ForkEngine, Sandbox, Snapshot, tree_digest
 from crr.tasks.schema import Task
 
 CAP_MB = 4  # every engine below is made with this per-file cap
@@ -76,7 +76,7 @@ def engine(spec) -> ForkEngine:
     eng.close()
 
 
-def test_start_and_exec(engine, task):
+def test_start_exec_and_files(engine, task):
     assert isinstance(engine, ForkEngine)
     with engine.start(task) as sb:
         assert isinstance(sb, Sandbox) and sb.task is task
@@ -86,6 +86,17 @@ def test_start_and_exec(engine, task):
         assert sb.exec("cat").output == ""  # stdin is empty, never the host's
         assert sb.exec("kill -9 $$").exit_code == 137
         assert sb.read_file("pkg/core.py") == b"def f():\n    return 1\n"
+        assert sb.exec("ln -s /etc etc_link && ln -s ../../etc/passwd pkg/pw").exit_code == 0
+        for bad in ("../etc/passwd", "/etc/passwd", "pkg/../../etc/passwd", "etc_link/passwd", "pkg/pw", ""):
+            with pytest.raises(CRRError):
+                sb.read_file(bad)
+        for bad in ("etc_link/evil", "/tmp/evil", "pkg/../../evil"):
+            with pytest.raises(CRRError):
+                sb.write_file(bad, b"x")
+        with pytest.raises(CRRError, match="no such file|cannot read"):
+            sb.read_file("missing.txt")
+        sb.write_file("a/b/new.txt", b"\x00\xffbytes")   # parents made, bytes kept
+        assert sb.read_file("a/b/new.txt") == b"\x00\xffbytes"
 
 
 def test_restore_is_exact_and_forks_of_forks_too(engine, task):
@@ -110,7 +121,7 @@ def test_restore_is_exact_and_forks_of_forks_too(engine, task):
         engine.release(snap)
 
 
-def test_forks_are_isolated(engine, task):
+def test_forks_are_isolated_and_outlive_their_released_snapshot(engine, task):
     with engine.start(task) as parent:
         parent.write_file("shared.txt", b"parent\n")
         snap = parent.snapshot()
@@ -124,26 +135,17 @@ def test_forks_are_isolated(engine, task):
             assert b.exec("test -e pkg/core.py").exit_code == 0 and parent.exec("test -e pkg/core.py").exit_code == 0
             assert a.exec("test -e only_b.txt || test -e after.txt").exit_code == 1
             assert b.exec("test -e after.txt").exit_code == 1
-        engine.release(snap)
-
-
-def test_a_released_snapshot_lives_while_its_forks_do(engine, task):
-    with engine.start(task) as sb:
-        sb.write_file("x.txt", b"x")
-        snap = sb.snapshot()
-        fork = engine.restore(snap)
-        engine.release(snap)
-        engine.release(snap)  # idempotent
-        with pytest.raises(CRRError, match="not held"):
-            engine.restore(snap)
-        assert fork.read_file("x.txt") == b"x" and fork.exec("cat x.txt").output == "x"
-        fork.close()
-        fork.close()  # idempotent
+            engine.release(snap)   # a released snapshot lives while its forks do
+            engine.release(snap)   # idempotent
+            with pytest.raises(CRRError, match="not held"):
+                engine.restore(snap)
+            assert a.read_file("shared.txt") == b"a\n" and b.exec("cat only_b.txt").output == "b\n"
+        a.close()                  # idempotent
         with pytest.raises(CRRError):
-            fork.exec("true")
+            a.exec("true")
 
 
-def test_a_timeout_kills_the_whole_process_tree(engine, task):
+def test_timeouts_kill_the_whole_tree_and_output_and_files_are_bounded(engine, task):
     with engine.start(task) as sb:
         t0 = time.monotonic()
         res = sb.exec("sleep 303.7 & (setsid sleep 304.7 &); echo started; sleep 30", timeout=1)
@@ -153,10 +155,6 @@ def test_a_timeout_kills_the_whole_process_tree(engine, task):
         assert sb.exec("sleep 305.7 & echo bg", timeout=20).output == "bg\n" and time.monotonic() - t0 < 5
         assert sb.exec("exit 124", timeout=20).timed_out is False   # exiting 124 by itself is no timeout
         assert procs_with("sleep", "303.7") == procs_with("sleep", "304.7") == procs_with("sleep", "305.7") == []
-
-
-def test_output_and_files_are_bounded(engine, task):
-    with engine.start(task) as sb:
         res = sb.exec("yes", timeout=1)
         assert res.timed_out and res.truncated and res.output.startswith("y\ny\n")
         assert len(res.output.encode()) <= MAX_OUTPUT_BYTES + 100
@@ -166,32 +164,14 @@ def test_output_and_files_are_bounded(engine, task):
         assert res.exit_code != 0 and len(sb.read_file("big.bin")) == CAP_MB << 20
 
 
-def test_files_stay_inside_the_repository(engine, task):
-    with engine.start(task) as sb:
-        assert sb.exec("ln -s /etc etc_link && ln -s ../../etc/passwd pkg/pw").exit_code == 0
-        for bad in ("../etc/passwd", "/etc/passwd", "pkg/../../etc/passwd", "etc_link/passwd", "pkg/pw", ""):
-            with pytest.raises(CRRError):
-                sb.read_file(bad)
-        for bad in ("etc_link/evil", "/tmp/evil", "pkg/../../evil"):
-            with pytest.raises(CRRError):
-                sb.write_file(bad, b"x")
-        with pytest.raises(CRRError, match="no such file|cannot read"):
-            sb.read_file("missing.txt")
-        sb.write_file("a/b/new.txt", b"\x00\xffbytes")   # parents made, bytes kept
-        assert sb.read_file("a/b/new.txt") == b"\x00\xffbytes"
-
-
 def test_bad_input_and_lost_infrastructure_are_crr_errors(spec, engine, task, tmp_path):
     with pytest.raises(CRRError, match="no_such_option"):   # the engine checks its options before it starts
         engine_spec(spec.name, {**spec.options, "no_such_option": 1})
     nowhere = dataclasses.replace(task, instance_id="contract-gone", repo_src=str(tmp_path / "no-such-repo"))
     with pytest.raises(CRRError):
         engine.start(nowhere)
-    with engine.start(task) as sb:
-        snap = sb.snapshot()
-        with pytest.raises(CRRError):
-            engine.restore(dataclasses.replace(snap, id="no-such-snapshot"))
-        engine.release(snap)
+    with pytest.raises(CRRError, match="not held"):
+        engine.restore(Snapshot("no-such-snapshot", engine.name, task.instance_id))
 
 
 def test_gc_spares_a_live_engine_and_close_takes_everything(spec, task):

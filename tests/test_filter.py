@@ -233,8 +233,10 @@ def test_an_interrupt_keeps_finished_tasks_and_closes_the_sandboxes_in_flight(tm
 def test_bad_settings_are_refused_before_anything_is_written(tmp_path):
     with pytest.raises(Exception, match="--reruns must be between 2"):
         open_run({"tasks": "x.jsonl", "reruns": 1}, tmp_path / "runs")
-    with pytest.raises(Exception, match="applies to --engine docker"):
+    with pytest.raises(Exception, match="'local' takes no option mode"):   # the engine checks its options
         open_run({"tasks": "x.jsonl", "mode": "commit"}, tmp_path / "runs")
+    with pytest.raises(Exception, match="'docker' takes no option memory"):
+        open_run({"tasks": "x.jsonl", "engine": "docker", "engine_options": {"memory": "4g"}}, tmp_path / "runs")
     with pytest.raises(Exception, match="does not exist"):
         open_run({"tasks": str(tmp_path / "missing.jsonl")}, tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
