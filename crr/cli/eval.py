@@ -68,8 +68,8 @@ def eval_command(
         config, run = open_eval(dataset, file, model=model, run_dir=run_dir, checkpoint=checkpoint, out=out,
                                 resume=resume, samples=samples, temperature=temperature, seed=seed,
                                 n_tasks=n_tasks, max_turns=max_turns, max_new_tokens=max_new_tokens, split=split,
-                                **engine_settings(engine, engine_opt, ray, mode), workers=workers, batch=batch, backend=backend,
-                                vllm_server=vllm_server)
+                                **engine_settings(engine, engine_opt, ray, mode), workers=workers, batch=batch,
+                                backend=backend, vllm_server=vllm_server)
     err_console.print(f"run directory: {run.path}", highlight=False)
     _resume_with(f"crr eval --resume {shlex.quote(str(run.path))}")
     progress = progress_bar(f"eval {config.dataset}", "{task.fields[note]}")

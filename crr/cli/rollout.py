@@ -58,8 +58,9 @@ def rollout_command(
         with err_console.status("loading the default model (the random tiny one is built on first use)"):
             model = str(default_policy_dir())
     job = start_rollout(model, tasks, n, out, group=group, seed=seed, workers=workers,
-                        **engine_settings(engine, engine_opt, ray, mode), temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens,
-                        agent_format=agent_format, max_value_chars=max_value_chars, time_limit=time_limit)
+                        **engine_settings(engine, engine_opt, ray, mode), temperature=temperature,
+                        max_turns=max_turns, max_new_tokens=max_new_tokens, agent_format=agent_format,
+                        max_value_chars=max_value_chars, time_limit=time_limit)
     err_console.print(f"run directory: {job.run.path}", highlight=False)
     progress = progress_bar("rollout")
     bar = progress.add_task("rollout", total=job.total)
