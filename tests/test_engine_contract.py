@@ -172,8 +172,9 @@ def test_bad_input_and_lost_infrastructure_are_crr_errors(spec, engine, task, tm
         engine.restore(Snapshot("no-such-snapshot", engine.name, task.instance_id))
 
 
-def test_gc_spares_a_live_engine_and_close_takes_everything(spec, task):
-    eng = spec.make()
+def test_gc_spares_a_live_engine_and_close_takes_everything(engine, task):
+    """Last in this module: it closes the module's engine (its fixture's close is then a no-op)."""
+    eng = engine
     sb = eng.start(task)
     sb.exec("echo x > f.txt && (sleep 306.7 &)")
     snap = sb.snapshot()

@@ -38,6 +38,16 @@ def engine(request, tmp_path):
 
 
 @pytest.fixture
+def overlay_engine(tmp_path):
+    """For what only the overlay mode has (stacked layers); the contract suite forks both modes."""
+    if os.geteuid() != 0:
+        pytest.skip("overlayfs and namespaces need root")
+    with LocalEngine(workdir=tmp_path / "sandboxes", overlay=True) as eng:
+        yield eng
+    assert not _mounts_under(tmp_path), "a mount outlived its engine"
+
+
+@pytest.fixture
 def task(make_task):
     return make_task(FILES)
 
@@ -55,7 +65,9 @@ def test_registry(engine):
 
 
 
-def test_fork_of_fork_ten_generations(engine, task):
+def test_fork_of_fork_ten_generations(overlay_engine, task):
+    """Ten generations stay two lower layers deep (a copy-mode fork is a plain copy: the contract suite)."""
+    engine = overlay_engine
     sb = engine.start(task)
     expected = {}
     for gen in range(10):
@@ -73,10 +85,9 @@ def test_fork_of_fork_ten_generations(engine, task):
         engine.release(snap)                     # the child keeps its layer alive
         sb.close()
         assert tree_digest(child) == expected[gen]
-        if engine.mode == "overlay":
-            (mount,) = _mounts_under(child.workspace.tree)
-            lowers = mount.split("lowerdir=")[1].split(",")[0].split(":")
-            assert len(lowers) == 2, lowers      # flattened: layer + base, however deep
+        (mount,) = _mounts_under(child.workspace.tree)
+        lowers = mount.split("lowerdir=")[1].split(",")[0].split(":")
+        assert len(lowers) == 2, lowers          # flattened: layer + base, however deep
         sb = child
     assert sb.exec("test -e pkg/sub/deep.py").exit_code == 1  # the base's deep.py stays hidden
     assert sb.read_file("pkg/sub/other.py") == b"new\n"
@@ -185,7 +196,9 @@ socket.create_connection(('127.0.0.1', 8765)); pathlib.Path('bound').touch(); pr
 """
 
 
-def test_no_network_but_a_private_loopback(engine, task):
+def test_no_network_but_a_private_loopback(overlay_engine, task):
+    """(The network namespace is the same whatever the workspace mode.)"""
+    engine = overlay_engine
     if not engine.enforced["net_namespace"]:
         pytest.skip("network namespaces are unavailable on this machine")
     with engine.start(task) as a, engine.start(task) as b, ThreadPoolExecutor(1) as pool:
