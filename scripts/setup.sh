@@ -51,7 +51,7 @@ fi
 apt_install bwrap bubblewrap "crr tasks synth on the local engine"
 
 # The local engine runs every command in its own root, the root filesystem that scripts/build-base-image.sh
-# keeps (crr/sandbox/local.py); without it the engine refuses foreign tasks.
+# keeps (crr/sandbox/local/); without it the engine refuses foreign tasks.
 if [ "${CRR_SKIP_DOCKER:-0}" = 1 ] && [ "$(id -u)" = 0 ]; then
   apt_install debootstrap debootstrap "the local engine's root filesystem"
   scripts/build-base-image.sh  # the root filesystem only

@@ -18,9 +18,10 @@ import pytest
 from conftest import procs_with
 
 from crr.errors import CRRError, SandboxError
-from crr.sandbox import engine_spec, get_engine, local
+from crr.sandbox import engine_spec, get_engine
 from crr.sandbox.base import tree_digest
 from crr.sandbox.local import LocalEngine, gc_leftovers
+from crr.sandbox.local.cgroups import _memory_cgroup_root
 from crr.sandbox.overlay import OverlayWorkspace
 
 FILES = {"README.md": "hello\n", "pkg/__init__.py": "", "pkg/core.py": "def f():\n    return 1\n",
@@ -281,7 +282,7 @@ def test_gc_leftovers_removes_crashed_engines_only(task, tmp_path):
     workdir = tmp_path / "sandboxes"
     dead = _run_owner(task, workdir, "crash")
     cgroup = Path("/sys/fs/cgroup/pids/crr") / dead.name
-    memcg = local._memory_cgroup_root() / dead.name
+    memcg = _memory_cgroup_root() / dead.name
     # two sandboxes, each a tmpfs (its capped writable state) with the overlay in it
     assert dead.is_dir() and len(_mounts_under(dead)) == 4 and cgroup.is_dir() and memcg.is_dir()
     assert procs_with("sleep", "105.7")  # a command in flight outlived its owner

@@ -6,7 +6,8 @@ HTTP record/replay (http.py, and http_plugin.py that runs inside a sandbox) live
 inside it, set up by mirror.py), and "replay" in crr's other names (`replay_at`, `crr replay verify`,
 train/replay_noise.py) means re-running an episode's actions, which belongs to the agent and train layers.
 
-    local.py, overlay.py   the local engine (namespaces, overlayfs or copies, cgroups) and its workspaces
+    local/, overlay.py     the local engine (namespaces, overlayfs or copies, cgroups), split by concern, and
+                           its workspaces
     docker/                the Docker engine (commit and overlay snapshots), split by concern
     ray_engine.py          ray:<engine>: any engine on the nodes of a Ray cluster
     engines.py             the engine spec: a name or dotted path plus options, checked by the engine
