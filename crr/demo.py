@@ -16,7 +16,7 @@ from crr.agent.expert import expert_script, gold_files
 from crr.agent.tools import ToolCall, execute, tool_type_score
 from crr.agent.verifier import verify
 from crr.errors import CRRError
-from crr.replay.base import ForkEngine, Sandbox
+from crr.sandbox.base import ForkEngine, Sandbox
 from crr.rundir import RunDir
 from crr.tasks.schema import Task
 

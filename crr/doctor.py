@@ -97,7 +97,7 @@ def _netns() -> Check:
 
 
 def _disk() -> Check:
-    from crr.replay.checkout import cache_root
+    from crr.sandbox.checkout import cache_root
 
     free_gb = shutil.disk_usage(cache_root()).free / 1e9
     return Check("free disk", free_gb >= MIN_FREE_GB, f"{free_gb:.1f} GB free at {cache_root()}",

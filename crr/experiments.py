@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from crr.errors import CRRError
+from crr.sandbox import engine_spec_of
 from crr.tasks.loaders import TASK_SETS
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
@@ -47,7 +48,7 @@ PAPER_SEEDS = (11, 23, 47)
 ABLATION_KEYS = ("k", "selector", "horizon", "cf_temperature", "zero_contrast", "cf_samples", "proposal",
                  "fork_cost_multiplier", "replay_noise")
 EVAL_SETTINGS = ("samples", "temperature", "seed", "n_tasks", "max_turns", "max_new_tokens", "split", "engine",
-                 "ray", "workers", "batch")                          # crr.eval.EvalConfig fields a spec may set
+                 "engine_options", "ray", "mode", "workers", "batch")                          # crr.eval.EvalConfig fields a spec may set
 
 
 def read_preset(path: Path | str, _seen: tuple[Path, ...] = ()) -> dict:
@@ -131,7 +132,10 @@ class EvalSpec:
         if checkpoint is not None:
             args += ["--checkpoint", str(checkpoint)]
         for key, value in self.settings.items():
-            args += [f"--{key.replace('_', '-')}", str(value)]
+            if key == "engine_options":   # the engine spec's options, as `crr eval --engine-opt KEY=VALUE`
+                args += [a for k, v in value.items() for a in ("--engine-opt", f"{k}={v}")]
+            else:
+                args += [f"--{key.replace('_', '-')}", str(value)]
         return args + ["--out", str(out)]
 
     def command(self, run: str, checkpoint: int | None = None, out: Path | str = "results/evals") -> str:
@@ -159,6 +163,7 @@ def _eval_spec(path: Path, entry) -> EvalSpec:
     if not all(0 < f < 1 for f in fractions):
         raise CRRError(f"{path}: checkpoint_fractions lie in (0, 1) (the final model is always evaluated)")
     settings = {k: entry[k] for k in EVAL_SETTINGS if k in entry}
+    engine_spec_of(settings)   # an option its engine does not take fails when the spec is read
     if "tasks" in entry:
         tasks = (path.parent / str(entry["tasks"])).resolve()
         # crr eval labels a task file's results by the file's stem (crr.eval.evaluate.benchmark)

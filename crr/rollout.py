@@ -46,8 +46,8 @@ from crr.agent.episode import Episode, EpisodeConfig, Trajectory
 from crr.errors import CRRError
 from crr.policy.backend import GenerationBackend, StepSample, TransformersBackend
 from crr.policy.model import agent_record, load_policy
-from crr.replay import engine_options, engine_workers, get_engine
-from crr.replay.base import ForkEngine
+from crr.sandbox import engine_spec, engine_workers, get_engine
+from crr.sandbox.base import ForkEngine
 from crr.rundir import RunDir
 from crr.seeds import derive_seed
 from crr.tasks.loaders import load_tasks
@@ -204,7 +204,8 @@ class PolicyRollout:
 
 
 def start_rollout(model: str, tasks: str, n: int, out: Path, *, group_size: int = 8, seed: int = 0,
-                  workers: int | None = None, engine: str = "local", mode: str | None = None,
+                  workers: int | None = None, engine: str = "local", engine_options: dict | None = None,
+                  mode: str | None = None,
                   ray: str | None = None, temperature: float = 0.6,
                   max_turns: int | None = None, max_new_tokens: int = 512, agent_format: str | None = None,
                   max_value_chars: int | None = None, time_limit: float = 3600.0) -> PolicyRollout:
@@ -212,7 +213,7 @@ def start_rollout(model: str, tasks: str, n: int, out: Path, *, group_size: int 
     recorded agent format and turn cap H, unless given), a run directory under `out` with the config."""
     if n < 1:
         raise CRRError(f"--n must be at least 1, got {n}")
-    opts = engine_options(engine, ray=ray, mode=mode)
+    opts = engine_spec(engine, engine_options, ray=ray, mode=mode).options
     task_list = load_tasks(tasks)[:n]
     policy, tokenizer = load_policy(model)
     record = agent_record(model)
@@ -224,8 +225,9 @@ def start_rollout(model: str, tasks: str, n: int, out: Path, *, group_size: int 
         snapshots=False))
     backend = TransformersBackend(policy, tokenizer, max_value_chars=max_value_chars)
     run = RunDir.create("rollout", f"n{n}-g{group_size}-seed{seed}", root=out, seeds={"rollout": seed},
-                        config={"model": model, "tasks": tasks, "n": n, "engine": engine, "mode": mode, "ray": ray,
-                                "max_value_chars": max_value_chars, **dataclasses.asdict(config)})
+                        config={"model": model, "tasks": tasks, "n": n, "engine": engine, "engine_options": opts,
+                                "mode": mode, "ray": ray, "max_value_chars": max_value_chars,
+                                **dataclasses.asdict(config)})
     return PolicyRollout(run, task_list, backend, tokenizer, config, engine, opts)
 
 

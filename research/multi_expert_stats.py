@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 from crr.agent.expert import ExpertConfig
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import default_model_dir
-from crr.replay import get_engine
+from crr.sandbox import get_engine
 from crr.sft.warm_start import ExpertDataSettings, expert_episode
 from crr.tasks.loaders import MICRO_RANGES, MICRO_SETS, load_micro, load_tasks
 

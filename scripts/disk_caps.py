@@ -2,7 +2,7 @@
 
     scripts/disk_caps.py caps     # per engine and mode: MB held when a writer outside /tmp and /testbed stops
     scripts/disk_caps.py actions  # Docker, per mode: p50 of one `true` action, in a fresh sandbox and with
-                                  # 2,000 files in the writable layer; fork p50 (crr.replay.bench)
+                                  # 2,000 files in the writable layer; fork p50 (crr.sandbox.bench)
 
 Run with the code to measure first on PYTHONPATH; `actions` runs on older crr trees too (before/after
 in one session: alternate the two trees' PYTHONPATH). Prints one JSON object per line.
@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from crr.replay import get_engine
-from crr.replay.bench import fork_bench, synthetic_task
+from crr.sandbox import get_engine
+from crr.sandbox.bench import fork_bench, synthetic_task
 
 CAP_MB = 64
 # Writes files of {size} bytes into {where} until 3x the cap is written or a write fails.

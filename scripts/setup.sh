@@ -47,11 +47,11 @@ if [ "${CRR_SKIP_VLLM:-0}" != 1 ]; then
 fi
 
 # bubblewrap: the sandbox without network in which `crr tasks synth` builds an sdist's metadata on the local
-# engine (crr.replay.mirror.metadata_sandbox)
+# engine (crr.sandbox.mirror.metadata_sandbox)
 apt_install bwrap bubblewrap "crr tasks synth on the local engine"
 
 # The local engine runs every command in its own root, the root filesystem that scripts/build-base-image.sh
-# keeps (crr/replay/local.py); without it the engine refuses foreign tasks.
+# keeps (crr/sandbox/local/); without it the engine refuses foreign tasks.
 if [ "${CRR_SKIP_DOCKER:-0}" = 1 ] && [ "$(id -u)" = 0 ]; then
   apt_install debootstrap debootstrap "the local engine's root filesystem"
   scripts/build-base-image.sh  # the root filesystem only

@@ -24,7 +24,7 @@ import torch
 import yaml
 
 from crr.policy.model import AGENT_FILE, SHIPPED_DEFAULT, load_policy
-from crr.replay.checkout import building
+from crr.sandbox.checkout import building
 from crr.rundir import RunDir
 
 REPO = Path(__file__).resolve().parent.parent

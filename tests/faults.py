@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 from crr.errors import SandboxError
-from crr.replay.checkout import cache_root
-from crr.replay.docker import PID, ROLE, docker_client
-from crr.replay.overlay import process_start
+from crr.sandbox.checkout import cache_root
+from crr.sandbox.docker.common import PID, ROLE, docker_client
+from crr.sandbox.overlay import process_start
 
 ENGINES = {"local": (), "docker": ("--engine", "docker", "--mode", "overlay")}  # filter-tasks options
 

@@ -13,7 +13,7 @@ from crr.agent.prompt import FORMATS, agent_format
 from crr.errors import CRRError
 from crr.eval.evaluate import EvalConfig, Policy
 from crr.policy.model import AGENT_FILE, agent_record, default_model_dir, load_policy, write_agent_record
-from crr.replay import get_engine
+from crr.sandbox import get_engine
 from crr.tasks.loaders import load_tasks
 from crr.tasks.micro import generate_micro
 

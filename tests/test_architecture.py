@@ -23,7 +23,7 @@ LAYERS = [
     ("rollout", ("rollout",)),
     ("agent/policy", ("agent", "policy")),
     ("tasks", ("tasks",)),
-    ("replay", ("replay",)),
+    ("sandbox", ("sandbox",)),
     ("base", ("rundir", "errors", "seeds", "__init__")),
 ]
 
@@ -172,10 +172,10 @@ def test_no_import_from_a_lower_layer_into_a_higher_one():
 
 def test_the_graph_sees_imports_inside_functions():
     """The walker itself: a deferred import and a relative one are edges like a top-level one."""
-    src = "def f():\n    from crr.replay import checkout\n    import crr.tasks.schema\nfrom . import base\n"
-    path = ROOT / "replay" / "_probe.py"
+    src = "def f():\n    from crr.sandbox import checkout\n    import crr.tasks.schema\nfrom . import base\n"
+    path = ROOT / "sandbox" / "_probe.py"
     found = {m for _, m in imports(path, module_name(path), set(modules()), source=src)}
-    assert {"crr.replay.checkout", "crr.tasks.schema", "crr.replay.base"} <= found
+    assert {"crr.sandbox.checkout", "crr.tasks.schema", "crr.sandbox.base"} <= found
     assert cycles({"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3}, "d": {"a": 1}}) == [["a", "b", "c", "a"]]
 
 
@@ -196,9 +196,9 @@ def test_a_new_advantage_estimator_is_selectable_by_name():
 
 
 def test_a_new_fork_engine_is_returned_by_get_engine():
-    from crr.replay import ENGINES, get_engine, register_engine
+    from crr.sandbox import ENGINES, get_engine, register_engine
 
-    class ToyEngine:  # the protocol is crr.replay.base.ForkEngine; get_engine only constructs it
+    class ToyEngine:  # the protocol is crr.sandbox.base.ForkEngine; get_engine only constructs it
         name = "toy"
 
         def __init__(self, **opts):
@@ -217,8 +217,8 @@ def test_a_new_task_source_materialises_the_repository_of_a_row_that_carries_its
     import dataclasses
     import subprocess
 
-    from crr.replay.checkout import base_checkout
-    from crr.replay.sources import SOURCES, register_source
+    from crr.sandbox.checkout import base_checkout
+    from crr.tasks.sources import SOURCES, register_source
     from crr.tasks.schema import Task
 
     monkeypatch.setenv("CRR_CACHE_DIR", str(tmp_path / "cache"))

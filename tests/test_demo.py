@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from crr.cli import app
 from crr.demo import run_demo
-from crr.replay import get_engine
+from crr.sandbox import get_engine
 from crr.rundir import RunDir
 from crr.tasks.micro import generate_micro
 

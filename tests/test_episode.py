@@ -26,8 +26,8 @@ from crr.errors import CRRError, SandboxError
 from crr.policy.backend import TransformersBackend
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import default_model_dir, load_policy
-from crr.replay import get_engine
-from crr.replay.base import tree_digest
+from crr.sandbox import get_engine
+from crr.sandbox.base import tree_digest
 from crr.rollout import run_episode, summarise
 
 

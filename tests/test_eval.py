@@ -35,7 +35,7 @@ from crr.eval import (
 from crr.eval.evaluate import INFRA_RETRIED, PREDICTIONS, RESULTS, SUMMARY
 from crr.eval.stats import wilson
 from crr.policy.model import default_model_dir, default_policy_dir, load_policy
-from crr.replay import get_engine
+from crr.sandbox import get_engine
 from crr.rundir import RunDir
 from crr.tasks import loaders
 from crr.tasks.loaders import load_tasks, swebench_eval_script

@@ -11,7 +11,7 @@ from crr.agent.expert import (ExpertConfig, call_json, explore_script, fix_edits
                               parse_sed, sed_command)
 from crr.agent.tools import execute, parse_tool_call
 from crr.agent.verifier import verify
-from crr.replay import get_engine
+from crr.sandbox import get_engine
 from crr.tasks.micro import generate_micro
 
 EXPLORE = ExpertConfig(p_list=1.0)  # always lists the files, so decoys are always in view

@@ -20,7 +20,7 @@ from crr.cli import app
 from crr.filter.determinism import (ADMITTED, DISCARDED, F2P_PASSES_BEFORE_GOLD, INFRA_ERROR, NO_FAIL_TO_PASS,
                                     NONDETERMINISTIC, P2P_FAILS_BEFORE_GOLD, RESULTS, FilterConfig,
                                     discard_table, filter_tasks, open_run, run_seeds)
-from crr.replay.checkout import cache_root
+from crr.sandbox.checkout import cache_root
 from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks, write_tasks
 
@@ -233,8 +233,10 @@ def test_an_interrupt_keeps_finished_tasks_and_closes_the_sandboxes_in_flight(tm
 def test_bad_settings_are_refused_before_anything_is_written(tmp_path):
     with pytest.raises(Exception, match="--reruns must be between 2"):
         open_run({"tasks": "x.jsonl", "reruns": 1}, tmp_path / "runs")
-    with pytest.raises(Exception, match="applies to --engine docker"):
+    with pytest.raises(Exception, match="'local' takes no option mode"):   # the engine checks its options
         open_run({"tasks": "x.jsonl", "mode": "commit"}, tmp_path / "runs")
+    with pytest.raises(Exception, match="'docker' takes no option memory"):
+        open_run({"tasks": "x.jsonl", "engine": "docker", "engine_options": {"memory": "4g"}}, tmp_path / "runs")
     with pytest.raises(Exception, match="does not exist"):
         open_run({"tasks": str(tmp_path / "missing.jsonl")}, tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
@@ -268,7 +270,7 @@ def test_bench_scores_planted_flakes_against_their_labels(tmp_path):
 def test_the_filter_on_the_docker_engine(tmp_path, make_task):
     tasks = [calc(make_task, "calc-1"), hash_seed_task(make_task),
              calc(make_task, "no-image", image="crr-test-missing-image:none")]
-    run, summary = new_run(tmp_path, tasks, FilterConfig(engine="docker", engine_opts={"mode": "commit"},
+    run, summary = new_run(tmp_path, tasks, FilterConfig(engine="docker", engine_options={"mode": "commit"},
                                                          reruns=3, timeout=300))
     records = by_id(run)
     assert records["calc-1"]["verdict"] == ADMITTED

@@ -20,8 +20,8 @@ import pytest
 from conftest import git_repo
 
 from crr.errors import SandboxError
-from crr.replay.base import tree_digest
-from crr.replay.checkout import base_checkout
+from crr.sandbox.base import tree_digest
+from crr.sandbox.checkout import base_checkout
 from crr.tasks.schema import Task
 
 FILES = {"README.md": "hello\n", "pkg/__init__.py": "", "pkg/core.py": "def f():\n    return 1\n"}
@@ -37,10 +37,10 @@ def _task(root: Path) -> Task:
 
 def _engine(name: str, **caps):
     if name == "local":
-        from crr.replay.local import LocalEngine
+        from crr.sandbox.local import LocalEngine
 
         return LocalEngine(**caps)
-    from crr.replay.docker import DockerEngine, docker_client
+    from crr.sandbox.docker import DockerEngine, docker_client
 
     try:
         docker_client()

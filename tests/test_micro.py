@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from crr.cli import app
-from crr.replay.checkout import base_checkout
+from crr.sandbox.checkout import base_checkout
 from crr.tasks.bugs import FAMILIES, mutants
 from crr.tasks.loaders import load_tasks
 from crr.tasks.micro import FLAKY_KINDS, _Case, _package_files, _probe, generate_micro

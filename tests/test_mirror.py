@@ -1,4 +1,4 @@
-"""The replay layer's two doors, for real: the package mirror (wheels from PyPI pinned by sha256,
+"""The sandbox layer's two doors, for real: the package mirror (wheels from PyPI pinned by sha256,
 installed in sandboxes that have no network) and HTTP record/replay (a test suite whose request to a
 live server is recorded once, by the determinism filter's gold run, and replayed everywhere after)."""
 
@@ -17,7 +17,7 @@ from agent_tasks import CALC, CALC_FIXED, TEST_CMD, TESTS, TESTS_WITH_ADD, file_
 from crr.agent.verifier import verify
 from crr.errors import CRRError, TaskFormatError
 from crr.filter.determinism import ADMITTED, DISCARDED, HTTP_NOT_RECORDED, RESULTS, FilterConfig, filter_tasks
-from crr.replay import get_engine, http, mirror
+from crr.sandbox import get_engine, http, mirror
 from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import LOCK_LINE, Task
@@ -188,7 +188,7 @@ def test_a_request_with_no_recording_excludes_the_task(tmp_path, make_task, lock
 def test_record_and_replay_on_the_docker_engine(tmp_path, make_task, lock_lines, server):
     task = http_task(make_task, lock_lines, server.server_port, "http-docker")
     hits = server.hits
-    run, records = filter_run(tmp_path, [task], FilterConfig(engine="docker", engine_opts={"mode": "commit"},
+    run, records = filter_run(tmp_path, [task], FilterConfig(engine="docker", engine_options={"mode": "commit"},
                                                             reruns=2, timeout=300, record_http=True))
     assert records["http-docker"]["verdict"] == ADMITTED, records["http-docker"]
     assert server.hits == hits + 1
@@ -202,7 +202,7 @@ def test_record_and_replay_on_the_docker_engine(tmp_path, make_task, lock_lines,
 
 
 def test_building_publishes_a_folder_whole_or_not_at_all(tmp_path):
-    from crr.replay.checkout import building
+    from crr.sandbox.checkout import building
 
     dest = tmp_path / "d"
     with pytest.raises(RuntimeError), building(dest) as b:

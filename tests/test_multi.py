@@ -18,7 +18,7 @@ from crr.agent.tools import execute
 from crr.agent.verifier import verify
 from crr.cli import app
 from crr.errors import CRRError
-from crr.replay import get_engine
+from crr.sandbox import get_engine
 from crr.tasks.loaders import MICRO_DEFAULT_N, MICRO_RANGES, MICRO_SETS, TASK_SETS, load_tasks
 from crr.tasks.micro import generate_micro
 from crr.tasks.multi import ISSUE_STYLES, Knobs, multi_template

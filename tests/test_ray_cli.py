@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from crr.cli import app
 from crr.errors import CRRError
 from crr.eval.evaluate import RESULTS, TRANSCRIPTS
-from crr.replay import engine_options, engine_workers
+from crr.sandbox import EngineSpec, engine_spec, engine_workers
 from crr.rundir import RunDir
 from crr.train.tuples import read_tuples
 
@@ -42,17 +42,18 @@ def ray_modules(*argv: str) -> str:
 
 # ------------------------------------------------------------------------------------ no cluster needed
 
-def test_engine_options_are_the_one_translation_of_the_settings():
-    assert engine_options("local") == {} and engine_options("docker", mode="overlay") == {"mode": "overlay"}
-    assert engine_options("ray:local") == {"address": "auto"}
-    assert engine_options("ray:docker", ray="10.0.0.1:6379", mode="commit") == {"address": "10.0.0.1:6379",
-                                                                                "mode": "commit"}
-    with pytest.raises(CRRError, match=r"--ray auto\) applies to --engine ray:local or ray:docker only"):
-        engine_options("local", ray="auto")
-    with pytest.raises(CRRError, match="--mode applies to --engine docker or ray:docker only"):
-        engine_options("ray:local", mode="overlay")
+def test_the_engine_spec_is_the_one_translation_of_the_settings():
+    """--ray and --mode are sugar over the options address and mode; the engine checks every option."""
+    assert engine_spec("local").options == {} and engine_spec("docker", mode="overlay").options == {"mode": "overlay"}
+    assert engine_spec("ray:local") == EngineSpec("ray:local", {})   # RayEngine's own default address: auto
+    assert engine_spec("ray:docker", {"cpus_per_sandbox": 0.5}, ray="10.0.0.1:6379", mode="commit").options == {
+        "cpus_per_sandbox": 0.5, "address": "10.0.0.1:6379", "mode": "commit"}
+    with pytest.raises(CRRError, match=r"--ray auto\) applies to a ray:<engine> engine only"):
+        engine_spec("local", ray="auto")
+    with pytest.raises(CRRError, match="'ray:local' takes no option mode"):
+        engine_spec("ray:local", mode="overlay")
     with pytest.raises(CRRError, match="commit or overlay"):
-        engine_options("ray:docker", mode="fast")
+        engine_spec("ray:docker", mode="fast")
 
 
 def test_workers_follow_the_engines_slots_unless_given():
@@ -75,16 +76,26 @@ def test_the_address_is_a_config_key_of_every_run(tmp_path):
     cfg = load_config(None, {**overrides, "output_dir": str(tmp_path)})
     assert cfg.resolved()["ray"] == "10.0.0.1:6379" and cfg.workers is None   # unset: the cluster's slots
     assert load_config(None, {"output_dir": str(tmp_path)}).ray is None
-    with pytest.raises(CRRError, match="applies to --engine ray:local or ray:docker only"):
+    with pytest.raises(CRRError, match="applies to a ray:<engine> engine only"):
         load_config(None, {"ray": "auto", "output_dir": str(tmp_path)})
-    with pytest.raises(CRRError, match="applies to --engine ray:local or ray:docker only"):
+    with pytest.raises(CRRError, match="applies to a ray:<engine> engine only"):
         EvalConfig(dataset="d", tasks="t", ray="auto")
-    with pytest.raises(CRRError, match="applies to --engine ray:local or ray:docker only"):
+    with pytest.raises(CRRError, match="applies to a ray:<engine> engine only"):
         SFTRecipe.from_dict({"ray": "auto"})
     assert SFTRecipe.from_dict({"engine": "ray:local", "ray": "auto"}).ray == "auto"
+    # the same engine spec everywhere: a name, its options, --mode as sugar; the engine checks the options
+    given = parse_overrides(["engine=docker", "mode=overlay", "engine_options={image: x, cpus: 2}"])
+    cfg = load_config(None, {**given, "output_dir": str(tmp_path)})
+    assert (cfg.engine, cfg.mode, cfg.engine_options) == ("docker", "overlay", {"image": "x", "cpus": 2})
+    with pytest.raises(CRRError, match="'docker' takes no option memory"):
+        EvalConfig(dataset="d", tasks="t", engine="docker", engine_options={"memory": "4g"})
     spec = _eval_spec(tmp_path / "x.comparison.yaml", {"dataset": "nano-test", "engine": "ray:local",
                                                        "ray": "auto"})
     assert spec.eval_args("RUN")[-6:-2] == ["--engine", "ray:local", "--ray", "auto"]
+    spec = _eval_spec(tmp_path / "x.comparison.yaml", {"dataset": "nano-test", "engine": "docker", "mode": "overlay",
+                                                       "engine_options": {"mem_limit": "4g", "cpus": 2}})
+    assert spec.eval_args("RUN")[4:12] == ["--engine", "docker", "--engine-opt", "mem_limit=4g", "--engine-opt",
+                                           "cpus=2", "--mode", "overlay"]
 
 
 def test_ray_beside_another_engine_is_one_line_and_exit_2(tmp_path):
@@ -96,16 +107,19 @@ def test_ray_beside_another_engine_is_one_line_and_exit_2(tmp_path):
         result = crr(*args, "--out", str(tmp_path / "runs")) if args[0] == "filter-tasks" else crr(*args)
         lines = result.output.strip().splitlines()
         assert result.exit_code == 2 and len(lines) == 1, (args, result.output)
-        assert "applies to --engine ray:local or ray:docker only" in lines[0], (args, result.output)
+        assert "applies to a ray:<engine> engine only" in lines[0], (args, result.output)
     assert not (tmp_path / "runs").exists() and not (tmp_path / "synth").exists()
     mode = crr("tool", "--tasks", "nano-band", "--instance", "x", "--engine", "ray:docker", "--mode", "fast",
                "--call", "{}")
-    assert mode.exit_code == 2 and "--mode is commit or overlay" in mode.output   # --mode is taken on ray:docker
+    assert mode.exit_code == 2 and "choose commit or overlay" in mode.output   # --mode is taken on ray:docker
+    opt = crr("tool", "--tasks", "nano-band", "--instance", "x", "--engine", "docker", "--engine-opt", "memory=4g",
+              "--call", "{}")
+    assert opt.exit_code == 2 and "'docker' takes no option memory" in opt.output   # checked by the engine
 
 
 def test_without_a_ray_engine_ray_is_never_imported(tmp_path):
     """Neither the help of the commands that take --ray, nor a command run on the local engine (with the
-    option handling of crr.replay.engine_options), imports ray."""
+    option handling of crr.sandbox.engine_spec), imports ray."""
     for argv in (["eval", "--help"], ["filter-tasks", "--help"], ["tasks", "synth", "--help"]):
         assert ray_modules(*argv) == "[]", argv
     call = json.dumps({"name": "view_file", "arguments": {"path": "setup.py"}})
@@ -191,7 +205,7 @@ def test_crr_training_on_ray_gives_the_local_advantages(cluster, tmp_path, caplo
     for engine in ("local", "ray:local"):
         ray = [f"ray={cluster.address}"] if engine.startswith("ray:") else []
         out = tmp_path / engine.replace(":", "-")
-        with caplog.at_level("INFO", logger="crr.replay.ray_engine"):
+        with caplog.at_level("INFO", logger="crr.sandbox.ray_engine"):
             result = crr("train", "--method", "crr", "--out", str(out), "--max-updates", "2", "tasks=nano-band",
                          "n_tasks=2", "tasks_per_iteration=2", "num_generations=2", "max_turns=4",
                          "max_new_tokens=96", "k=2", "eta=0.0", f"engine={engine}", *ray)

@@ -20,10 +20,10 @@ from crr.agent.tools import ToolCall, execute
 from crr.agent.verifier import verify
 from crr.bench.fork import ray_bench
 from crr.errors import CRRError, SandboxError
-from crr.replay import ENGINES, get_engine
-from crr.replay.base import ForkEngine, Sandbox, tree_digest
-from crr.replay.local import gc_leftovers
-from crr.replay.overlay import process_start
+from crr.sandbox import engines, get_engine
+from crr.sandbox.base import ForkEngine, Sandbox, tree_digest
+from crr.sandbox.local import gc_leftovers
+from crr.sandbox.overlay import process_start
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
 
@@ -69,9 +69,9 @@ def calc(tmp_path_factory) -> Task:
 
 
 def test_ray_stays_out_of_light_imports():
-    """Naming the engines and `crr --help` import no ray: the factory defers it to `get_engine("ray:...")`."""
-    code = ("import sys\nfrom typer.testing import CliRunner\nfrom crr.cli import app\nfrom crr.replay import ENGINES\n"
-            "assert {'ray:local', 'ray:docker'} <= set(ENGINES)\n"
+    """Checking a ray: engine spec and `crr --help` import no ray: the factory defers it to `get_engine("ray:...")`."""
+    code = ("import sys\nfrom typer.testing import CliRunner\nfrom crr.cli import app\nfrom crr.sandbox import engine_spec\n"
+            "assert engine_spec('ray:local', ray='auto').options == {'address': 'auto'}\n"
             "assert CliRunner().invoke(app, ['--help']).exit_code == 0\n"
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -80,7 +80,7 @@ def test_ray_stays_out_of_light_imports():
 
 
 def test_hosts_one_per_sandbox_node(engine, cluster):
-    assert isinstance(engine, ForkEngine) and engine.name == "ray:local" and "ray:docker" in ENGINES
+    assert isinstance(engine, ForkEngine) and engine.name == "ray:local"
     hosts = engine.hosts()
     assert {h["node"] for h in hosts} == {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert all(h["capacity"] == 2 and h["dead"] is None and h["pid"] != os.getpid() for h in hosts)
@@ -150,7 +150,7 @@ def test_the_determinism_filter_runs_unchanged_on_ray(cluster, tmp_path):
     from crr.rundir import RunDir
 
     tasks = load_tasks("nano-band")[:2]
-    config = FilterConfig(engine="ray:local", engine_opts={"address": cluster.address}, reruns=2, timeout=120,
+    config = FilterConfig(engine="ray:local", engine_options={"address": cluster.address}, reruns=2, timeout=120,
                           record_http=True)
     run = RunDir.create("filter-tasks", "ray", root=tmp_path / "runs")
     summary = filter_tasks(tasks, run, config, workers=2)
@@ -167,8 +167,8 @@ def test_a_node_lost_mid_filter_is_an_infra_error_and_resume_finishes(cluster, t
     victim = cluster.add_node(num_cpus=2, resources={"crr_sandbox": 4})  # the emptiest: sandboxes go there first
     cluster.wait_for_nodes()
     made = []
-    make = ENGINES["ray:local"]
-    monkeypatch.setitem(ENGINES, "ray:local", lambda **opts: made.append(make(**opts)) or made[-1])
+    make = engines.get_engine   # what the filter's EngineSpec.make calls
+    monkeypatch.setattr(engines, "get_engine", lambda name, **opts: made.append(make(name, **opts)) or made[-1])
 
     def kill_when_busy():
         deadline = time.monotonic() + 60
@@ -182,7 +182,7 @@ def test_a_node_lost_mid_filter_is_an_infra_error_and_resume_finishes(cluster, t
     killer = threading.Thread(target=kill_when_busy)
     killer.start()
     tasks = load_tasks("nano-band")[:3]
-    config = FilterConfig(engine="ray:local", engine_opts={"address": cluster.address, "cpus_per_sandbox": 0.5},
+    config = FilterConfig(engine="ray:local", engine_options={"address": cluster.address, "cpus_per_sandbox": 0.5},
                           reruns=2, timeout=120)
     run = RunDir.create("filter-tasks", "ray-kill", root=tmp_path / "runs")
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from crr.agent.episode import Episode, EpisodeConfig
-from crr.replay import get_engine
+from crr.sandbox import get_engine
 from crr.train.replay_noise import RerunOutputs
 
 CAT = json.dumps({"name": "run_shell", "arguments": {"command": "cat state.txt"}})

@@ -13,7 +13,7 @@ from agent_tasks import calc_task
 from crr.agent.episode import play_calls
 from crr.eval.evaluate import result_record
 from crr.policy.model import default_model_dir, load_policy
-from crr.replay import get_engine
+from crr.sandbox import get_engine
 from crr.rundir import RunDir
 from crr.train.ledger import Ledger
 

@@ -15,7 +15,7 @@ from crr.cli import app
 from crr.errors import CRRError
 from crr.policy.backend import TransformersBackend
 from crr.policy.model import default_model_dir, load_policy
-from crr.replay import get_engine
+from crr.sandbox import get_engine
 from crr.rollout import TRAJECTORIES_FILE, RolloutConfig, ThreadWorkerPool, rollout, sample_seed
 from crr.rundir import RunDir
 from crr.tasks.loaders import write_tasks

@@ -31,7 +31,7 @@ from crr.sft.warm_start import (
     install_default,
     sft,
 )
-from crr.replay import get_engine
+from crr.sandbox import get_engine
 from crr.rundir import RunDir
 from crr.tasks.micro import generate_micro
 

@@ -13,7 +13,7 @@ from crr.agent.verifier import verify
 from crr.cli import app
 from crr.errors import CRRError
 from crr.filter.determinism import ADMITTED, RESULTS, FilterConfig, filter_tasks
-from crr.replay import get_engine
+from crr.sandbox import get_engine
 from crr.rundir import RunDir
 from crr.tasks.loaders import TASKS_FILE, load_tasks
 from crr.tasks.schema import DEFAULT_TEST_CMD

@@ -12,7 +12,7 @@ from agent_tasks import CALC, CALC_FIXED, TESTS, calc_task
 from crr.agent.prompt import SYSTEM_PROMPT, TOOL_SCHEMAS, system_prompt, user_prompt
 from crr.agent.tools import (OBS_KEEP_CHARS, ToolCall, ToolCallError, execute, model_patch, parse_tool_call,
                              tool_type_score, truncate)
-from crr.replay import get_engine
+from crr.sandbox import get_engine
 
 
 @pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])

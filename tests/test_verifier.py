@@ -7,7 +7,7 @@ import pytest
 from agent_tasks import CALC, F2P, P2P, TESTS, calc_task, file_diff
 from crr.agent.tools import ToolCall, execute
 from crr.agent.verifier import eval_script_lines, harness_files_touched, patch_paths, verify
-from crr.replay import get_engine
+from crr.sandbox import get_engine
 
 PASS_EVERYTHING_CONFTEST = """import pytest
 

@@ -65,7 +65,7 @@ from crr.agent.tools import (
 from crr.agent.verifier import VERIFY_TIMEOUT_S, verify
 from crr.errors import CRRError, SandboxError
 from crr.policy.backend import StepSample
-from crr.replay.base import ForkEngine, Sandbox, Snapshot, tree_digest
+from crr.sandbox.base import ForkEngine, Sandbox, Snapshot, tree_digest
 from crr.tasks.schema import Task
 
 log = logging.getLogger(__name__)

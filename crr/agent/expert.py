@@ -33,7 +33,7 @@ from unidiff import PatchSet
 from crr.agent.prompt import TOOL_SCHEMAS
 from crr.agent.tools import ToolCall
 from crr.errors import CRRError
-from crr.replay.base import Sandbox
+from crr.sandbox.base import Sandbox
 from crr.tasks.bugs import FAMILIES, iter_mutants
 from crr.tasks.schema import Task
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from crr.agent.prompt import DEFAULT_SHELL_TIMEOUT_S, TOOL_NAMES, TOOL_SCHEMAS, VIEW_WINDOW_LINES
 from crr.errors import CRRError, SandboxError
-from crr.replay.base import SCRATCH_DIR, ExecResult, Sandbox  # SCRATCH_DIR: also crr.agent.tools.SCRATCH_DIR
+from crr.sandbox.base import SCRATCH_DIR, ExecResult, Sandbox  # SCRATCH_DIR: also crr.agent.tools.SCRATCH_DIR
 
 OBS_KEEP_CHARS = 4000     # an observation keeps its first and last this many characters
 TEST_TIMEOUT_S = 300      # run_tests: the canonical runner gets this long

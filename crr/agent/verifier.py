@@ -54,7 +54,7 @@ from unidiff.errors import UnidiffParseError
 
 from crr.agent.tools import SCRATCH_DIR, model_patch, truncate
 from crr.errors import CRRError
-from crr.replay.base import Sandbox
+from crr.sandbox.base import Sandbox
 from crr.tasks.evalscript import eval_script_lines, seeded_order, test_directives  # noqa: F401  (verifier API)
 from crr.tasks.schema import Task
 

@@ -27,11 +27,13 @@ from crr.tasks.schema import Task
 
 
 def filter_bench(n: int, flaky_rate: float, seed: int, engine: str = "local", mode: str | None = None,
-                 ray: str | None = None, reruns: int = 3, workers: int = 2, out: Path | str = "results/runs", split: str = "train",
+                 ray: str | None = None, engine_options: dict | None = None, reruns: int = 3, workers: int = 2,
+                 out: Path | str = "results/runs", split: str = "train",
                  on_start: Callable[[int, int], None] | None = None,
                  on_result: Callable[[dict], None] | None = None) -> dict:
     """Generate, filter and score; returns the score (also written to the run dir as bench.json)."""
-    settings = {**DEFAULTS, "engine": engine, "mode": mode, "ray": ray, "reruns": reruns, "seed": seed}
+    settings = {**DEFAULTS, "engine": engine, "engine_options": engine_options, "mode": mode, "ray": ray,
+                "reruns": reruns, "seed": seed}
     config = filter_config(settings)  # validates before anything is generated
     run = RunDir.create(COMMAND, f"bench-{engine}-n{n}-r{reruns}", root=out,
                         seeds={"micro": seed, "filter": seed})
@@ -108,8 +110,8 @@ def ray_filter_bench(n: int = 8, tasks: str = "nano-band", slots: int = 2, node_
     import tempfile
 
     from crr.bench.fork import local_cluster
-    from crr.replay import get_engine
-    from crr.replay.checkout import base_checkout
+    from crr.sandbox import get_engine
+    from crr.sandbox.checkout import base_checkout
     from crr.tasks.loaders import load_tasks
 
     if n < 1 or slots < 1 or not node_counts or any(k < 1 or slots % k for k in node_counts):

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from crr.errors import CRRError, SandboxError
-from crr.replay import RAY_PREFIX, engine_options, get_engine
-from crr.replay.base import tree_digest
-from crr.replay.checkout import base_checkout
+from crr.sandbox import RAY_PREFIX, engine_spec, get_engine
+from crr.sandbox.base import tree_digest
+from crr.sandbox.checkout import base_checkout
 from crr.tasks.schema import Task
 
 log = logging.getLogger(__name__)
@@ -36,12 +36,13 @@ _GIT_ENV = {"GIT_AUTHOR_NAME": "crr", "GIT_AUTHOR_EMAIL": "bench@crr.invalid", "
 
 
 def fork_bench(engine_name: str, mode: str | None = None, n_files: int = 5000, n_edited: int = 7,
-               repeats: int = 20, ray: str | None = None) -> dict:
+               repeats: int = 20, ray: str | None = None, options: dict | None = None) -> dict:
     """p50/p95 latencies (ms) of snapshot, restore and fork, and whether a fork is exact.
 
     mode: the engine's mode (local: overlay|copy, docker: overlay|commit; ray:local and ray:docker: their
     inner engine's), None for its default, or "both" to measure the two and add e.g.
-    `commit_over_overlay_fork_ratio`. ray: a ray:... engine's cluster address (None: auto).
+    `commit_over_overlay_fork_ratio`. ray: a ray:... engine's cluster address (None: auto). options: the
+    engine's other options (crr.sandbox.engines).
     """
     inner = engine_name.removeprefix(RAY_PREFIX)
     if inner not in MODES:
@@ -50,7 +51,7 @@ def fork_bench(engine_name: str, mode: str | None = None, n_files: int = 5000, n
     if mode not in (None, "both", *MODES[inner]):
         raise CRRError(f"engine {engine_name} has modes {', '.join(MODES[inner])} (or both); "
                        f"got {mode!r}")
-    engine_options(engine_name, ray=ray)  # a --ray the engine does not take fails before any work
+    engine_spec(engine_name, options, ray=ray)  # an option the engine does not take fails before any work
     if n_files < 10 or repeats < 1:
         raise CRRError("the fork benchmark needs at least 10 files and 1 repeat")
     with tempfile.TemporaryDirectory(prefix="crr-fork-bench-") as tmp:
@@ -59,9 +60,9 @@ def fork_bench(engine_name: str, mode: str | None = None, n_files: int = 5000, n
         os.sync()  # and so that writing back the fresh trees to disk does not land in the timings
         try:
             if mode != "both":
-                return _measure(engine_name, mode, task, n_files, n_edited, repeats, ray)
+                return _measure(engine_name, mode, task, n_files, n_edited, repeats, ray, options)
             a, b = MODES[inner]
-            runs = {m: _measure(engine_name, m, task, n_files, n_edited, repeats, ray) for m in (a, b)}
+            runs = {m: _measure(engine_name, m, task, n_files, n_edited, repeats, ray, options) for m in (a, b)}
             return {"engine": engine_name, "mode": "both", "n_files": n_files, "repeats": repeats,
                     "modes": runs,
                     f"{b}_over_{a}_fork_ratio": runs[b]["fork_ms_p50"] / runs[a]["fork_ms_p50"]}
@@ -107,9 +108,9 @@ def _edit_script(n_files: int, n_edited: int) -> str:
 
 
 def _measure(engine_name: str, mode: str | None, task: Task, n_files: int, n_edited: int,
-             repeats: int, ray: str | None = None) -> dict:
+             repeats: int, ray: str | None = None, options: dict | None = None) -> dict:
     local = engine_name.removeprefix(RAY_PREFIX) == "local"   # the local engine's modes: overlay=True|False
-    opts = engine_options(engine_name, ray=ray, mode=None if local else mode)
+    opts = dict(engine_spec(engine_name, options, ray=ray, mode=None if local else mode).options)
     if local and mode is not None:
         opts["overlay"] = mode == "overlay"
     engine = get_engine(engine_name, **opts)
@@ -172,7 +173,7 @@ def ray_bench(address: str | None = None, inner: str = "local", n_files: int = 1
             engines = {}
             try:
                 engines["direct"] = get_engine(inner)
-                engines["ray"] = get_engine(f"ray:{inner}", **engine_options(f"ray:{inner}", ray=connected))
+                engines["ray"] = engine_spec(f"ray:{inner}", ray=connected).make()
                 times = _call_latencies(engines, task, n_files, repeats)
             finally:
                 for engine in engines.values():

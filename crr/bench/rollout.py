@@ -20,8 +20,8 @@ from crr.agent.expert import expert_script
 from crr.errors import CRRError
 from crr.policy.backend import TransformersBackend
 from crr.policy.model import default_model_dir, load_policy
-from crr.replay import get_engine
-from crr.replay.base import tree_digest
+from crr.sandbox import get_engine
+from crr.sandbox.base import tree_digest
 from crr.rollout import RolloutConfig, rollout
 from crr.tasks.micro import generate_micro
 from crr.tasks.schema import Task

@@ -60,7 +60,7 @@ def _episode_prompts(trajectories) -> list[list[int]]:
 
 def _rollout(tasks, backend, tokenizer, fmt_name: str, max_turns: int, max_new_tokens: int, context: int | None):
     from crr.agent.episode import EpisodeConfig
-    from crr.replay import get_engine
+    from crr.sandbox import get_engine
     from crr.rollout import RolloutConfig, rollout
 
     episode = EpisodeConfig(max_turns=max_turns, temperature=0.0, max_new_tokens=max_new_tokens, snapshots=False,

@@ -29,7 +29,7 @@ from crr.cli.sandbox import fork_app, sandbox_app, tool_command
 from crr.cli.tasks import tasks_app
 from crr.cli.train import replay_app, train_command
 from crr.cli.view import view_command
-from crr.replay import TRUST_ENV
+from crr.sandbox import TRUST_ENV
 
 # Re-exported: what tests and callers used from the single-module crr/cli.py.
 __all__ = ["_SFT_DEFAULTS", "_library_output", "app", "console", "emit_json", "err_console", "friendly",

@@ -178,7 +178,7 @@ def long_command(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from crr.replay import reclaim_leftovers
+        from crr.sandbox import reclaim_leftovers
 
         if reclaimed := reclaim_leftovers():
             err_console.print(f"reclaimed {len(reclaimed)} leftovers of crr processes that no longer exist "
@@ -222,7 +222,8 @@ def tasks_option(default: Any) -> Any:
     return typer.Option(default, "--tasks", help="Task file (JSONL), directory, micro set or dataset.")
 
 
-ENGINES_HELP = "local, docker, ray:local or ray:docker (sandboxes on a Ray cluster's nodes, see --ray)"
+ENGINES_HELP = ("local, docker, ray:local or ray:docker (sandboxes on a Ray cluster's nodes, see --ray), or an engine "
+                "class by dotted path (pkg.module:Class); its options: --engine-opt")
 ENGINE_DEFAULT_LOCAL_HELP = f"Fork engine: {ENGINES_HELP} (default local)."  # for engine_option(None, ...)
 
 
@@ -230,8 +231,26 @@ def engine_option(default: str | None = "local", help: str = f"Fork engine: {ENG
     return typer.Option(default, "--engine", help=help)
 
 
+def engine_opt_option() -> Any:
+    """--engine-opt KEY=VALUE, beside every --engine: the engine's options (crr.sandbox.engines.parse_options)."""
+    return typer.Option(None, "--engine-opt", metavar="KEY=VALUE",
+                        help="An option of the fork engine, repeatable (docker: image=, mem_limit=4g, cpus=2, "
+                             "pool_size=, disk_limit_mb=; local: mem_limit_mb=, ...); the engine checks them.")
+
+
+def engine_settings(engine: str | None, engine_opt: list[str] | None, ray: str | None = None,
+                    mode: str | None = None) -> dict:
+    """The engine settings a command was given, as config keys (engine, engine_options, ray, mode): those
+    not given are left out, so that a config's own stay."""
+    from crr.sandbox import parse_options
+
+    given = {"engine": engine, "engine_options": parse_options(engine_opt) if engine_opt else None, "ray": ray,
+             "mode": mode}
+    return {k: v for k, v in given.items() if v is not None}
+
+
 def trust_task_code_option() -> Any:
-    """`crr --trust-task-code`: for every engine of the command (crr.replay.engine_options reads TRUST_ENV)."""
+    """`crr --trust-task-code`: for every engine of the command (crr.sandbox.engine_spec reads TRUST_ENV)."""
     return typer.Option(False, "--trust-task-code",
                         help="Run task sets other than crr's own generated ones on a local engine even where this "
                              "host cannot contain their code (no sandbox root filesystem, cgroups or tmpfs; the engine says "
@@ -239,7 +258,7 @@ def trust_task_code_option() -> Any:
 
 
 def ray_option() -> Any:
-    """--ray, beside every --engine: the Ray cluster of a ray:... engine (crr.replay.engine_options)."""
+    """--ray, beside every --engine: the Ray cluster of a ray:... engine (crr.sandbox.engine_spec)."""
     return typer.Option(None, "--ray", metavar="ADDRESS",
                         help="Ray cluster address, as ray.init takes it (default auto: the cluster this machine "
                              "belongs to; local: a one-node Ray here). Only with --engine ray:local|ray:docker.")

@@ -14,7 +14,9 @@ from crr.cli.common import (
     _resume_with,
     console,
     emit_json,
+    engine_opt_option,
     engine_option,
+    engine_settings,
     err_console,
     json_option,
     long_command,
@@ -38,6 +40,7 @@ def audit_command(
     engine: str | None = engine_option(None, help="Fork engine (default: the config's, local)."),
     ray: str | None = ray_option(),
     mode: str | None = mode_option(),
+    engine_opt: list[str] = engine_opt_option(),
     out: Path = out_option(),
     resume: Path | None = typer.Option(None, "--resume", help="Continue an audit run directory (its recorded "
                                        "trajectories are skipped)."),
@@ -50,7 +53,7 @@ def audit_command(
     from crr.errors import CRRError
     from crr.report.credit import write_audit
 
-    given = {k: v for k, v in {"engine": engine, "ray": ray, "mode": mode}.items() if v is not None}
+    given = engine_settings(engine, engine_opt, ray, mode)
     if resume is not None:
         if config is not None or overrides or given:
             raise CRRError("--resume continues a run with its own config; drop --config, overrides and engine options")

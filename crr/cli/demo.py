@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from crr.cli.common import console, engine_option, friendly, mode_option, out_option, ray_option, seed_option
+from crr.cli.common import (console, engine_opt_option, engine_option, friendly, mode_option, out_option,
+                            ray_option, seed_option)
 
 
 @friendly
 def demo(
     engine: str = engine_option(),
     ray: str | None = ray_option(),
+    engine_opt: list[str] = engine_opt_option(),
     mode: str | None = mode_option(help="Docker engine mode (docker, ray:docker): commit (default) or overlay."),
     seed: int = seed_option(help="Seed of the generated micro task."),
     out: Path = out_option(),
@@ -21,17 +23,18 @@ def demo(
     from rich.table import Table
 
     from crr.demo import run_demo
-    from crr.replay import engine_options, get_engine
     from crr.rundir import RunDir
+    from crr.sandbox import engine_spec, parse_options
     from crr.tasks.micro import generate_micro
 
-    opts = engine_options(engine, ray=ray, mode=mode)  # a bad setting fails before anything is written
+    spec = engine_spec(engine, parse_options(engine_opt or []), ray=ray, mode=mode)  # a bad setting fails here
     run = RunDir.create("demo", f"seed{seed}", root=out, seeds={"task": seed},
-                        config={"engine": engine, "mode": mode, "ray": ray, "seed": seed})
+                        config={"engine": engine, "engine_options": spec.options, "mode": mode, "ray": ray,
+                                "seed": seed})
     with console.status("generating a micro task (its FAIL_TO_PASS/PASS_TO_PASS come from real pytest runs)"):
         task = generate_micro(run.path / "tasks", n=1, seed=seed, split="train")[0]
     console.print(f"[bold]task[/] {task.instance_id}: {task.problem_statement.splitlines()[0]}")
-    fork_engine = get_engine(engine, **opts)
+    fork_engine = spec.make()
     try:
         with console.status(f"episode and forks on the {engine} engine"):
             result = run_demo(task, fork_engine, run)

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import typer
 
-from crr.cli.common import (ENGINE_DEFAULT_LOCAL_HELP, _resume_with, console, emit_json, engine_option, err_console,
-                            json_option, long_command, max_new_tokens_option, out_option, policy_option,
-                            progress_bar, ray_option, seed_option, temperature_option)
+from crr.cli.common import (ENGINE_DEFAULT_LOCAL_HELP, _resume_with, console, emit_json, engine_opt_option,
+                            engine_option, engine_settings, err_console, json_option, long_command,
+                            max_new_tokens_option, mode_option, out_option, policy_option, progress_bar,
+                            ray_option, seed_option, temperature_option)
 
 
 @long_command
@@ -38,6 +39,8 @@ def eval_command(
     split: str | None = typer.Option(None, "--split", help="Dataset split (default: the dataset's usual one)."),
     engine: str | None = engine_option(None, help=ENGINE_DEFAULT_LOCAL_HELP),
     ray: str | None = ray_option(),
+    engine_opt: list[str] = engine_opt_option(),
+    mode: str | None = mode_option(),
     workers: int | None = typer.Option(None, "--workers", help="Concurrent tool executions (default 4; on a Ray "
                                        "engine, the cluster's sandbox slots)."),
     batch: int | None = typer.Option(None, "--batch", help="Episodes run together, one sandbox each (default 32)."),
@@ -65,8 +68,8 @@ def eval_command(
         config, run = open_eval(dataset, file, model=model, run_dir=run_dir, checkpoint=checkpoint, out=out,
                                 resume=resume, samples=samples, temperature=temperature, seed=seed,
                                 n_tasks=n_tasks, max_turns=max_turns, max_new_tokens=max_new_tokens, split=split,
-                                engine=engine, ray=ray, workers=workers, batch=batch, backend=backend,
-                                vllm_server=vllm_server)
+                                **engine_settings(engine, engine_opt, ray, mode), workers=workers, batch=batch,
+                                backend=backend, vllm_server=vllm_server)
     err_console.print(f"run directory: {run.path}", highlight=False)
     _resume_with(f"crr eval --resume {shlex.quote(str(run.path))}")
     progress = progress_bar(f"eval {config.dataset}", "{task.fields[note]}")

@@ -8,9 +8,9 @@ from pathlib import Path
 import typer
 from rich.text import Text
 
-from crr.cli.common import (ENGINE_DEFAULT_LOCAL_HELP, _resume_with, console, emit_json, engine_option, err_console,
-                            friendly, json_option, long_command, mode_option, out_option, progress_bar, ray_option,
-                            seed_option, tasks_option)
+from crr.cli.common import (ENGINE_DEFAULT_LOCAL_HELP, _resume_with, console, emit_json, engine_opt_option,
+                            engine_option, engine_settings, err_console, friendly, json_option, long_command,
+                            mode_option, out_option, progress_bar, ray_option, seed_option, tasks_option)
 
 filter_app = typer.Typer(help="The three-rerun determinism filter: admit only tasks whose held-out tests "
                               "give the same outcomes in fresh, differently seeded sandboxes.")
@@ -46,6 +46,7 @@ def filter_tasks_command(
     tasks: str | None = tasks_option(None),
     engine: str | None = engine_option(None, help=ENGINE_DEFAULT_LOCAL_HELP),
     ray: str | None = ray_option(),
+    engine_opt: list[str] = engine_opt_option(),
     mode: str | None = mode_option(),
     reruns: int | None = typer.Option(None, "--reruns", help="Gold-patch reruns per task (default 3)."),
     workers: int | None = typer.Option(None, "--workers", help="Tasks checked in parallel (default 2; on a Ray "
@@ -66,7 +67,7 @@ def filter_tasks_command(
         return
     from crr.filter import filter_config, filter_tasks, open_run
 
-    run, settings, candidates = open_run({"tasks": tasks, "engine": engine, "mode": mode, "ray": ray,
+    run, settings, candidates = open_run({"tasks": tasks, **engine_settings(engine, engine_opt, ray, mode),
                                           "reruns": reruns, "limit": limit, "seed": seed, "timeout": timeout,
                                           "record_http": record_http or None}, out, resume)
     err_console.print(f"run directory: {run.path}", highlight=False, soft_wrap=True)
@@ -89,6 +90,7 @@ def filter_bench_command(
     seed: int = seed_option(help="Seed of the micro tasks and of the filter."),
     engine: str = engine_option(),
     ray: str | None = ray_option(),
+    engine_opt: list[str] = engine_opt_option(),
     mode: str | None = mode_option(),
     reruns: int = typer.Option(3, "--reruns", help="Gold-patch reruns per task."),
     workers: int = typer.Option(2, "--workers", help="Tasks checked in parallel."),
@@ -101,12 +103,14 @@ def filter_bench_command(
     from rich.table import Table
 
     from crr.bench.filter import filter_bench
+    from crr.sandbox import parse_options
 
     progress, on_start, on_result = _filter_progress()
     err_console.print(f"generating {n} micro tasks (flaky rate {flaky_rate}), then filtering them",
                       highlight=False)
     with progress:
         result = filter_bench(n, flaky_rate, seed, engine=engine, mode=mode, ray=ray, reruns=reruns, workers=workers,
+                              engine_options=parse_options(engine_opt or []),
                               out=out, split=split, on_start=on_start, on_result=on_result)
     if as_json:
         emit_json(result)

@@ -10,9 +10,10 @@ from pathlib import Path
 import typer
 from rich.text import Text
 
-from crr.cli.common import (console, emit_json, engine_option, err_console, friendly, json_option, long_command,
-                            max_new_tokens_option, max_value_chars_option, mode_option, model_option, out_option,
-                            progress_bar, ray_option, seed_option, tasks_option, temperature_option, threads_option)
+from crr.cli.common import (console, emit_json, engine_opt_option, engine_option, engine_settings,
+                            err_console, friendly, json_option, long_command, max_new_tokens_option,
+                            max_value_chars_option, mode_option, model_option, out_option, progress_bar,
+                            ray_option, seed_option, tasks_option, temperature_option, threads_option)
 from crr.errors import CRRError
 
 rollout_app = typer.Typer(help="Roll out a policy: G trajectories per task in sandboxes, with transcripts "
@@ -29,6 +30,7 @@ def rollout_command(
     group_size: int = typer.Option(8, "--group-size", "--group", help="G: trajectories per task."),
     engine: str = engine_option(),
     ray: str | None = ray_option(),
+    engine_opt: list[str] = engine_opt_option(),
     mode: str | None = mode_option(),
     temperature: float = temperature_option(),
     seed: int = seed_option(),
@@ -55,9 +57,10 @@ def rollout_command(
     if model is None:
         with err_console.status("loading the default model (the random tiny one is built on first use)"):
             model = str(default_policy_dir())
-    job = start_rollout(model, tasks, n, out, group_size=group_size, seed=seed, workers=workers, engine=engine, mode=mode,
-                        ray=ray, temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens,
-                        agent_format=agent_format, max_value_chars=max_value_chars, time_limit=time_limit)
+    job = start_rollout(model, tasks, n, out, group_size=group_size, seed=seed, workers=workers,
+                        **engine_settings(engine, engine_opt, ray, mode), temperature=temperature,
+                        max_turns=max_turns, max_new_tokens=max_new_tokens, agent_format=agent_format,
+                        max_value_chars=max_value_chars, time_limit=time_limit)
     err_console.print(f"run directory: {job.run.path}", highlight=False)
     progress = progress_bar("rollout")
     bar = progress.add_task("rollout", total=job.total)
@@ -116,6 +119,7 @@ def rollout_bench_command(
                                                   "trained policy runs."),
     engine: str = engine_option(),
     ray: str | None = ray_option(),
+    engine_opt: list[str] = engine_opt_option(),
     mode: str | None = mode_option(help="Docker engine mode (docker, ray:docker): commit or overlay (fork bench)."),
     fork_steps: int = typer.Option(45, "--fork-steps", help="Length of the scripted trajectory forked."),
     repeats: int = typer.Option(5, "--repeats", help="Timed forks per index and strategy."),
@@ -128,13 +132,13 @@ def rollout_bench_command(
     """Rollout throughput (generated tokens/s, trajectories/min at G) and fork-by-index latency at t=5
     and t=40: restore of the per-step snapshot vs replay of the prefix verified by tree digest."""
     from crr.bench.rollout import fork_bench, throughput_bench
-    from crr.replay import engine_options
+    from crr.sandbox import engine_spec, parse_options
 
     if only not in (None, "throughput", "fork"):
         raise CRRError(f"--only takes throughput or fork, got {only!r}")
     if prefix_cache not in ("on", "off", "both"):
         raise CRRError(f"--prefix-cache takes on, off or both, got {prefix_cache!r}")
-    opts = engine_options(engine, ray=ray, mode=mode)
+    opts = engine_spec(engine, parse_options(engine_opt or []), ray=ray, mode=mode).options
     result: dict = {}
     if only in (None, "fork"):
         with err_console.status(f"fork bench: a {fork_steps}-step scripted trajectory on the {engine} engine"):

@@ -9,8 +9,8 @@ from pathlib import Path
 import typer
 from rich.text import Text
 
-from crr.cli.common import (console, emit_json, engine_option, err_console, friendly, json_option, mode_option,
-                            ray_option, tasks_option)
+from crr.cli.common import (console, emit_json, engine_opt_option, engine_option, err_console, friendly,
+                            json_option, mode_option, ray_option, tasks_option)
 from crr.errors import CRRError
 
 fork_app = typer.Typer(help="Fork engines: benchmark snapshot/restore latency.", no_args_is_help=True)
@@ -21,6 +21,7 @@ fork_app = typer.Typer(help="Fork engines: benchmark snapshot/restore latency.",
 def fork_bench_cmd(
     engine: str = engine_option(),
     ray: str | None = ray_option(),
+    engine_opt: list[str] = engine_opt_option(),
     mode: str = mode_option(help="local, ray:local: overlay|copy; docker, ray:docker: overlay|commit; or both."),
     files: int = typer.Option(5000, "--files", help="Files in the synthetic repository."),
     repeats: int = typer.Option(20, "--repeats", help="Timed forks."),
@@ -30,9 +31,11 @@ def fork_bench_cmd(
     from rich.table import Table
 
     from crr.bench.fork import fork_bench
+    from crr.sandbox import parse_options
 
     with err_console.status(f"fork bench: {engine} engine, {files} files, {repeats} repeats"):
-        result = fork_bench(engine, mode, n_files=files, repeats=repeats, ray=ray)
+        result = fork_bench(engine, mode, n_files=files, repeats=repeats, ray=ray,
+                            options=parse_options(engine_opt or []))
     if as_json:
         emit_json(result)
         return
@@ -57,6 +60,7 @@ def tool_command(
     instance: str = typer.Option(..., "--instance", help="instance_id of the task to open."),
     engine: str = engine_option(),
     ray: str | None = ray_option(),
+    engine_opt: list[str] = engine_opt_option(),
     mode: str | None = mode_option(),
     call: str | None = typer.Option(None, "--call", help='One tool call, e.g. \'{"name": "view_file", '
                                     '"arguments": {"path": "setup.py"}}\'.'),
@@ -72,16 +76,16 @@ def tool_command(
 
     from crr.agent.tools import play_calls, script_calls
     from crr.agent.verifier import verify
-    from crr.replay import engine_options, get_engine
+    from crr.sandbox import engine_spec, parse_options
     from crr.tasks.loaders import load_task
 
     if (call is None) == (script is None):
         raise CRRError("give exactly one of --call JSON or --script FILE")
-    opts = engine_options(engine, ray=ray, mode=mode)
+    spec = engine_spec(engine, parse_options(engine_opt or []), ray=ray, mode=mode)
     texts = [call] if call is not None else script_calls(script.read_text())
     task = load_task(tasks, instance)
     records, result = [], None
-    with get_engine(engine, **opts) as fork_engine, fork_engine.start(task) as sb:
+    with spec.make() as fork_engine, fork_engine.start(task) as sb:
         for text, parsed, obs in play_calls(sb, texts):
             records.append({"call": text, "observation": obs.text, "is_error": obs.is_error, "terminal": obs.terminal})
             if not as_json:
@@ -120,8 +124,8 @@ def sandbox_gc(
     """Remove the containers, snapshot images, mounts and directories of crashed crr runs (only
     crr's, only those whose owning process is gone)."""
     from crr.errors import SandboxError
-    from crr.replay import docker as docker_engine
-    from crr.replay.local import gc_leftovers
+    from crr.sandbox import docker as docker_engine
+    from crr.sandbox.local import gc_leftovers
 
     verb = "would remove" if dry_run else "removed"
     try:

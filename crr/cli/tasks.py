@@ -15,6 +15,7 @@ from crr.cli.common import (
     _same_command,
     console,
     emit_json,
+    engine_opt_option,
     engine_option,
     err_console,
     friendly,
@@ -149,6 +150,7 @@ def tasks_synth(
                                        "hypothesis==6.100.0 (repeatable)."),
     engine: str = engine_option(help=f"Sandbox engine for the test runs: {ENGINES_HELP}."),
     ray: str | None = ray_option(),
+    engine_opt: list[str] = engine_opt_option(),
     max_candidates: int = typer.Option(30, "--max-candidates", help="Candidate bugs run per package."),
 ) -> None:
     """Tasks from real packages: the sdist becomes a git repository, its own test suite runs in a
@@ -156,11 +158,11 @@ def tasks_synth(
     SWE-bench rows (F2P/P2P measured, issue text from the failing test)."""
     from rich.table import Table
 
-    from crr.replay import engine_options
+    from crr.sandbox import engine_spec, parse_options
     from crr.tasks.synth import curated as curated_packages
     from crr.tasks.synth import parse_package, synthesise
 
-    opts = engine_options(engine, ray=ray)
+    opts = engine_spec(engine, parse_options(engine_opt or []), ray=ray).options
     specs = [parse_package(p, tuple(requires)) for p in package] + (curated_packages() if curated else [])
     _resume_with(_same_command())  # its --out resumes
     with progress_bar("{task.description}", "{task.fields[note]}") as bar:

@@ -95,7 +95,8 @@ def _held_out_pass(tasks: str, n: int | None, cfg, run, when: str, model: str | 
     dataset, file = (tasks, None) if tasks in {**TASK_SETS, **ALIASES} else ("tasks", tasks)
     config, eval_run = open_eval(dataset, file, model=model, run_dir=run_dir, out=run.path / f"eval-{when}",
                                  n_tasks=n, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
-                                 engine=cfg.engine, ray=cfg.ray, agent_format=cfg.agent_format, workers=cfg.workers)
+                                 engine=cfg.engine, engine_options=cfg.engine_options, ray=cfg.ray, mode=cfg.mode,
+                                 agent_format=cfg.agent_format, workers=cfg.workers)
     with err_console.status(f"evaluating the policy {when} training on {tasks}"):
         summary = evaluate(config, eval_run)
     console.print(f"pass@1 {when} training ({config.dataset}, greedy, {summary['n_instances']} tasks): "

@@ -76,7 +76,8 @@ class AuditConfig:
     max_new_tokens: int = 96
     agent_format: str | None = None      # None: the model's recorded format
     episode_time_limit_s: float = 600.0
-    engine: str = "local"
+    engine: str = "local"                # the engine spec (crr.sandbox.engines): a name, its options, ray/mode sugar
+    engine_options: dict = field(default_factory=dict)
     ray: str | None = None
     mode: str | None = None
     workers: int | None = None
@@ -278,7 +279,7 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
     from crr.agent.episode import EpisodeConfig
     from crr.policy.backend import TransformersBackend
     from crr.policy.model import agent_record, default_policy_dir, load_policy
-    from crr.replay import engine_options, get_engine
+    from crr.sandbox import engine_spec_of
     from crr.rollout import rollout_pool
     from crr.tasks.loaders import load_tasks
 
@@ -299,7 +300,7 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
     backend = TransformersBackend(model, tokenizer)
     run.log_metrics({"event": "start", "tasks": len(tasks), "todo": len(todo), "estimators": cfg.estimators,
                      "model": model_dir, "episode": dataclasses.asdict(episode)})
-    with get_engine(cfg.engine, **engine_options(cfg.engine, ray=cfg.ray, mode=cfg.mode)) as engine:
+    with engine_spec_of(cfg).make() as engine:
         pool = rollout_pool(engine, cfg.workers)
         try:
             forks = _Forks(run, backend, engine, tokenizer, episode, pool)

@@ -35,7 +35,7 @@ import json
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -46,7 +46,7 @@ from crr.errors import CRRError
 from crr.eval.passk import summarise_samples
 from crr.eval.taxonomy import error_mode, held_out_counts, summarise_modes
 from crr.policy import SERVER_BACKEND, check_backend
-from crr.replay import engine_options
+from crr.sandbox import engine_spec_of
 from crr.rundir import RunDir
 from crr.seeds import derive_seed
 from crr.tasks.loaders import TASK_SETS, dataset_adapter, load_tasks
@@ -186,8 +186,10 @@ class EvalConfig:
     seed: int = 0
     max_turns: int = 50             # H
     max_new_tokens: int = 512
-    engine: str = "local"
-    ray: str | None = None          # a ray:... engine's cluster address (None: auto)
+    engine: str = "local"           # the engine spec (crr.sandbox.engines): a name or pkg.module:Class,
+    engine_options: dict = field(default_factory=dict)  # its options,
+    ray: str | None = None          # a ray:... engine's cluster address (None: auto),
+    mode: str | None = None         # and the Docker engine's mode (commit or overlay)
     workers: int | None = None      # concurrent tool executions (None: 4, or a Ray engine's sandbox slots)
     batch: int = 32                 # episodes run together
     agent_format: str = "paper"     # crr.agent.prompt.FORMATS (EvalConfig.make: the model's recorded one)
@@ -208,7 +210,7 @@ class EvalConfig:
                 raise CRRError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.n_tasks is not None and self.n_tasks < 1:
             raise CRRError(f"--n-tasks must be at least 1, got {self.n_tasks}")
-        engine_options(self.engine, ray=self.ray)  # a setting the engine does not take fails here
+        engine_spec_of(self)  # an option the engine does not take fails here
         check_backend(self.backend, self.vllm_server, options=True)
 
     @classmethod
@@ -258,7 +260,7 @@ def open_eval(dataset: str | None, file: str | None = None, *, model: str | None
         config, run = resume_eval(resume, settings)
         check_eval_server(config, run)
         return config, run
-    engine_options(settings.get("engine") or "local", ray=settings.get("ray"))  # before the policy loads
+    engine_spec_of(settings)  # before the policy loads
     label, source, adapter = benchmark(dataset or "micro", file)
     config = EvalConfig.make(label, source, adapter, resolve_policy(model, run_dir, checkpoint), **settings)
     load_eval_tasks(config)
@@ -318,7 +320,7 @@ def resume_eval(path: Path | str, overrides: dict | None = None) -> tuple[EvalCo
             raise CRRError(f"{path} was made with {key}={current!r}, not {value!r}; drop the option to resume it, "
                            "or start a new evaluation without --resume")
         setattr(config, key, value)
-    engine_options(config.engine, ray=config.ray)  # a --ray the run's engine does not take fails here
+    engine_spec_of(config)  # a --ray the run's engine does not take fails here
     run.write_text("config.yaml", yaml.safe_dump(asdict(config), sort_keys=False))
     return config, run
 
@@ -401,7 +403,6 @@ def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]
     # deferred with torch above: the episode, backend and rollout import torch and transformers
     from crr.agent.episode import EpisodeConfig
     from crr.policy.backend import TransformersBackend
-    from crr.replay import get_engine
     from crr.rollout import RolloutConfig, rollout
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -414,7 +415,7 @@ def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]
                             max_new_tokens=config.max_new_tokens, snapshots=False, agent_format=config.agent_format,
                             max_context_tokens=getattr(model.config, "max_position_embeddings", None))
     finished = 0
-    with get_engine(config.engine, **engine_options(config.engine, ray=config.ray)) as engine:
+    with engine_spec_of(config).make() as engine:
         for c, start in enumerate(range(0, len(pending), config.batch)):
             chunk = pending[start:start + config.batch]
             seed = derive_seed(config.seed, pass_index, c)  # distinct chunks (and resumed passes) draw independent samples

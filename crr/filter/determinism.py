@@ -13,7 +13,7 @@ replays deterministically, so candidate tasks whose held-out tests flake are dro
 A sandbox that fails (missing image or bundle, dead container, the verifier's infra_error) says
 nothing about the task: it is an infrastructure error, neither admitted nor discarded.
 
-Network replay (tasks with an environment, crr.replay.mirror / crr.replay.http): every sandbox
+Network replay (tasks with an environment, crr.sandbox.mirror / crr.sandbox.http): every sandbox
 above has no network and replays HTTP from the task's cassette. With `record_http`, a recording run
 comes first: the gold patch in a sandbox of a second engine that has the network (the one door),
 recording every request into `cassettes/<id>.yaml` in the run directory; the admitted row points
@@ -44,9 +44,9 @@ import pandas as pd
 from crr.agent.tools import SCRATCH_DIR
 from crr.agent.verifier import MAX_HASH_SEED, VERIFY_TIMEOUT_S, VerifierResult, verify
 from crr.errors import CRRError
-from crr.replay import ENGINES, engine_options, engine_workers, get_engine
-from crr.replay.base import ForkEngine
-from crr.replay.http import Traffic, collect
+from crr.sandbox import EngineSpec, engine_spec_of, engine_workers
+from crr.sandbox.base import ForkEngine
+from crr.sandbox.http import Traffic, collect
 from crr.rundir import RunDir, atomic_write_text
 from crr.tasks.loaders import load_tasks, write_tasks
 from crr.tasks.schema import Task
@@ -73,7 +73,7 @@ class FilterConfig:
     """Everything that decides a verdict; stored in the run directory so a resume reuses it."""
 
     engine: str = "local"
-    engine_opts: dict = field(default_factory=dict)  # crr.replay.engine_options: {"mode": "overlay"} for docker...
+    engine_options: dict = field(default_factory=dict)  # its options (crr.sandbox.engines): {"mode": "overlay"}...
     reruns: int = 3
     seed: int = 0                      # run seeds derive from (seed, instance_id)
     timeout: float = VERIFY_TIMEOUT_S  # per test run
@@ -169,7 +169,7 @@ def check_task(engine: ForkEngine, task: Task, config: FilterConfig, recorder: F
 def _run(engine: ForkEngine, task: Task, seed: int, gold: bool, timeout: float,
          recording: bool = False) -> tuple[VerifierResult | str, Traffic]:
     """One verifier run in a fresh sandbox (the gold patch applied first when `gold`) and its HTTP
-    traffic (crr.replay.http); a str says why the gold patch did not apply."""
+    traffic (crr.sandbox.http); a str says why the gold patch did not apply."""
     with engine.start(task) as sb:
         if gold and task.patch.strip():
             path = f"{SCRATCH_DIR}/gold.patch"  # inside .git: never part of the diff verify() takes
@@ -203,8 +203,8 @@ def _misses(traffic: Traffic, where: str) -> str:
 
 COMMAND = "filter-tasks"
 # What a run is made of, stored in its config.yaml; None in `open_run`'s settings means "not given".
-DEFAULTS = {"tasks": None, "limit": None, "engine": "local", "mode": None, "ray": None, "reruns": 3, "seed": 0,
-            "timeout": VERIFY_TIMEOUT_S, "record_http": False}
+DEFAULTS = {"tasks": None, "limit": None, "engine": "local", "engine_options": None, "mode": None, "ray": None,
+            "reruns": 3, "seed": 0, "timeout": VERIFY_TIMEOUT_S, "record_http": False}
 # Where the sandboxes run, not what decides a verdict: a resume may name another Ray cluster.
 _RESUMABLE = ("ray",)
 
@@ -246,12 +246,10 @@ def open_run(settings: dict, out: Path | str, resume: Path | str | None = None
 
 def filter_config(settings: dict) -> FilterConfig:
     """The FilterConfig of a run's settings (DEFAULTS' keys), checked."""
-    if settings["engine"] not in ENGINES:
-        raise CRRError(f"unknown fork engine {settings['engine']!r}; choose one of {', '.join(ENGINES)}")
-    opts = engine_options(settings["engine"], ray=settings.get("ray"), mode=settings["mode"])
+    spec = engine_spec_of(settings)
     if settings["limit"] is not None and settings["limit"] < 1:
         raise CRRError(f"--limit must be at least 1, got {settings['limit']}")
-    return FilterConfig(engine=settings["engine"], engine_opts=opts,
+    return FilterConfig(engine=spec.name, engine_options=spec.options,
                         reruns=settings["reruns"], seed=settings["seed"], timeout=settings["timeout"],
                         record_http=settings["record_http"])
 
@@ -304,8 +302,9 @@ def filter_tasks(tasks: Iterable[Task], run: RunDir, config: FilterConfig, worke
         on_start(len(tasks), len(tasks) - len(todo))
     start, finished = time.monotonic(), 0
     if todo:
-        engine = get_engine(config.engine, **config.engine_opts)
-        recorder = get_engine(config.engine, **config.engine_opts, record_http=True) if config.record_http else None
+        spec = EngineSpec(config.engine, config.engine_options)
+        engine = spec.make()
+        recorder = spec.make(record_http=True) if config.record_http else None
         workers = engine_workers(engine, workers, DEFAULT_WORKERS)
         log.info("filtering %d tasks (%d already decided) with %d workers on the %s engine",
                  len(todo), len(tasks) - len(todo), workers, config.engine)

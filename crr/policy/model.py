@@ -35,7 +35,7 @@ from transformers.utils import logging as hf_logging
 
 from crr.errors import CRRError
 from crr.policy.corpus import corpus
-from crr.replay.checkout import building
+from crr.sandbox.checkout import building
 
 log = logging.getLogger(__name__)
 # transformers logs through Python logging like every other library, not through a stderr handler of its own:

@@ -31,7 +31,7 @@ from crr.agent.prompt import TOOL_SCHEMAS
 from crr.errors import CRRError
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import load_policy, write_agent_record
-from crr.replay.checkout import building
+from crr.sandbox.checkout import building
 from crr.sft.rows import action_parts
 
 log = logging.getLogger(__name__)

@@ -51,9 +51,9 @@ from crr.policy.model import (
     load_policy,
     write_split_model,
 )
-from crr.replay import engine_options, get_engine
-from crr.replay.base import ForkEngine
-from crr.replay.checkout import building
+from crr.sandbox import engine_spec_of
+from crr.sandbox.base import ForkEngine
+from crr.sandbox.checkout import building
 from crr.rundir import RunDir
 from crr.sft.curriculum import DEFAULT_LEVELS, LEVELS, curriculum_rows
 from crr.sft.rows import action_parts, sft_row
@@ -227,8 +227,10 @@ class SFTRecipe:
     tasks: str = "micro-train"         # anything crr.tasks.loaders.load_tasks takes
     n_tasks: int | None = 160          # the first N tasks (a micro set is generated that large if need be)
     seed: int = 0                      # the expert's episodes and the trainer
-    engine: str = "local"              # local, docker, ray:local, ray:docker (crr.replay.ENGINES)
+    engine: str = "local"              # local, docker, ray:<engine>, or pkg.module:Class (crr.sandbox.engines)
+    engine_options: dict = field(default_factory=dict)  # the engine's options (docker: image, mem_limit, ...)
     ray: str | None = None             # a ray:... engine's cluster address, as ray.init takes it (None: auto)
+    mode: str | None = None            # the Docker engine's mode: commit or overlay (an engine option)
     data: ExpertDataSettings = field(default_factory=ExpertDataSettings)
     train: SFTSettings = field(default_factory=SFTSettings)
     # Synthetic lookup-and-repair rows (crr.sft.curriculum) for the stages that use them.
@@ -257,7 +259,7 @@ class SFTRecipe:
             replace(self.train, **{k: v for k, v in stage.items() if k != "data"})  # unknown keys: TypeError
         if self.n_tasks is not None and self.n_tasks < 1:
             raise CRRError(f"n_tasks must be at least 1, got {self.n_tasks}")
-        engine_options(self.engine, ray=self.ray)  # a setting the engine does not take fails here
+        engine_spec_of(self)  # an option the engine does not take fails here
 
     @classmethod
     def from_dict(cls, d: dict) -> SFTRecipe:
@@ -315,7 +317,7 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
             tasks = load_tasks(recipe.tasks)[:recipe.n_tasks]
         with quiet_hf():
             _, tokenizer = load_policy(model_dir)
-        engine = get_engine(recipe.engine, **engine_options(recipe.engine, ray=recipe.ray))
+        engine = engine_spec_of(recipe).make()
         total = len(tasks) * recipe.data.episodes_per_task
         counter = iter(range(1, total + 1))
         try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crr.errors import CRRError, TaskFormatError
-from crr.replay.checkout import building, cache_root
+from crr.sandbox.checkout import building, cache_root
 from crr.tasks.micro import generate_micro
 from crr.tasks.schema import (
     DEFAULT_LOG_PARSER,

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crr.errors import CRRError
-from crr.replay.checkout import building
+from crr.sandbox.checkout import building
 from crr.tasks.bugs import FAMILIES, Mutant, iter_mutants, mutants
 from crr.tasks.multi import (
     ISSUE_STYLES,
@@ -695,7 +695,7 @@ def issue_text(rng: random.Random, package: str, template: Template, case: _Case
 # ------------------------------------------------------------------------------------ processes
 
 def pinned_git(repo: Path, *args: str, stdin: str | None = None) -> str:
-    """git with the pinned identity/dates and no user config (crr.replay.checkout's helper uses the
+    """git with the pinned identity/dates and no user config (crr.sandbox.checkout's helper uses the
     user's environment, which would make base_commit and the diffs machine-dependent)."""
     out = subprocess.run(["git", *args], check=False, cwd=repo, input=stdin, capture_output=True, text=True,
                          env={**os.environ, **_GIT_ENV})

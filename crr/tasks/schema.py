@@ -3,14 +3,14 @@
 Rows from SWE-bench Verified carry FAIL_TO_PASS/PASS_TO_PASS as JSON strings; SWE-Gym, SWE-rebench
 and SWE-bench-Live carry lists. Both are accepted and normalised to tuples here.
 
-Three optional fields tie a task to the replay layer (paper: Appendix "Determinism Filter and
+Three optional fields tie a task to the sandbox layer (paper: Appendix "Determinism Filter and
 Network Replay"); each is validated here:
   mirror       {"requirements": ["name==version --hash=sha256:HEX", ...]}: the hash-pinned lock of the
-               task's environment (crr.replay.mirror); sandboxes install it from a local wheelhouse.
+               task's environment (crr.sandbox.mirror); sandboxes install it from a local wheelhouse.
   sdist        {"name", "version", "filename", "sha256", "url"}: the PyPI source distribution the
                repository is rebuilt from when the row has no repo_src (crr.tasks.sdist).
   http_replay  {"cassette": PATH, "sha256": HEX}: the HTTP traffic recorded by the filter's gold run,
-               replayed in every later sandbox (crr.replay.http); PATH is relative like repo_src.
+               replayed in every later sandbox (crr.sandbox.http); PATH is relative like repo_src.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def _relative(path: str, to: Path) -> str:
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-# pip's hash-checking mode, one pinned wheel per line (what crr.replay.mirror.lock writes)
+# pip's hash-checking mode, one pinned wheel per line (what crr.sandbox.mirror.lock writes)
 LOCK_LINE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[^\s;]+ --hash=sha256:[0-9a-f]{64}")
 
 

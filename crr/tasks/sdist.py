@@ -33,8 +33,8 @@ from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonic
 from packaging.version import InvalidVersion, Version
 
 from crr.errors import CRRError
-from crr.replay import mirror
-from crr.replay.checkout import cache_root
+from crr.sandbox import mirror
+from crr.sandbox.checkout import cache_root
 from crr.tasks.micro import pinned_git
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
   1. the package's sdist (sha256-checked) becomes a git repository (crr.tasks.sdist);
   2. pytest, what its PKG-INFO declares and any extra test requirements are locked into the package
-     mirror (crr.replay.mirror) and installed in a sandbox: no network beyond that;
+     mirror (crr.sandbox.mirror) and installed in a sandbox: no network beyond that;
   3. its own test suite runs there; the tests that pass are the candidates;
   4. SWE-smith's procedural modifiers (swesmith.bug_gen.procedural: operator, control-flow, removal
      and class rewrites over the functions and classes swesmith's adapter extracts) rewrite one
@@ -42,9 +42,9 @@ import yaml
 from unidiff import PatchSet
 
 from crr.errors import CRRError
-from crr.replay import engine_workers, get_engine, mirror
-from crr.replay.base import SCRATCH_DIR, ForkEngine, Sandbox
-from crr.replay.checkout import cached_repo
+from crr.sandbox import engine_workers, get_engine, mirror
+from crr.sandbox.base import SCRATCH_DIR, ForkEngine, Sandbox
+from crr.sandbox.checkout import cached_repo
 from crr.rundir import atomic_write_text
 from crr.tasks.loaders import TASKS_FILE, read_tasks_jsonl, write_tasks
 from crr.tasks.micro import files_diff, pinned_git

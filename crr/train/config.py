@@ -27,7 +27,7 @@ from trl import GRPOConfig
 from crr.errors import CRRError
 from crr.experiments import EXPERIMENTS, read_preset
 from crr.policy import SERVER_BACKEND, check_backend
-from crr.replay import engine_options
+from crr.sandbox import engine_spec_of
 from crr.train.advantages import check as check_estimator
 from crr.train.distributed import launched_processes
 from crr.train.selectors import STATE_SELECTORS
@@ -68,8 +68,10 @@ class CRRConfig(GRPOConfig):
     tasks: str = "micro-train"
     n_tasks: int | None = None                 # use the first N tasks
     tasks_per_iteration: int = 1               # prompts per generation batch (each x G siblings)
-    engine: str = "local"                      # local, docker, ray:local, ray:docker (crr.replay.ENGINES)
+    engine: str = "local"                      # local, docker, ray:<engine>, or pkg.module:Class (crr.sandbox.engines)
+    engine_options: dict = field(default_factory=dict)  # the engine's options (docker: image, mem_limit, cpus, ...)
     ray: str | None = None                     # a ray:... engine's cluster address, as ray.init takes it (None: auto)
+    mode: str | None = None                    # the Docker engine's mode: commit or overlay (an engine option)
     workers: int | None = None                 # concurrent tool executions (None: 4, or a Ray engine's slots)
     # --- episodes (the paper's H, rollout temperature)
     max_turns: int = 50
@@ -117,7 +119,7 @@ class CRRConfig(GRPOConfig):
         if not isinstance(self.advantage_params, dict):
             raise CRRError(f"advantage_params must be a mapping of keyword parameters, got {self.advantage_params!r}")
         check_estimator(self.estimator, self.advantage_params)
-        engine_options(self.engine, ray=self.ray)  # a setting the engine does not take fails here
+        engine_spec_of(self)  # an option the engine does not take fails here
         check_backend(self.backend, self.vllm_server)
         # One generation batch = one update: tasks_per_iteration x G rows, no gradient accumulation. Across
         # N processes (crr.train.distributed) each rolls out tasks_per_iteration / N whole groups.

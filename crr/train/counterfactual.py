@@ -33,7 +33,7 @@ from transformers import PreTrainedTokenizerBase
 
 from crr.agent.episode import Episode, EpisodeConfig, Trajectory
 from crr.policy.backend import GenerationBackend, StepSample
-from crr.replay.base import ForkEngine
+from crr.sandbox.base import ForkEngine
 from crr.rollout import WorkerPool, drive, in_background, sample_seed, timed
 from crr.train.ledger import Ledger
 from crr.train.proposals import get_proposal

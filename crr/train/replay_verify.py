@@ -14,7 +14,7 @@ from pathlib import Path
 from crr.agent.tools import execute
 from crr.agent.verifier import verify
 from crr.errors import CRRError
-from crr.replay import engine_options, get_engine
+from crr.sandbox import engine_spec_of
 from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks
 from crr.train.tuples import read_tuples
@@ -29,8 +29,7 @@ def replay_tuples(run_path: Path | str, sample: int, seed: int = 0) -> dict:
     config = run.config
     tasks = {t.instance_id: t for t in load_tasks(config["tasks"])}
     results = []
-    name = config.get("engine", "local")
-    with get_engine(name, **engine_options(name, ray=config.get("ray"))) as engine:
+    with engine_spec_of(config).make() as engine:
         for row in df.itertuples():
             if row.task_id not in tasks:
                 raise CRRError(f"task {row.task_id} of the tuples is not in {config['tasks']}")

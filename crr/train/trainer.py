@@ -63,8 +63,8 @@ from crr.errors import CRRError
 from crr.policy import SERVER_BACKEND
 from crr.policy.backend import TransformersBackend
 from crr.policy.model import agent_record, default_policy_dir, load_policy, write_agent_record
-from crr.replay import engine_options, get_engine
-from crr.replay.checkout import publish
+from crr.sandbox import engine_spec_of
+from crr.sandbox.checkout import publish
 from crr.rollout import RolloutConfig, RolloutResult, rollout, rollout_pool
 from crr.rundir import RunDir
 from crr.seeds import derive_seed
@@ -415,7 +415,7 @@ class CRRTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial) -> None:
         """Transformers writes checkpoint-N in place, so an interrupted save leaves a torn checkpoint that looks
         like the newest. Here every process writes its part into checkpoints/.staging/checkpoint-N, and the
-        main process then renames it into place whole (crr.replay.checkout.publish): complete or absent."""
+        main process then renames it into place whole (crr.sandbox.checkout.publish): complete or absent."""
         final = Path(self.args.output_dir)
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         staging = final / STAGING
@@ -651,7 +651,7 @@ def train(cfg: CRRConfig, run: RunDir, checkpoint: str | None = None, *,
     tasks = train_tasks(cfg) if tasks is None else tasks
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_policy(resolve_model(cfg))
-    with get_engine(cfg.engine, **engine_options(cfg.engine, ray=cfg.ray)) as engine:
+    with engine_spec_of(cfg).make() as engine:
         trainer = CRRTrainer(cfg, model, tokenizer, tasks, run, engine, on_iteration=on_iteration)
         try:
             trainer.train(resume_from_checkpoint=checkpoint)

@@ -7,7 +7,7 @@
         with engine.restore(snap) as fork: ...               # on the same node: the snapshot lives there
         engine.release(snap)
 
-Callers see the ForkEngine / Sandbox protocol of crr.replay.base, as with the local and Docker engines,
+Callers see the ForkEngine / Sandbox protocol of crr.sandbox.base, as with the local and Docker engines,
 so the episode loop, the verifier, the trainer and the filter run unchanged on a cluster.
 
 Layout. Every alive node that offers the custom Ray resource `crr_sandbox` (started with e.g.
@@ -34,14 +34,14 @@ checkout or build an image). A dead host gets no new sandboxes.
 Leftovers. A host's inner engine is the ordinary local or Docker engine of its node, with that
 engine's directories, mounts, cgroups and container labels, owned by the host's worker process. When a
 host dies without closing, what it left on its node is that engine's leftovers of a process that no
-longer exists: `crr sandbox gc` (crr.replay.reclaim_leftovers) on that node finds and removes them,
+longer exists: `crr sandbox gc` (crr.sandbox.reclaim_leftovers) on that node finds and removes them,
 as after any crashed crr process (with the same CRR_CACHE_DIR as the Ray node was started with).
 
-Every node needs crr installed (the hosts import crr.replay there) and must be able to fetch each
+Every node needs crr installed (the hosts import crr.sandbox there) and must be able to fetch each
 task's repository: a task source that reads a path on the driver (`repo_src`) needs that path on the
 node too (a shared file system); the bundled micro/nano sets ship inside the package.
 
-This module imports ray at the top: crr.replay imports it only when an engine named `ray:...` is made.
+This module imports ray at the top: crr.sandbox imports it only when an engine named `ray:...` is made.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskErro
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from crr.errors import CRRError, SandboxError
-from crr.replay.base import ClosingSandbox, ExecResult, ForkEngine, Sandbox, Snapshot, TaskSpec
+from crr.sandbox.base import ClosingSandbox, ExecResult, ForkEngine, Sandbox, Snapshot, TaskSpec
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """HTTP record/replay (paper: Appendix "Determinism Filter and Network Replay", HTTP replay layer).
 
-For a task with an environment (crr.replay.mirror), every pytest session in its sandboxes runs
-inside one vcrpy cassette: crr/replay/http_plugin.py, installed into the environment as
+For a task with an environment (crr.sandbox.mirror), every pytest session in its sandboxes runs
+inside one vcrpy cassette: crr/sandbox/http_plugin.py, installed into the environment as
 `crr_http_replay` and loaded through PYTEST_PLUGINS.
 
   record  only in the determinism filter's recording run: the gold patch in the one kind of
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crr.errors import CRRError
-from crr.replay.base import SCRATCH_DIR, Sandbox
+from crr.sandbox.base import SCRATCH_DIR, Sandbox
 
 PLUGIN_SOURCE = Path(__file__).with_name("http_plugin.py")
 PLUGIN_MODULE = "crr_http_replay"

@@ -62,8 +62,8 @@ class BoundedOutput:
 
 
 class TaskSpec(Protocol):
-    """What the replay layer reads of a task: crr.tasks.schema.Task is one (replay never imports it).
-    Where the repository comes from is a task source's business (crr.replay.sources), which gets the
+    """What the sandbox layer reads of a task: crr.tasks.schema.Task is one (sandbox never imports it).
+    Where the repository comes from is a task source's business (crr.tasks.sources), which gets the
     whole task object; an engine reads these fields."""
 
     @property
@@ -76,10 +76,10 @@ class TaskSpec(Protocol):
     def image(self) -> str | None: ...        # a Docker image with the repository at /testbed
 
     @property
-    def mirror(self) -> dict | None: ...      # the hash-pinned lock of the environment (crr.replay.mirror)
+    def mirror(self) -> dict | None: ...      # the hash-pinned lock of the environment (crr.sandbox.mirror)
 
     @property
-    def http_replay(self) -> dict | None: ...  # the recorded HTTP cassette (crr.replay.http)
+    def http_replay(self) -> dict | None: ...  # the recorded HTTP cassette (crr.sandbox.http)
 
 
 @dataclass(frozen=True)

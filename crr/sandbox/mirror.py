@@ -15,7 +15,7 @@ read-only into each local sandbox's mount namespace):
     /opt/crr/env/                a venv with the lock installed, first on PATH
 
 with PIP_NO_INDEX=1 and PIP_FIND_LINKS=/opt/crr/wheelhouse, so a `pip install` inside a rollout finds
-the frozen wheels and nothing else. pip itself and vcrpy (the HTTP replay layer, crr.replay.http)
+the frozen wheels and nothing else. pip itself and vcrpy (the HTTP replay layer, crr.sandbox.http)
 are pinned in every lock like any other package.
 """
 
@@ -36,8 +36,8 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from crr.errors import CRRError
-from crr.replay import http
-from crr.replay.checkout import building, cache_root
+from crr.sandbox import http
+from crr.sandbox.checkout import building, cache_root
 from crr.rundir import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 ENV_ROOT = "/opt/crr"  # where sandboxes see an environment
 LOCK_FILE = "requirements.lock"
 # Installed in every environment: the installer (so a rollout's `pip` is pinned too) and the HTTP
-# replay layer's library.
+# record/replay's library.
 BASE_REQUIREMENTS = ("pip==25.1.1", "vcrpy==9.4.2")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PIP_TIMEOUT_S = 900

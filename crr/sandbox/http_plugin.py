@@ -1,4 +1,4 @@
-"""crr's HTTP record/replay inside a sandbox: a pytest plugin (the host side is crr.replay.http).
+"""crr's HTTP record/replay inside a sandbox: a pytest plugin (the host side is crr.sandbox.http).
 
 Installed into every task environment as `crr_http_replay` and loaded through PYTEST_PLUGINS; it
 imports only vcrpy and the standard library, never crr. CRR_HTTP_MODE=record|replay picks the mode,

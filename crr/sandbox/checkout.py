@@ -16,8 +16,18 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from crr.errors import CRRError
-from crr.replay.base import TaskSpec
-from crr.replay.sources import repository
+from crr.sandbox.base import TaskSpec
+
+
+# Where a task's repository comes from is the tasks layer's business: crr.tasks.sources registers its
+# resolver here when crr.tasks is imported (a lower layer never imports a higher one).
+_repository: Callable[[TaskSpec], Path] | None = None
+
+
+def set_repository(resolve: Callable[[TaskSpec], Path]) -> None:
+    """Make `base_checkout` ask `resolve(task)` for the git repository (or bundle) of a task."""
+    global _repository
+    _repository = resolve
 
 
 def cache_root() -> Path:
@@ -75,9 +85,11 @@ def cached_repo(kind: str, task: TaskSpec, key: str, build: Callable[[Path], Non
 
 def base_checkout(task: TaskSpec) -> Path:
     """Path of a clean checkout of the task's repository at `task.base_commit` (with its .git); the
-    repository comes from the task source that serves the row (crr.replay.sources: `repo_src`, or the
-    `sdist` a synthesised task is rebuilt from)."""
-    src = repository(task)
+    repository comes from the task source that serves the row (crr.tasks.sources: `repo_src`, or the
+    `sdist` a synthesised task is rebuilt from), registered with `set_repository`."""
+    if _repository is None:
+        raise CRRError("no task sources are registered to check a task out from; import crr.tasks first")
+    src = _repository(task)
 
     def clone(repo: Path) -> None:
         _git("clone", "-q", "--no-checkout", str(src), str(repo))
