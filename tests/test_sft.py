@@ -475,6 +475,7 @@ def test_the_multi_recipe_grows_the_shipped_default_into_the_multi_tier(tmp_path
     tasks = tmp_path / "multi"
     generate_micro(tasks, n=2, seed=0, split="train", tier="multi")
     recipe.update(tasks=str(tasks), n_tasks=2)
+    recipe["data"]["episodes_per_task"] = 1
     recipe["train"].update(batch_size=2, logging_steps=1, warmup_ratio=0.0)
     for stage in recipe["stages"]:
         stage["epochs"] = 2
