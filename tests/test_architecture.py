@@ -24,7 +24,7 @@ LAYERS = [
     ("agent/policy", ("agent", "policy")),
     ("tasks", ("tasks",)),
     ("sandbox", ("sandbox",)),
-    ("base", ("rundir", "errors", "seeds", "__init__")),
+    ("base", ("rundir", "errors", "seeds", "plugins", "__init__")),
 ]
 
 

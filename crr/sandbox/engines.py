@@ -19,7 +19,6 @@ KEY=VALUE` (repeatable), with `--ray ADDRESS` and `--mode MODE` as sugar for the
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 import os
@@ -30,6 +29,7 @@ from typing import Any
 import yaml
 
 from crr.errors import CRRError
+from crr.plugins import import_callable
 from crr.sandbox.base import ForkEngine
 
 log = logging.getLogger(__name__)
@@ -58,20 +58,10 @@ def engine_class(name: str) -> Callable[..., ForkEngine]:
     ref = ENGINES.get(name, name)
     if not isinstance(ref, str):
         return ref
-    module, sep, attr = ref.partition(":")
-    if not sep:
-        module, _, attr = ref.rpartition(".")
-    if not module or not attr:
+    found = import_callable(ref, "fork engine")
+    if found is None:
         raise CRRError(f"unknown fork engine {name!r}; choose one of {', '.join(ENGINES)}, ray:<engine>, or "
                        "the dotted path to an engine class (pkg.module:Class)")
-    try:
-        found = getattr(importlib.import_module(module), attr)
-    except ImportError as e:
-        raise CRRError(f"fork engine {name!r}: cannot import {module} ({e})") from None
-    except AttributeError:
-        raise CRRError(f"fork engine {name!r}: {module} has no {attr}") from None
-    if not callable(found):
-        raise CRRError(f"fork engine {name!r}: {ref} is not an engine class")
     return found
 
 

@@ -28,7 +28,6 @@ observation tokens carry no advantage (TRL masks them with env_mask -> tool_mask
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from crr.errors import CRRError
+from crr.plugins import import_callable
 
 Estimator = Callable[..., list[list[float] | None]]
 
@@ -81,18 +81,10 @@ def resolve(name: str) -> Estimator:
     """A registered estimator, or a function named by dotted path (`pkg.mod:fn` or `pkg.mod.fn`)."""
     if name in ESTIMATORS:
         return ESTIMATORS[name]
-    module, sep, attr = name.partition(":") if ":" in name else name.rpartition(".")
-    if not (sep and module and attr):
+    fn = import_callable(name, "advantage estimator")
+    if fn is None:
         raise CRRError(f"unknown advantage estimator {name!r}; choose one of {', '.join(ESTIMATORS)} "
                        "or name a function as module.path:function")
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except ImportError as e:
-        raise CRRError(f"advantage estimator {name!r}: cannot import {module!r} ({e})") from None
-    except AttributeError:
-        raise CRRError(f"advantage estimator {name!r}: module {module!r} has no {attr!r}") from None
-    if not callable(fn):
-        raise CRRError(f"advantage estimator {name!r} is not a function")
     return fn
 
 
