@@ -174,8 +174,12 @@ def _with_escapes_in_min_length_strings(json_grammar: str, schema: dict, max_val
         lines[i] = lines[i].removesuffix(_MIN_LENGTH_CHARS) + "_characters ::= " + _JSON_CHAR
     # one character, then the rest as a free string: basic_string_sub's masks are precomputed (a repetition
     # of characters is masked at each token, 500x slower here); bounded strings: the rest is bounded_char's
+    text, uses = "\n".join(lines), '_characters{1, -1} "\\""))'
+    if text.count(uses) != wanted:
+        raise CRRError(f"this xgrammar version uses minLength strings differently ({text.count(uses)} uses for "
+                       f"{wanted} arguments); cannot keep their escapes")
     rest = "basic_string_sub" if max_value_chars is None else f'bounded_char{{0, {max_value_chars - 1}}} "\\""'
-    return "\n".join(lines).replace('_characters{1, -1} "\\""))', f"_characters {rest}))")
+    return text.replace(uses, f"_characters {rest}))")
 
 
 def _ebnf_literal(text: str) -> str:
