@@ -104,6 +104,9 @@ def test_the_expert_solves_in_5_to_12_decisions_and_partial_fixes_score_0(tasks,
         # the first test run shows every bug's failing test; the symptom and test_id issues are found by a grep
         for bug in m["bugs"]:
             assert f"FAILED {bug['test']}" in observations[0].text
+        # in pytest's short summary (RUN_TESTS_CMD): no session header, no PASSED line per test as the verifier's -rA
+        assert "test session starts" not in observations[0].text and "PASSED" not in observations[0].text
+        assert task.test_cmd != task.run_tests_cmd and "-rA" in task.test_cmd
         greps = [c for c in calls if c.name == "run_shell" and "grep" in c.arguments["command"]]
         assert len(greps) == (0 if m["issue_style"] == "named" else m["n_bugs"])
         if erring:

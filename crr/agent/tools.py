@@ -337,7 +337,7 @@ def selector_args(test_filter: str) -> list[str]:
 
 def run_tests(sandbox: Sandbox, test_filter: str = "") -> Observation:
     args = selector_args(test_filter)
-    command = " ".join([sandbox.task.test_cmd, *map(shlex.quote, args)])
+    command = " ".join([sandbox.task.run_tests_cmd or sandbox.task.test_cmd, *map(shlex.quote, args)])
     return _command_observation(sandbox.exec(command, timeout=TEST_TIMEOUT_S), TEST_TIMEOUT_S)
 
 

@@ -49,6 +49,9 @@ MICRO_SETS = {"micro-train": ("default", "train"), "micro-test": ("default", "te
 MICRO_DEFAULT_N = {"default": 32, "nano": 64, "multi": 64}
 MICRO_RANGES = {"nano-test2": (64, 256), "nano-val": (0, 256), "multi-val": (0, 256), "multi-test": (0, 256)}
 MICRO_DEFAULT_SEED = 0
+# A tier whose generated rows change gets a new version, so that sets cached before it are generated again rather
+# than read (multi 2: rows carry run_tests_cmd).
+MICRO_VERSION = {"multi": 2}
 
 # Test commands of the SWE-bench repositories whose runner is not plain pytest (swebench 4.x
 # harness/constants/python.py; 5.x dropped these per-repo specs, so rows of the old schema need them).
@@ -149,7 +152,9 @@ def load_micro(split: str, n: int | None = None, seed: int | None = None, tier: 
     """The embedded micro set of `tier` (tasks first..first+n-1), generated once per machine under the crr cache."""
     n = MICRO_DEFAULT_N[tier] if n is None else n
     seed = MICRO_DEFAULT_SEED if seed is None else seed
-    stem = (split if tier == "default" else f"{tier}-{split}") + (f"-from{first}" if first else "")
+    version = MICRO_VERSION.get(tier, 1)
+    stem = ((split if tier == "default" else f"{tier}-{split}") + (f"-v{version}" if version > 1 else "")
+            + (f"-from{first}" if first else ""))
     # task i depends on (tier, seed, split, i) only: a larger cached set holds this one as its prefix
     larger = sorted((int(m[1]), d) for d in (cache_root() / "micro").glob(f"{stem}-*-{seed}")
                     if (m := re.fullmatch(rf"{re.escape(stem)}-(\d+)-{seed}", d.name)) and int(m[1]) >= n

@@ -52,6 +52,7 @@ from crr.tasks.bugs import FAMILIES, Mutant, iter_mutants, mutants
 from crr.tasks.multi import (
     ISSUE_STYLES,
     MAX_CORE_MODULES,
+    RUN_TESTS_CMD,
     SITES_PER_BUG,
     Knobs,
     Symptom,
@@ -499,8 +500,7 @@ def _multi_candidate(instance_id: str, n_bugs: int, style: str, distractors: int
                             test_ids[b.shown]) for b in bugs], style, rng),
                 patch=patch, test_patch=test_patch, FAIL_TO_PASS=tuple(f2p), PASS_TO_PASS=tuple(p2p),
                 version="1.0", log_parser=DEFAULT_LOG_PARSER, repo_src=str(bundle.resolve()),
-                test_cmd=DEFAULT_TEST_CMD, metadata=metadata)
-
+                test_cmd=DEFAULT_TEST_CMD, run_tests_cmd=RUN_TESTS_CMD, metadata=metadata)
 
 
 def _difficulty(n_modules: int, n_decoys: int, family: str, indirect: bool) -> str:

@@ -14,7 +14,8 @@ what they compute, crr.tasks.bugs' one-line bugs) and adds what makes finding an
   with a near-identical name (`kelo.py` / `kelos.py`) and functions with near-identical names and the same
   shapes (`bramu` / `brami`), tested and correct; bugs are never in them.
 * **Running tests mid-episode**: one failing test per bug is visible at base_commit (the rest of each bug's
-  failing cases are held out), so `run_tests` shows what is still broken after each edit.
+  failing cases are held out), so `run_tests` shows what is still broken after each edit, in pytest's short
+  summary (`RUN_TESTS_CMD`).
 
 Each task's (bugs, issue) pair comes from a seed-shuffled cycle over the knobs' product, so a set holds the
 settings in equal shares; both are recorded in the row's metadata with the distractor count and every bug.
@@ -36,6 +37,12 @@ ISSUE_STYLES = ("named", "symptom", "test_id")
 BUG_COUNTS = (1, 2, 3)
 MAX_CORE_MODULES = 3
 SITES_PER_BUG = 6  # candidate mutants probed per buggy module
+# The runner the agent's run_tests calls on a multi task: the progress line and the failing ids with their
+# assertions ("FAILED tests/test_kelo.py::test_bramu_1 - assert 3 == 2"), without the session header or one
+# PASSED line per test. The verifier keeps `test_cmd` (-rA, which swebench's parser reads). On a 64-84 test
+# package -rA printed 1,700-2,500 tokens a run, most of a multi episode, against 70-150 for this
+# (docs/multi-tier.md, "third attempt").
+RUN_TESTS_CMD = "python -m pytest -q --tb=no -rf -p no:cacheprovider"
 
 
 @dataclass(frozen=True)

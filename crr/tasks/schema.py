@@ -51,7 +51,8 @@ class Task:
     eval_script: str | None = None  # swebench 5.x eval script; None: run `test_cmd` on the test ids
     log_parser: str = DEFAULT_LOG_PARSER  # a name in swebench's PARSER_REGISTRY
     repo_src: str | None = None     # absolute path to a git repository or bundle holding base_commit
-    test_cmd: str = DEFAULT_TEST_CMD  # the canonical test runner (`run_tests` appends a filter)
+    test_cmd: str = DEFAULT_TEST_CMD  # the canonical test runner: the verifier runs it on the held-out ids
+    run_tests_cmd: str | None = None  # what the agent's `run_tests` runs (a filter appended); None: test_cmd
     mirror: dict | None = field(default=None, compare=False)       # see the module doc
     sdist: dict | None = field(default=None, compare=False)
     http_replay: dict | None = field(default=None, compare=False)
@@ -86,7 +87,7 @@ class Task:
         for name in ("image", "eval_script", "repo_src"):
             if row.get(name) is not None:
                 values[name] = _string(name, row[name])
-        for name in ("log_parser", "test_cmd"):
+        for name in ("log_parser", "test_cmd", "run_tests_cmd"):
             if row.get(name) is not None:
                 values[name] = _string(name, row[name])
         for name, check in (("mirror", _mirror), ("sdist", _sdist), ("http_replay", _http_replay)):
