@@ -49,6 +49,7 @@ from crr.credit.stats import estimator_metrics, values
 from crr.errors import CRRError
 from crr.experiments import read_preset
 from crr.rundir import RunDir
+from crr.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -170,10 +171,6 @@ def estimator_names(cfg: AuditConfig) -> list[str]:
     return sorted((n for n in wanted if n in ESTIMATORS), key=lambda n: n != "grpo")
 
 
-def _seed(*parts: int) -> int:
-    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
-
-
 class _Forks:
     """Plays forked branches of a task's trajectories through the training machinery (run_branches: one
     batched generation per round, the tool calls in the worker pool) and counts their cost."""
@@ -223,7 +220,7 @@ def audit_task(cfg: AuditConfig, task, task_index: int, forks: _Forks) -> list[d
     wanted = set().union(*(needs(n) for n in cfg.estimators))
     start = time.perf_counter()
     result = rollout([task], forks.backend, forks.engine, forks.tokenizer,
-                     RolloutConfig(group_size=G, seed=_seed(cfg.seed, task_index, 0), episode=forks.episode),
+                     RolloutConfig(group_size=G, seed=derive_seed(cfg.seed, task_index, 0), episode=forks.episode),
                      pool=forks.pool)
     rollout_s = time.perf_counter() - start
     trajs = result.trajectories
@@ -232,21 +229,21 @@ def audit_task(cfg: AuditConfig, task, task_index: int, forks: _Forks) -> list[d
         scored = [i for i, t in enumerate(trajs) if t.reward is not None]
         every = {i: [Selection(t, 0.0) for t in range(len(trajs[i].steps))] for i in scored}
         oracle, oracle_steps, oracle_s = forks.play(trajs, every, cfg.continuations, "on_policy", cfg.temperature,
-                                                    _seed(cfg.seed, task_index, 1))
+                                                    derive_seed(cfg.seed, task_index, 1))
         cont = _returns(oracle, trajs)
         truth = {i: values([cont[i].get(t, []) for t in range(len(trajs[i].steps))], trajs[i].reward)
                  for i in scored}
         draws: list[list[dict]] = [[] for _ in trajs]
         for r in range(cfg.repeats):
-            rng = np.random.default_rng(_seed(cfg.seed, task_index, 2, r))
+            rng = np.random.default_rng(derive_seed(cfg.seed, task_index, 2, r))
             params = SelectorParams(k=cfg.k, eta=cfg.eta, lambda_type=cfg.lambda_type)
             picks = {i: select(cfg.selector, trajs[i].steps, params, rng) for i in scored} if "selected" in wanted else {}
             none = ([], [0] * G, 0.0)
             cf, cf_steps, cf_s = (forks.play(trajs, picks, cfg.cf_samples, cfg.proposal, cfg.cf_temperature,
-                                             _seed(cfg.seed, task_index, 3, r))
+                                             derive_seed(cfg.seed, task_index, 3, r))
                                   if "counterfactuals" in wanted else none)
             mc, mc_steps, mc_s = (forks.play(trajs, every, cfg.mc_samples, "on_policy", cfg.temperature,
-                                             _seed(cfg.seed, task_index, 4, r))
+                                             derive_seed(cfg.seed, task_index, 4, r))
                                   if "continuations" in wanted else none)
             cf, mc = _returns(cf, trajs), _returns(mc, trajs)
             for i in range(G):
