@@ -109,6 +109,13 @@ def test_the_expert_solves_in_5_to_12_decisions_and_partial_fixes_score_0(tasks,
         assert task.test_cmd != task.run_tests_cmd and "-rA" in task.test_cmd
         greps = [c for c in calls if c.name == "run_shell" and "grep" in c.arguments["command"]]
         assert len(greps) == (0 if m["issue_style"] == "named" else m["n_bugs"])
+        if m["issue_style"] == "named":   # p_grep_named: the named style located as the others are
+            with engine.start(task) as sandbox:
+                located = explore_script(task, sandbox, seed=0, config=ExpertConfig(p_grep_named=1.0, max_decoy_views=0)).calls
+                assert [c.name for c in located][1:3] == ["run_shell", "view_file"], [call_json(c) for c in located]
+                assert sum("grep" in c.arguments.get("command", "") for c in located) == m["n_bugs"]
+                assert len(located) <= MULTI_MAX_DECISIONS and not any(execute(sandbox, c).is_error for c in located)
+                assert verify(sandbox, task).reward == 1.0
         if erring:
             first_edit = names.index("edit_file")
             assert plan.wrong_edit == "wrong_fix" and names[first_edit + 1:first_edit + 3] == ["run_tests", "edit_file"]

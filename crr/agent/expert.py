@@ -101,10 +101,12 @@ class ExpertConfig:
                                    # writes only the changed fragment, not the whole line with its names
     p_def_edit: float = 0.0        # start an edit inside a function at the function's def line, so the
                                    # replacement opens with the name the issue gives and copies on from there
+    p_grep_named: float = 0.0      # multi tier: grep for a bug's function even where the issue names its module,
+                                   # so every issue style locates the same way (drawn only when > 0)
 
     def __post_init__(self) -> None:
         for name in ("error_rate", "p_list", "p_full_tests", "p_reproduce", "p_grep", "p_focused_view",
-                     "p_final_suite", "p_line_view", "p_sed", "p_def_edit"):
+                     "p_final_suite", "p_line_view", "p_sed", "p_def_edit", "p_grep_named"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise CRRError(f"expert {name} must be between 0 and 1, got {getattr(self, name)}")
         if self.max_decoy_views < 0:
@@ -538,8 +540,8 @@ MULTI_P_CHECK = 0.5       # per fix but the last: run the tests to see what is s
 
 class _MultiPlanner(_Planner):
     """Plans a multi-tier episode (crr.tasks.multi: 1-3 bugs in different modules, issues by style): run the
-    tests, then per bug find the module (named: the issue's path; symptom and test_id: a grep for the function,
-    then the module from its def line), view it and fix it; run the tests and submit. Within
+    tests, then per bug find the module (named: the issue's path, or with `p_grep_named` a grep as the other
+    styles; symptom and test_id: a grep for the function, then the module from its def line), view it and fix it; run the tests and submit. Within
     MULTI_MAX_DECISIONS, some episodes also view a look-alike module first, check with the tests between fixes,
     or make a wrong fix that the tests show to be wrong and then repair it."""
 
@@ -549,7 +551,8 @@ class _MultiPlanner(_Planner):
         edits = {c.arguments["path"]: c for c in self.fixes}
         text = self.task.problem_statement
         bugs = sorted(meta["bugs"], key=lambda b: text.find(b["test"] if style == "test_id" else f"{b['function']}("))
-        per_bug = 2 if style == "named" else 3
+        grep = style != "named" or (self.cfg.p_grep_named > 0 and self.chance(self.cfg.p_grep_named))
+        per_bug = 3 if grep else 2
         spare = MULTI_MAX_DECISIONS - (3 + per_bug * len(bugs))  # + the first and last run_tests, the submit
         wrong_at = self.rng.randrange(len(bugs)) if spare >= 2 and self.chance(self.cfg.error_rate) else None
         if wrong_at is not None:
@@ -562,7 +565,7 @@ class _MultiPlanner(_Planner):
             if lookalike is not None and spare >= 1 and self.cfg.max_decoy_views and self.chance(MULTI_P_LOOKALIKE):
                 self.view(lookalike)
                 spare -= 1
-            if style == "named":
+            if not grep:
                 self.view(path)
             else:
                 self.grep(function, package)
