@@ -114,7 +114,13 @@ def test_the_expert_solves_in_5_to_12_decisions_and_partial_fixes_score_0(tasks,
                 located = explore_script(task, sandbox, seed=0, config=ExpertConfig(p_grep_named=1.0, max_decoy_views=0)).calls
                 assert [c.name for c in located][1:3] == ["run_shell", "view_file"], [call_json(c) for c in located]
                 assert sum("grep" in c.arguments.get("command", "") for c in located) == m["n_bugs"]
-                assert len(located) <= MULTI_MAX_DECISIONS and not any(execute(sandbox, c).is_error for c in located)
+                assert len(located) <= MULTI_MAX_DECISIONS
+                seen = task.problem_statement
+                for c in located:   # every path it names was in its context before (a grep's hit)
+                    assert c.arguments.get("path", "") in seen, (c.arguments, seen)
+                    obs = execute(sandbox, c)
+                    assert not obs.is_error
+                    seen += obs.text
                 assert verify(sandbox, task).reward == 1.0
         if erring:
             first_edit = names.index("edit_file")

@@ -462,7 +462,8 @@ def test_the_two_hour_recipe_starts_from_random_weights_with_the_levels_in_order
 
 
 def test_the_multi_recipe_grows_the_shipped_default_into_the_multi_tier(tmp_path):
-    """experiments/sft-multi.yaml (the multi tier's warm start) at a small budget, from the shipped default: the
+    """experiments/sft-multi-locate.yaml (the multi tier's newest warm-start recipe; sft-multi.yaml differs only
+    in the expert's options) at a small budget, from the shipped default: the
     expert plays 2 multi tasks at H = 12 in real sandboxes, each stage trains two steps on both rows (so the loss
     falls) with fp32 master weights although the shipped default is bf16 (pure bf16 training rounds updates
     away), and the model records the multi turn cap."""
@@ -470,8 +471,8 @@ def test_the_multi_recipe_grows_the_shipped_default_into_the_multi_tier(tmp_path
 
     from crr.policy.model import SHIPPED_DEFAULT, agent_record
 
-    recipe = yaml.safe_load((Path(__file__).parent.parent / "experiments" / "sft-multi.yaml").read_text())
-    assert recipe["data"]["max_turns"] == 12 and recipe["train"]["max_length"] >= recipe["data"]["max_tokens"]
+    recipe = yaml.safe_load((Path(__file__).parent.parent / "experiments" / "sft-multi-locate.yaml").read_text())
+    assert recipe["data"]["expert"]["p_grep_named"] == 1.0 and recipe["data"]["max_turns"] == 12 and recipe["train"]["max_length"] >= recipe["data"]["max_tokens"]
     tasks = tmp_path / "multi"
     generate_micro(tasks, n=2, seed=0, split="train", tier="multi")
     recipe.update(tasks=str(tasks), n_tasks=2)
