@@ -542,8 +542,8 @@ class _MultiPlanner(_Planner):
     """Plans a multi-tier episode (crr.tasks.multi: 1-3 bugs in different modules, issues by style): run the
     tests, then per bug find the module (named: the issue's path, or with `p_grep_named` a grep as the other
     styles; symptom and test_id: a grep for the function, then the module from its def line), view it and fix
-    it; run the tests and submit. Within MULTI_MAX_DECISIONS, some episodes also view a look-alike module first, check with the tests between fixes,
-    or make a wrong fix that the tests show to be wrong and then repair it."""
+    it; run the tests and submit. Within MULTI_MAX_DECISIONS, some episodes also view a look-alike module first,
+    check with the tests between fixes, or make a wrong fix that the tests show to be wrong and then repair it."""
 
     def plan(self) -> ExpertPlan:
         meta = self.task.metadata
