@@ -12,7 +12,8 @@ from crr.agent.conversation import Conversation, render_text
 from crr.agent.tools import split_lines
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import default_model_dir, load_policy
-from crr.sft.curriculum import _run, curriculum_rows, repair_messages
+from crr.sft.curriculum import curriculum_rows, repair_messages
+from crr.tasks.nano import run_call
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -41,8 +42,8 @@ def test_each_row_is_a_repair_that_makes_the_issue_call_right(level, def_edit):
         fixed = lines[:edit["start"] - 1] + split_lines(edit["replacement"]) + lines[edit["end"]:]
         call = re.search(r"`[\w.]+\.(\w+)\((.*)\)` (returns|raises) `(.*)`\. I expected `(.*)`\.", messages[1]["content"])
         function, args, _, observed, expected = call.groups()
-        assert _run("".join(lines), function, args) != _run("".join(fixed), function, args)
-        assert _run("".join(fixed), function, args) == f"returns {expected}"
+        assert run_call("".join(lines), function, args) != run_call("".join(fixed), function, args)
+        assert run_call("".join(fixed), function, args) == f"returns {expected}"
         if level == 1:
             assert listing.count("def ") == 2
 
@@ -96,3 +97,35 @@ def test_the_name_copy_probe_counts_names_not_escapes_and_splits_name_starts_by_
                                                                           "token without a leading space")]
     assert sum(spaces) == out["name start"]["tokens"] and spaces[0] > 0
     assert all(-1 <= c <= 1 for c in out["mean pairwise cosine of the input embeddings"].values())
+
+
+def test_locate_rows_are_multi_episodes_whose_greps_copy_a_failing_function_and_view_its_hit():
+    """Level 3 (crr.sft.locate): real pytest and grep output on a generated multi package; every grep names a
+    function whose visible test the run shows failing, in the issue's order, and the next call views the file
+    its hit names (from the hit's line when focused); deterministic in the seed."""
+    from crr.sft.locate import locate_calls, locate_conversations
+
+    rng, draws = random.Random(3), []
+    while len(draws) < 6:
+        drawn = locate_calls(rng)
+        if drawn is not None:
+            draws.append(drawn)
+    for issue, calls in draws:
+        assert calls[0][0].name == "run_tests" and calls[-1][1] is None and calls[-1][0].name == "view_file"
+        failed = re.findall(r"^FAILED tests/test_\w+\.py::test_(\w+)_\d+ ", calls[0][1], re.M)
+        assert failed and calls[0][1].endswith("[exit code: 1]")
+        greps = [c for c, _ in calls if c.name == "run_shell"]
+        names = [re.fullmatch(r"grep -rn 'def (\w+)\(' \w+", g.arguments["command"])[1] for g in greps]
+        assert set(names) <= set(failed) and len(set(names)) == len(names)
+        positions = [issue.find(f"test_{n}_") if issue.startswith("Failing tests") else issue.find(f"{n}(")
+                     for n in names]
+        assert -1 not in positions and positions == sorted(positions)
+        for (call, obs), (nxt, _) in zip(calls, calls[1:]):
+            if call.name == "run_shell":
+                path, line, text = obs.splitlines()[0].split(":", 2)
+                assert text.startswith(f"def {names[greps.index(call)]}(") and nxt.name == "view_file"
+                assert nxt.arguments["path"] == path and nxt.arguments.get("start", int(line)) == int(line)
+            if call.name == "edit_file":
+                assert obs.startswith(f"--- a/{call.arguments['path']}")
+    a = locate_conversations(random.Random(9), 3, 12)
+    assert a == locate_conversations(random.Random(9), 3, 12) and len(a) == 3

@@ -168,14 +168,14 @@ def truncate(text: str, keep: int = OBS_KEEP_CHARS) -> str:
 # Wall-clock durations a test runner prints ("5 passed in 0.02s", "Ran 3 tests in 0.004s") are the
 # one part of a command's output that differs between identical states; they are masked so that the
 # same state gives the same observation and the same seed the same trajectory.
-_DURATIONS = re.compile(r"(\bin )\d+(?:\.\d+)?s(?: \(\d+:\d\d:\d\d\))?(?= |$|\)|=)", re.M)
+_DURATIONS = re.compile(r"(\bin )\d+(?:\.\d+)?s(?: \(\d+:\d\d:\d\d\))?(?= |$|\)|=)", re.MULTILINE)
 
 
 def normalise_durations(text: str) -> str:
     return _DURATIONS.sub(r"\1<t>s", text)
 
 
-def _command_observation(result: ExecResult, timeout: float) -> Observation:
+def command_observation(result: ExecResult, timeout: float) -> Observation:
     body = truncate(normalise_durations(result.output))
     if body and not body.endswith("\n"):
         body += "\n"
@@ -307,7 +307,7 @@ def render_diff(path: str, old: list[str], new: list[str], created: bool = False
 def run_shell(sandbox: Sandbox, command: str, timeout: int = DEFAULT_SHELL_TIMEOUT_S) -> Observation:
     if not command.strip():
         raise ToolCallError("command is empty")
-    return _command_observation(sandbox.exec(command, timeout=timeout), timeout)
+    return command_observation(sandbox.exec(command, timeout=timeout), timeout)
 
 
 def selector_args(test_filter: str) -> list[str]:
@@ -338,7 +338,7 @@ def selector_args(test_filter: str) -> list[str]:
 def run_tests(sandbox: Sandbox, test_filter: str = "") -> Observation:
     args = selector_args(test_filter)
     command = " ".join([sandbox.task.run_tests_cmd or sandbox.task.test_cmd, *map(shlex.quote, args)])
-    return _command_observation(sandbox.exec(command, timeout=TEST_TIMEOUT_S), TEST_TIMEOUT_S)
+    return command_observation(sandbox.exec(command, timeout=TEST_TIMEOUT_S), TEST_TIMEOUT_S)
 
 
 def submit_patch(sandbox: Sandbox) -> Observation:

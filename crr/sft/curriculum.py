@@ -17,7 +17,9 @@ buggy results differ (computed by running the two module versions in-process: ou
 the observations come from the tools' own renderers. They teach the shape of a repair; the expert's episodes,
 played in real sandboxes and kept only at reward 1, remain the warm start's data proper. `levels` grow the
 search: level 0 views only the function the issue names (view_file from its def line to its last line), level 1
-packages hold one module of two functions, level 2 up to three modules of up to four.
+packages hold one module of two functions, level 2 up to three modules of up to four. Level 3 is the multi
+tier's: a multi episode up to the view of its k-th bug's module, the failing function's name copied from the
+issue or a failing test's id into a grep (crr.sft.locate).
 """
 
 from __future__ import annotations
@@ -25,30 +27,20 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
-from crr.agent.conversation import action_message, initial_messages
-from crr.agent.expert import call_json, from_def_line, function_at
-from crr.agent.prompt import agent_format
-from crr.agent.tools import ToolCall, render_diff, render_view, split_lines, truncate
+from crr.agent.expert import from_def_line, function_at
+from crr.agent.tools import ToolCall, render_diff, render_view, split_lines
 from crr.policy.grammar import ToolCallGrammar
-from crr.sft.rows import sft_row
+from crr.sft.locate import locate_conversations
+from crr.sft.rows import scripted_messages, sft_row
 from crr.tasks.bugs import mutants
 from crr.tasks.micro import issue_text
-from crr.tasks.nano import NANO_FAMILIES, nano_template
+from crr.tasks.nano import NANO_FAMILIES, nano_template, run_call
 from crr.tasks.templates import Module, Template
 
-LEVELS = (0, 1, 2)           # what repair_messages draws at each level (the module docstring)
+LEVELS = (0, 1, 2, 3)        # what each level draws (the module docstring)
+LOCATE_LEVEL = 3             # crr.sft.locate: the multi tier's locate decisions
 DEFAULT_LEVELS = (1, 2)      # the shipped recipes' rows
 
-
-
-def _run(source: str, function: str, args: str) -> str:
-    """`returns <repr>` or `raises <Exc>: <msg>` of one call of a generated module's function."""
-    namespace: dict = {}
-    try:
-        exec(compile(source, "<nano>", "exec"), namespace)  # our own generated code: a few pure functions
-        return f"returns {eval(f'__f({args})', {'__f': namespace[function]})!r}"
-    except Exception as e:  # noqa: BLE001 - an exception is the observable behaviour
-        return f"raises {type(e).__name__}: {e}"
 
 
 def _shrink(template: Template, rng: random.Random) -> Template:
@@ -78,7 +70,7 @@ def repair_messages(rng: random.Random, level: int, max_turns: int, def_edit: bo
     case_args = list(module.cases[bug.function])
     rng.shuffle(case_args)
     for args in case_args:
-        expected, observed = _run(module.source, bug.function, args), _run(bug.source, bug.function, args)
+        expected, observed = run_call(module.source, bug.function, args), run_call(bug.source, bug.function, args)
         if expected != observed and expected.startswith("returns"):
             break
     else:
@@ -91,7 +83,6 @@ def repair_messages(rng: random.Random, level: int, max_turns: int, def_edit: bo
     case = SimpleNamespace(module=module.name, function=bug.function, args=args)
     problem = issue_text(rng, package, template, case, {"value": expected[8:]}, observed, short=True)
     path = f"{package}/{module.name}.py"
-    messages = initial_messages(SimpleNamespace(problem_statement=problem), "/testbed", max_turns, "compact")
     edit = ToolCall("edit_file", {"path": path, "start": line, "end": line, "replacement": new[line - 1]})
     view = {"path": path}
     if level == 0:  # only the function: the line to copy is one of a handful
@@ -100,14 +91,7 @@ def repair_messages(rng: random.Random, level: int, max_turns: int, def_edit: bo
     calls = [(ToolCall("view_file", view), render_view(path, old, view.get("start", 1), view.get("end"))),
              (from_def_line(edit, bug.source) if def_edit else edit, render_diff(path, old, new)),
              (ToolCall("submit_patch", {}), None)]
-    fmt = agent_format("compact")
-    for call, observation in calls:
-        messages.append(action_message(call_json(call)))
-        if observation is not None:
-            if fmt.obs_keep_chars is not None:
-                observation = truncate(observation, fmt.obs_keep_chars)
-            messages.append({"role": "tool", "name": call.name, "content": observation})
-    return messages
+    return scripted_messages(problem, calls, max_turns)
 
 
 def curriculum_rows(grammar: ToolCallGrammar, n: int, seed: int, levels: tuple[int, ...] = DEFAULT_LEVELS,
@@ -119,6 +103,10 @@ def curriculum_rows(grammar: ToolCallGrammar, n: int, seed: int, levels: tuple[i
     rows = []
     per_level = -(-n // len(levels))
     for level in levels:
+        if level == LOCATE_LEVEL:
+            for messages in locate_conversations(rng, min(per_level, n - len(rows)), max_turns):
+                rows.append({**sft_row(grammar, messages, []), "level": level})
+            continue
         made = 0
         while made < per_level and len(rows) < n:
             def_edit = p_def_edit > 0 and rng.random() < p_def_edit

@@ -6,10 +6,35 @@ Shared by the expert's episodes (crr.sft.warm_start) and the synthetic curriculu
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
-from crr.agent.conversation import INVALID_TOOL_NAME, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Conversation
+from crr.agent.conversation import (
+    INVALID_TOOL_NAME,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    Conversation,
+    action_message,
+    initial_messages,
+)
+from crr.agent.expert import call_json
+from crr.agent.prompt import agent_format
+from crr.agent.tools import ToolCall, truncate
 from crr.errors import CRRError
 from crr.policy.grammar import ToolCallGrammar
+
+
+def scripted_messages(problem: str, calls: list[tuple[ToolCall, str | None]], max_turns: int) -> list[dict]:
+    """A rendered (not played) conversation in the compact format: the issue, then each call with its
+    observation (None: none follows, e.g. after the last call), for the synthetic curricula."""
+    fmt = agent_format("compact")
+    messages = initial_messages(SimpleNamespace(problem_statement=problem), "/testbed", max_turns, "compact")
+    for call, observation in calls:
+        messages.append(action_message(call_json(call)))
+        if observation is not None:
+            if fmt.obs_keep_chars is not None:
+                observation = truncate(observation, fmt.obs_keep_chars)
+            messages.append({"role": "tool", "name": call.name, "content": observation})
+    return messages
 
 
 def action_ids(grammar: ToolCallGrammar, call: str) -> list[int]:

@@ -173,3 +173,14 @@ def nano_template(rng: random.Random, split: str) -> Template:
         modules.append(helpers_module(name, functions))
     return Template(name="nano", split=split, packages=(package,), purpose=f"use {package}'s helpers",
                     modules=tuple(modules))
+
+
+def run_call(source: str, function: str, args: str) -> str:
+    """`returns <repr>` or `raises <Exc>: <msg>` of one call of a generated module's function, run in-process
+    (our own generated code: a few pure functions), as the curricula compute expected and observed values."""
+    namespace: dict = {}
+    try:
+        exec(compile(source, "<nano>", "exec"), namespace)
+        return f"returns {eval(f'__f({args})', {'__f': namespace[function]})!r}"
+    except Exception as e:  # noqa: BLE001 - an exception is the observable behaviour
+        return f"raises {type(e).__name__}: {e}"
