@@ -61,11 +61,12 @@ def _shell(root: Path, command: str) -> str:
     return command_observation(ExecResult(out.returncode, out.stdout + out.stderr), TIMEOUT_S).text
 
 
-def locate_calls(rng: random.Random) -> tuple[str, list[tuple[ToolCall, str | None]]] | None:
+def locate_calls(rng: random.Random, split: str = "train") -> tuple[str, list[tuple[ToolCall, str | None]]] | None:
     """One draw: the issue and the calls with their observations, the last call's observation None (None: the
-    draw had a bug without two revealing cases; the caller draws again)."""
+    draw had a bug without two revealing cases; the caller draws again). `split`'s vocabulary names everything
+    (a probe of held-out names draws "val")."""
     n_bugs, style = rng.choice((1, 2, 3)), rng.choice(ISSUE_STYLES)
-    template, core = multi_template(rng, "train", rng.randint(n_bugs, MAX_CORE_MODULES), rng.randint(0, 2))
+    template, core = multi_template(rng, split, rng.randint(n_bugs, MAX_CORE_MODULES), rng.randint(0, 2))
     package, modules = template.packages[0], list(template.modules)
     cases = [_Case(m.name, fn, args, m.name in core) for m in modules for fn, arg_list in m.cases.items()
              for args in arg_list]
