@@ -2,9 +2,16 @@
 
     derive_seed(seed, round_index)          # a rollout round's generation seed (crr.rollout.sample_seed)
     derive_seed(seed, pass_index, chunk)    # an evaluation chunk's rollout seed
+    keyed_random("micro", seed, split, index, attempt)   # a generated task's choices (crr.tasks.micro)
+
+`keyed_random` is the older second form, kept because its streams define every generated task set, expert
+plan and curriculum row that committed results were measured on: Python's `random.Random` seeded by the
+keys joined with ':' (a string seed, hashed by SHA-512), for the code that draws with `random`'s API.
 """
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 
@@ -13,3 +20,9 @@ def derive_seed(seed: int, *keys: int) -> int:
     """A 32-bit seed for the stream (seed, *keys): numpy's SeedSequence hash of the whole key, so that
     different keys give independent streams and the same key the same stream on every machine."""
     return int(np.random.SeedSequence([seed, *keys]).generate_state(1)[0])
+
+
+def keyed_random(*keys: object) -> random.Random:
+    """A `random.Random` for the stream named by `keys`: seeded by the string ':'.join(map(str, keys)), so
+    keyed_random("expert", seed, instance_id) is random.Random(f"expert:{seed}:{instance_id}")."""
+    return random.Random(":".join(map(str, keys)))
