@@ -8,8 +8,9 @@ on-policy trajectories"; Method, "Implementation": rollout and fork workers in l
 It lives at the top of the package, not in crr/agent/, because it joins the agent (episodes), the
 policy (one generation backend), the fork engine, a worker pool and the run directory.
 
-The episode driver `drive` runs the rounds, for rollouts (and so evaluation and the credit audit) and for
-counterfactual branches and continuations (crr.train.counterfactual). Every round, each episode still
+The episode driver `drive` runs the rounds, for rollouts (and so evaluation and the credit audit), for
+counterfactual branches and continuations (crr.train.counterfactual), and for scripted episodes (the
+expert's: `run_episode` with crr.policy.scripted.ScriptedBackend). Every round, each episode still
 running contributes one conversation to a single `backend.generate` call (the whole batch: the efficient
 shape for a KV-cached model on CPU and for vLLM on GPU); the sampled tool calls are then executed
 concurrently by a pool of workers (threads here: sandboxes run commands as separate processes, so threads
@@ -46,6 +47,7 @@ from crr.agent.episode import Episode, EpisodeConfig, Trajectory
 from crr.errors import CRRError
 from crr.policy.backend import GenerationBackend, StepSample, TransformersBackend
 from crr.policy.model import agent_record, load_policy
+from crr.policy.scripted import ScriptedCall
 from crr.sandbox import engine_spec, engine_workers, get_engine
 from crr.sandbox.base import ForkEngine
 from crr.rundir import RunDir
@@ -173,7 +175,8 @@ def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngin
 
 def run_episode(task: Task, backend: GenerationBackend, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,
                 config: EpisodeConfig | None = None, seed: int = 0) -> Trajectory:
-    """One trajectory: `rollout` with one task and G = 1."""
+    """One trajectory: `rollout` with one task and G = 1, on one worker. With a ScriptedBackend
+    (crr.policy.scripted) it is a scripted trajectory: the expert's, the fork bench's."""
     cfg = RolloutConfig(group_size=1, seed=seed, episode=config or EpisodeConfig(), workers=1)
     return rollout([task], backend, engine, tokenizer, cfg).trajectories[0]
 
@@ -271,10 +274,14 @@ def drive(episodes: list[Episode], backend: GenerationBackend, pool: WorkerPool,
     return gen_s
 
 
-def play_sample(pair: tuple[Episode, StepSample], seed: int, gen_s: float) -> None:
-    """Play a generated call in its episode (a worker's job, for rollouts and counterfactual branches)."""
+def play_sample(pair: tuple[Episode, StepSample | ScriptedCall], seed: int, gen_s: float) -> None:
+    """Play a generated call in its episode (a worker's job, for rollouts and counterfactual branches); a
+    script's call (crr.policy.scripted) is played with no generation record: no sample, seed or time."""
     episode, sample = pair
-    episode.act(sample.text, sample.action_ids, sample, seed, gen_s)
+    if isinstance(sample, ScriptedCall):
+        episode.act(sample.text, sample.action_ids)
+    else:
+        episode.act(sample.text, sample.action_ids, sample, seed, gen_s)
 
 
 def timed(fn: Callable[[], T]) -> tuple[T, float]:

@@ -1,10 +1,25 @@
-"""Seeds derived from a run's seed: one function, so that every stream a run draws is named by its keys.
+"""Seeds derived from a run's seed, so that every stream a run draws is named by its keys.
 
     derive_seed(seed, round_index)          # a rollout round's generation seed (crr.rollout.sample_seed)
     derive_seed(seed, pass_index, chunk)    # an evaluation chunk's rollout seed
+    keyed_random("micro", seed, split, index, attempt)   # a generated task's choices (crr.tasks.micro)
+
+Two offsets stay as they are: a training iteration's seed s = derive_seed(seed, step) drives its rollout
+rounds (derive_seed(s, round)) and its selector (numpy's default_rng(s)), while its forks draw from s + 1
+(branch rounds derive_seed(s + 1, round)) and its injected replay noise from s + 2 (default_rng([s + 2,
+branch, t])), in crr.train.trainer's `_branch`. Each is hashed again with other keys by SeedSequence, so the
+streams are independent of s's. They are not converted to derive_seed(s, 1) and derive_seed(s, 2) because
+every CRR run's counterfactual draws were made with them: the CRR runs of results/reference/cpu-main and the
+README's `make main` log would no longer be what a run with their seed gives.
+
+`keyed_random` is the older second form, kept because its streams define every generated task set, expert
+plan and curriculum row that committed results were measured on: Python's `random.Random` seeded by the
+keys joined with ':' (a string seed, hashed by SHA-512), for the code that draws with `random`'s API.
 """
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 
@@ -13,3 +28,9 @@ def derive_seed(seed: int, *keys: int) -> int:
     """A 32-bit seed for the stream (seed, *keys): numpy's SeedSequence hash of the whole key, so that
     different keys give independent streams and the same key the same stream on every machine."""
     return int(np.random.SeedSequence([seed, *keys]).generate_state(1)[0])
+
+
+def keyed_random(*keys: object) -> random.Random:
+    """A `random.Random` for the stream named by `keys`: seeded by the string ':'.join(map(str, keys)), so
+    keyed_random("expert", seed, instance_id) is random.Random(f"expert:{seed}:{instance_id}")."""
+    return random.Random(":".join(map(str, keys)))

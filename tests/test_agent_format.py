@@ -7,12 +7,14 @@ import json
 import pytest
 
 from crr.agent.conversation import Conversation, initial_messages, render_text
-from crr.agent.episode import EpisodeConfig, play_calls
+from crr.agent.episode import EpisodeConfig
 from crr.agent.expert import call_json, expert_script
 from crr.agent.prompt import FORMATS, agent_format
 from crr.errors import CRRError
 from crr.eval.evaluate import EvalConfig, Policy
 from crr.policy.model import AGENT_FILE, agent_record, default_model_dir, load_policy, write_agent_record
+from crr.policy.scripted import ScriptedBackend
+from crr.rollout import run_episode
 from crr.sandbox import get_engine
 from crr.tasks.loaders import load_tasks
 from crr.tasks.micro import generate_micro
@@ -58,8 +60,8 @@ def test_compact_episode_bounds_observations_and_rebuilds_its_token_stream(token
     calls = [call_json(c) for c in expert_script(task)]
     engine = get_engine("local")
     try:
-        traj = play_calls(task, engine, tokenizer, calls,
-                          EpisodeConfig(max_turns=len(calls), snapshots=False, agent_format="compact"))
+        traj = run_episode(task, ScriptedBackend(calls), engine, tokenizer,
+                           EpisodeConfig(max_turns=len(calls), snapshots=False, agent_format="compact"))
     finally:
         engine.close()
     assert traj.reward == 1.0 and traj.agent_format == "compact"

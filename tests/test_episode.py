@@ -20,12 +20,13 @@ from crr.agent.conversation import (
     render_ids,
     render_text,
 )
-from crr.agent.episode import Episode, EpisodeConfig, Trajectory, fork_at, play_calls, replay_at
+from crr.agent.episode import Episode, EpisodeConfig, Trajectory, fork_at, replay_at
 from crr.agent.expert import expert_script
 from crr.errors import CRRError, SandboxError
 from crr.policy.backend import TransformersBackend
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import default_model_dir, load_policy
+from crr.policy.scripted import ScriptedBackend
 from crr.sandbox import get_engine
 from crr.sandbox.base import tree_digest
 from crr.rollout import run_episode, summarise
@@ -191,18 +192,23 @@ def test_truncated_calls_are_error_observations_and_the_cap_ends_the_episode(bac
 def test_scripted_episode_cap_and_unparsable_calls(tokenizer, engine, task):
     calls = ['{"name": "view_file"', "not json", expert_calls(task)[0], expert_calls(task)[0]]
     grammar = ToolCallGrammar(tokenizer)
-    traj = play_calls(task, engine, tokenizer, calls, EpisodeConfig(max_turns=3), tokenize=grammar.tokenize)
+    traj = run_episode(task, ScriptedBackend(calls, grammar.tokenize), engine, tokenizer, EpisodeConfig(max_turns=3))
     assert traj.steps[2].action_ids == grammar.tokenize(calls[2])  # the sampler's tokens where the grammar
     assert traj.steps[1].action_ids[-1] == tokenizer.eos_token_id  # accepts the call; else the tokenizer's
     assert [s.is_error for s in traj.steps] == [True, True, False] and traj.end_reason == "max_turns"
     assert "not valid JSON" in traj.steps[1].parse_error and traj.steps[2].tool_type == 0.25
     assert traj.reward == 0.0
-    check_layout(traj, generated=False)
+    check_layout(traj, generated=False)  # a script's calls carry no generation record
+    assert all(s.sample_seed is None and s.gen_s == 0.0 and s.context_matches is None for s in traj.steps)
     traj.release()
+    with pytest.raises(CRRError, match="calls ended before its episode did"):
+        run_episode(task, ScriptedBackend(calls[2:3]), engine, tokenizer, EpisodeConfig(max_turns=3))
+    with pytest.raises(CRRError, match="not a batch of 2"):
+        ScriptedBackend(calls).generate([[1], [2]], temperature=0.0, seed=0, max_new_tokens=8)
 
 
 def test_infrastructure_failures_are_labelled_and_excluded(tokenizer, engine, task, make_task):
-    solved = play_calls(task, engine, tokenizer, expert_calls(task))
+    solved = run_episode(task, ScriptedBackend(expert_calls(task)), engine, tokenizer)
     assert solved.reward == 1.0 and solved.end_reason == "submit"
 
     episode = Episode(task, engine, tokenizer, EpisodeConfig(max_turns=5))
@@ -226,7 +232,7 @@ def test_infrastructure_failures_are_labelled_and_excluded(tokenizer, engine, ta
 
 def test_fork_at_gives_state_s_t_by_restore_and_by_verified_replay(tokenizer, engine, task):
     calls = expert_calls(task)  # run_tests, view, edit, run_tests, submit
-    traj = play_calls(task, engine, tokenizer, calls, EpisodeConfig(max_turns=len(calls), digests=True))
+    traj = run_episode(task, ScriptedBackend(calls), engine, tokenizer, EpisodeConfig(max_turns=len(calls), digests=True))
     assert traj.reward == 1.0 and set(traj.snapshots) == set(range(len(calls) - 1))
     edit = next(s.t for s in traj.steps if s.call["name"] == "edit_file")
     assert traj.steps[edit].digest != traj.steps[edit + 1].digest  # the edit changed the tree
@@ -245,7 +251,8 @@ def test_fork_at_gives_state_s_t_by_restore_and_by_verified_replay(tokenizer, en
         fork_at(traj, edit + 1)
     with pytest.raises(CRRError, match="outside trajectory"):
         fork_at(traj, len(calls))
-    no_digests = play_calls(task, engine, tokenizer, calls[:2], EpisodeConfig(max_turns=2, snapshots=False))
+    no_digests = run_episode(task, ScriptedBackend(calls[:2]), engine, tokenizer,
+                             EpisodeConfig(max_turns=2, snapshots=False))
     with pytest.raises(CRRError, match="no snapshot and no recorded tree digest"):
         fork_at(no_digests, 1)
 

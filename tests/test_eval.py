@@ -17,7 +17,6 @@ from agent_tasks import calc_task, file_diff
 from swebench.harness.grading import get_eval_tests_report
 from typer.testing import CliRunner
 
-from crr.agent.episode import play_calls
 from crr.agent.tools import model_patch
 from crr.agent.verifier import grade, harness_files_touched, verify
 from crr.cli import app
@@ -35,6 +34,8 @@ from crr.eval import (
 from crr.eval.evaluate import INFRA_RETRIED, PREDICTIONS, RESULTS, SUMMARY
 from crr.eval.stats import wilson
 from crr.policy.model import default_model_dir, default_policy_dir, load_policy
+from crr.policy.scripted import ScriptedBackend
+from crr.rollout import run_episode
 from crr.sandbox import get_engine
 from crr.rundir import RunDir
 from crr.tasks import loaders
@@ -186,7 +187,7 @@ def test_scripted_episodes_get_their_error_mode_from_the_verifier(make_task, tok
     task = calc_task(make_task)
     submit = json.dumps({"name": "submit_patch", "arguments": {}})
     with get_engine("local") as engine:
-        traj = play_calls(task, engine, tokenizer, [*calls, submit])
+        traj = run_episode(task, ScriptedBackend([*calls, submit]), engine, tokenizer)
     record = result_record(task, 0, 7, traj)
     assert record["error_mode"] == expected, [s.observation for s in traj.steps]
     assert record["reward"] == (1.0 if expected is None else 0.0)

@@ -10,9 +10,10 @@ import json
 import pytest
 from agent_tasks import calc_task
 
-from crr.agent.episode import play_calls
 from crr.eval.evaluate import result_record
 from crr.policy.model import default_model_dir, load_policy
+from crr.policy.scripted import ScriptedBackend
+from crr.rollout import run_episode
 from crr.sandbox import get_engine
 from crr.rundir import RunDir
 from crr.train.ledger import Ledger
@@ -78,7 +79,7 @@ def engine(request):
 
 def score(task, engine, tokenizer, calls):
     """The trajectory as training scores it and its evaluation record."""
-    traj = play_calls(task, engine, tokenizer, [*calls, SUBMIT])
+    traj = run_episode(task, ScriptedBackend([*calls, SUBMIT]), engine, tokenizer)
     assert all(not s.is_error for s in traj.steps), [s.observation for s in traj.steps]
     return traj, result_record(task, 0, 0, traj)
 

@@ -359,8 +359,8 @@ def test_model_sft_bench_command(tiny):
     out = json.loads(result.stdout)
     assert out["tokens"] > out["action_tokens"] > 0
     assert out["speedup"] == pytest.approx(out["action_tokens_tokens_per_s"] / out["trl_fused_head_tokens_per_s"])
-    result = CliRunner().invoke(app, ["model", "sft-bench", "--level", "3"])
-    assert result.exit_code == 2 and "--level one of (0, 1, 2)" in result.output
+    result = CliRunner().invoke(app, ["model", "sft-bench", "--level", "4"])
+    assert result.exit_code == 2 and "--level one of (0, 1, 2, 3)" in result.output
 
 
 def test_model_probe_direct_expert(tiny, micro_dir, monkeypatch):
@@ -456,9 +456,9 @@ def test_the_two_hour_recipe_starts_from_random_weights_with_the_levels_in_order
     assert levels == sorted(levels) and set(levels) == {0, 1, 2}
     assert (run_dir / "base_model" / "tokenizer.json").is_file() and (run_dir / "stage-1" / "config.json").is_file()
     bad = tmp_path / "bad.yaml"
-    bad.write_text("tasks: nano-train\ncurriculum_rows: 4\ncurriculum_levels: [3]\n")
+    bad.write_text("tasks: nano-train\ncurriculum_rows: 4\ncurriculum_levels: [4]\n")
     result = CliRunner().invoke(app, ["sft", "--recipe", str(bad)])
-    assert result.exit_code == 2 and "curriculum_levels are some of 0, 1, 2" in result.output
+    assert result.exit_code == 2 and "curriculum_levels are some of 0, 1, 2, 3" in result.output
 
 
 def test_the_multi_recipe_grows_the_shipped_default_into_the_multi_tier(tmp_path):

@@ -346,25 +346,6 @@ class Episode:
         self.traj.end_reason, self.traj.infra_error, self.traj.reward = "infra_error", reason, None
 
 
-def play_calls(task: Task, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase, call_texts: list[str],
-               config: EpisodeConfig | None = None,
-               tokenize: Callable[[str], list[int] | None] | None = None) -> Trajectory:
-    """A scripted trajectory: the given calls (JSON texts) played in order through the same loop, with no
-    generation record (the fork bench; expert data). Action ids come from `tokenize` (e.g.
-    `ToolCallGrammar.tokenize`: the tokens the constrained sampler emits) where it gives some, else from
-    the tokenizer's encoding of the rendered action (what a chat-template SFT sees)."""
-    config = config or EpisodeConfig(max_turns=max(len(call_texts), 1))
-    episode = Episode(task, engine, tokenizer, config)
-    episode.start()
-    for text in call_texts:
-        if episode.done:
-            break
-        episode.act(text, tokenize(text) if tokenize else None)
-    if not episode.done:
-        episode.traj.end_reason = "max_turns"
-    return episode.finish()
-
-
 def fork_at(traj: Trajectory, t: int, engine: ForkEngine | None = None, task: Task | None = None) -> Sandbox:
     """A new sandbox in state s_t of `traj` (the state a_t acted on): a restore of the snapshot taken
     before a_t, or, when it is gone, the prefix a_0..a_{t-1} replayed in a fresh sandbox and verified

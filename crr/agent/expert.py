@@ -34,6 +34,7 @@ from crr.agent.prompt import TOOL_SCHEMAS
 from crr.agent.tools import ToolCall
 from crr.errors import CRRError
 from crr.sandbox.base import Sandbox
+from crr.seeds import keyed_random
 from crr.tasks.bugs import FAMILIES, iter_mutants
 from crr.tasks.schema import Task
 
@@ -628,6 +629,6 @@ def explore_script(task: Task, sandbox: Sandbox, seed: int, config: ExpertConfig
     """The exploring expert's calls for one episode of `task` (the multi tier's own plan for its tasks).
     `sandbox` is scratch at base_commit: the plan reads its files and tries candidate wrong fixes in it
     (restoring each file). Deterministic in (task, seed, config)."""
-    rng = random.Random(f"expert:{seed}:{task.instance_id}")
+    rng = keyed_random("expert", seed, task.instance_id)
     planner = _MultiPlanner if task.metadata.get("tier") == "multi" else _Planner
     return planner(task, sandbox, rng, config or ExpertConfig()).plan()

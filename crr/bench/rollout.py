@@ -15,14 +15,15 @@ import torch
 from transformers import AutoTokenizer
 
 from crr.agent.conversation import action_text
-from crr.agent.episode import EpisodeConfig, fork_at, play_calls, replay_at
+from crr.agent.episode import EpisodeConfig, fork_at, replay_at
 from crr.agent.expert import expert_script
 from crr.errors import CRRError
 from crr.policy.backend import TransformersBackend
 from crr.policy.model import default_model_dir, load_policy
+from crr.policy.scripted import ScriptedBackend
 from crr.sandbox import get_engine
 from crr.sandbox.base import tree_digest
-from crr.rollout import RolloutConfig, rollout
+from crr.rollout import RolloutConfig, rollout, run_episode
 from crr.tasks.micro import generate_micro
 from crr.tasks.schema import Task
 
@@ -59,8 +60,8 @@ def fork_bench(engine: str = "local", steps: int = 45, at: tuple[int, ...] = (5,
         tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
         calls = long_script(task, steps)
         start = time.perf_counter()
-        traj = play_calls(task, eng, tokenizer, calls,
-                          EpisodeConfig(max_turns=steps, snapshots=True, digests=True))
+        traj = run_episode(task, ScriptedBackend(calls), eng, tokenizer,
+                           EpisodeConfig(max_turns=steps, snapshots=True, digests=True))
         episode_s = time.perf_counter() - start
         if traj.infra_error:
             raise CRRError(f"the scripted trajectory hit an infrastructure failure: {traj.infra_error}")

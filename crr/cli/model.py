@@ -132,7 +132,7 @@ def model_sft_bench(
     model: str | None = model_option(),
     batch: int = typer.Option(8, "--batch", help="Rows per optimizer step."),
     steps: int = typer.Option(6, "--steps", help="Timed optimizer steps per loss."),
-    level: int = typer.Option(1, "--level", help="Curriculum level of the rows (0-2; level 1 rows are ~590 tokens)."),
+    level: int = typer.Option(1, "--level", help="Curriculum level of the rows (0-3; level 1 rows are ~590 tokens)."),
     bf16: bool = typer.Option(True, "--bf16/--fp32", help="bf16 autocast, as the CPU recipes train."),
     threads: int | None = threads_option(),
     as_json: bool = json_option(),

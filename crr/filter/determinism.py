@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import random
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -48,6 +47,7 @@ from crr.sandbox import EngineSpec, engine_spec_of, engine_workers
 from crr.sandbox.base import ForkEngine
 from crr.sandbox.http import Traffic, collect
 from crr.rundir import RunDir, atomic_write_text
+from crr.seeds import keyed_random
 from crr.tasks.loaders import load_tasks, write_tasks
 from crr.tasks.schema import Task
 
@@ -94,7 +94,7 @@ def run_seeds(instance_id: str, config: FilterConfig) -> list[int]:
     in mirror-image orders (crr.agent.verifier.seeded_order): a dependence of one test on another
     running first cannot hide behind three shuffles that happen to agree.
     """
-    rng = random.Random(f"crr-filter:{config.seed}:{instance_id}")
+    rng = keyed_random("crr-filter", config.seed, instance_id)
     base = 2 * rng.randrange(1, (MAX_HASH_SEED - 2 * MAX_RERUNS) // 2)
     return [base + config.reruns, *range(base, base + config.reruns)]
 

@@ -79,6 +79,9 @@ Prompt = list[dict] | list[int]
 
 
 class GenerationBackend(Protocol):
+    """What the episode driver (crr.rollout.drive) samples a round's calls from. A scripted one
+    (crr.policy.scripted.ScriptedBackend) returns ScriptedCalls instead: calls with no generation record."""
+
     def generate(self, conversations: list[Prompt], temperature: float, seed: int, max_new_tokens: int,
                  exclude: list[str | None] | None = None) -> list[StepSample]: ...
 

@@ -30,6 +30,7 @@ from types import SimpleNamespace
 from crr.agent.expert import from_def_line, function_at
 from crr.agent.tools import ToolCall, render_diff, render_view, split_lines
 from crr.policy.grammar import ToolCallGrammar
+from crr.seeds import keyed_random
 from crr.sft.locate import locate_conversations
 from crr.sft.rows import scripted_messages, sft_row
 from crr.tasks.bugs import mutants
@@ -99,7 +100,7 @@ def curriculum_rows(grammar: ToolCallGrammar, n: int, seed: int, levels: tuple[i
     """`n` rows (input_ids, assistant_masks, level), an equal share for each entry of `levels`, in its order
     (name a level twice for twice its share); a `p_def_edit` share of them edit from the def line (drawn only
     when asked for, so that other recipes keep their rows draw for draw)."""
-    rng = random.Random(f"curriculum:{seed}")
+    rng = keyed_random("curriculum", seed)
     rows = []
     per_level = -(-n // len(levels))
     for level in levels:

@@ -3,16 +3,16 @@
     data = build_sft_dataset(load_tasks("micro-train"), get_engine("local"), seed=0, tokenizer=tokenizer)
     sft(default_model_dir(), data, out_dir, SFTSettings(epochs=3))   # load_policy(out_dir) then works
 
-Expert data. Each episode is planned by crr.agent.expert.explore_script and played through the same
-episode loop the policy's rollouts use (crr.agent.episode.play_calls); the verifier scores the final state
-and only episodes with reward 1 are kept (the fraction kept is recorded). A row is the token stream RL
-builds for the same conversation (crr.agent.conversation): the prompt with the paper's system prompt and
-turn cap, each observation as the chat template's tool turn, and each action as ids the grammar-constrained
-sampler can emit (`action_ids`): the tokenizer's own encoding, except where the tool-call grammar forces
-its canonical token for a piece of structure. Plain chat-template tokenization would teach, for example,
-`"run` + `_shell`, while the grammar forces `_` there (run_shell and run_tests part after it): every
-run_* call of the warm-started policy would meet a grammar rejection and continue off its training
-distribution.
+Expert data. Each episode is planned by crr.agent.expert.explore_script and played through the same episode
+driver the policy's rollouts use (crr.rollout.run_episode with crr.policy.scripted.ScriptedBackend: no
+generation record); the verifier scores the final state and only episodes with reward 1 are kept (the
+fraction kept is recorded). A row is the token stream RL builds for the same conversation
+(crr.agent.conversation): the prompt with the paper's system prompt and turn cap, each observation as the
+chat template's tool turn, and each action as ids the grammar-constrained sampler can emit (`action_ids`):
+the tokenizer's own encoding, except where the tool-call grammar forces its canonical token for a piece of
+structure. Plain chat-template tokenization would teach, for example, `"run` + `_shell`, while the grammar
+forces `_` there (run_shell and run_tests part after it): every run_* call of the warm-started policy would
+meet a grammar rejection and continue off its training distribution.
 
 Training. The rows are pre-tokenized (`input_ids`) with an `assistant_masks` column (1 on action tokens,
 end-of-turn included; 0 on the prompt and the observations), a format TRL's SFTTrainer takes as is: it
@@ -39,7 +39,7 @@ import yaml
 from datasets import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from crr.agent.episode import EpisodeConfig, play_calls
+from crr.agent.episode import EpisodeConfig
 from crr.agent.expert import ExpertConfig, call_json, explore_script
 from crr.agent.prompt import DEFAULT_MAX_TURNS, agent_format
 from crr.errors import CRRError, SandboxError
@@ -51,6 +51,8 @@ from crr.policy.model import (
     load_policy,
     write_split_model,
 )
+from crr.policy.scripted import ScriptedBackend
+from crr.rollout import run_episode
 from crr.sandbox import engine_spec_of
 from crr.sandbox.base import ForkEngine
 from crr.sandbox.checkout import building
@@ -97,7 +99,7 @@ def expert_episode(task: Task, engine: ForkEngine, grammar: ToolCallGrammar, see
                       "end_reason": "infra_error", "infra_error": str(e), "steps": 0, "wrong_edit": None,
                       "tokens": 0, "action_tokens": 0, "calls": []}
     config = EpisodeConfig(max_turns=settings.max_turns, snapshots=False, agent_format=settings.agent_format)
-    traj = play_calls(task, engine, grammar.tokenizer, [call_json(c) for c in plan.calls], config)
+    traj = run_episode(task, ScriptedBackend([call_json(c) for c in plan.calls]), engine, grammar.tokenizer, config)
     messages = traj.conversation(grammar.tokenizer).messages
     tools = agent_format(settings.agent_format).tools
     tokens = sft_row(grammar, messages, tools)

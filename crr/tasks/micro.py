@@ -7,8 +7,8 @@ tests. FAIL_TO_PASS and PASS_TO_PASS are not predicted but measured: pytest runs
 the gold patch (test patch applied) in a throw-away clone, and swebench's pytest log parser reads
 the results, exactly as the evaluation will.
 
-Determinism: every random choice comes from `random.Random` seeded by strings built from
-(seed, split, index, attempt), git identities and dates are fixed, and the measuring pytest runs pin
+Determinism: every random choice comes from a `random.Random` keyed by (seed, split, index, attempt)
+(crr.seeds.keyed_random), git identities and dates are fixed, and the measuring pytest runs pin
 all nondeterminism (PYTHONHASHSEED=0, file order, and a plugin that seeds `random` and freezes
 `time.time_ns` around each test). So the same (n, seed, split, flaky_rate) gives the same rows byte
 for byte. A candidate whose bug is not revealed, or whose gold patch leaves a test failing, is
@@ -48,6 +48,7 @@ from pathlib import Path
 
 from crr.errors import CRRError
 from crr.sandbox.checkout import building
+from crr.seeds import keyed_random
 from crr.tasks.bugs import FAMILIES, Mutant, iter_mutants, mutants
 from crr.tasks.multi import (
     ISSUE_STYLES,
@@ -206,7 +207,7 @@ def _scratch_root() -> str | None:
 
 def _flaky_plan(n: int, seed: int, split: str, rate: float) -> dict[int, str]:
     """index -> flaky kind for round(rate * n) seed-chosen tasks, kinds in a seed-shuffled cycle."""
-    rng = random.Random(f"micro:{seed}:{split}:{n}:flaky")
+    rng = keyed_random("micro", seed, split, n, "flaky")
     chosen = sorted(rng.sample(range(n), round(rate * n)))
     kinds = list(FLAKY_KINDS)
     rng.shuffle(kinds)
@@ -222,7 +223,7 @@ def _has_sites(template_name: str, family: str) -> bool:
 def _choices(index: int, seed: int, split: str) -> tuple[str, str, list[Template]]:
     """The task's bug family and size (seed-shuffled cycles, so every family and size appears) and
     its templates in the order attempts try them (a rotated seed-shuffled cycle, for balance)."""
-    rng = random.Random(f"micro:{seed}:{split}:order")
+    rng = keyed_random("micro", seed, split, "order")
     families, sizes, pool = list(FAMILIES), list(SIZES), list(templates_for(split))
     for order in (families, sizes, pool):
         rng.shuffle(order)
@@ -249,7 +250,7 @@ def _generate_task(index: int, seed: int, split: str, flaky: str | None, out: Pa
         instance_id = f"micro-{split}-{seed}-{index}"
     for attempt in range(MAX_ATTEMPTS):
         prefix = "micro" if tier == "default" else tier
-        rng = random.Random(f"{prefix}:{seed}:{split}:{index}:{attempt}")
+        rng = keyed_random(prefix, seed, split, index, attempt)
         work = scratch / f"{instance_id}-{attempt}"
         if tier == "nano":
             template, size = nano_template(rng, split), "nano"
@@ -271,7 +272,7 @@ def _generate_task(index: int, seed: int, split: str, flaky: str | None, out: Pa
 def _nano_family(index: int, seed: int, split: str) -> str:
     """The nano bug families in a seed-shuffled cycle, so every family appears."""
     families = list(NANO_FAMILIES)
-    random.Random(f"nano:{seed}:{split}:order").shuffle(families)
+    keyed_random("nano", seed, split, "order").shuffle(families)
     return families[index % len(families)]
 
 
@@ -398,7 +399,7 @@ def _multi_task(index: int, seed: int, split: str, knobs: Knobs, out: Path, scra
     n_bugs, style = knobs.draw(index, seed, split)
     instance_id = f"multi-{split}-{seed}-{index}"
     for attempt in range(MAX_ATTEMPTS):
-        rng = random.Random(f"multi:{seed}:{split}:{index}:{attempt}")
+        rng = keyed_random("multi", seed, split, index, attempt)
         work = scratch / f"{instance_id}-{attempt}"
         try:
             task = _multi_candidate(instance_id, n_bugs, style, knobs.distractors, split, rng, work, out, warm)

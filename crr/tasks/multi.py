@@ -30,6 +30,7 @@ import random
 from dataclasses import dataclass
 
 from crr.errors import CRRError
+from crr.seeds import keyed_random
 from crr.tasks.nano import SHAPES, Vocabulary, helpers_module, make_function
 from crr.tasks.templates import Template
 
@@ -73,7 +74,7 @@ class Knobs:
     def draw(self, index: int, seed: int, split: str) -> tuple[int, str]:
         """Task `index`'s (bug count, issue style): a seed-shuffled cycle over the product, equal shares."""
         combos = [(b, s) for b in self.bugs for s in self.issue]
-        random.Random(f"multi:{seed}:{split}:order").shuffle(combos)
+        keyed_random("multi", seed, split, "order").shuffle(combos)
         return combos[index % len(combos)]
 
 

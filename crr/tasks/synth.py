@@ -46,6 +46,7 @@ from crr.sandbox import engine_workers, get_engine, mirror
 from crr.sandbox.base import SCRATCH_DIR, ForkEngine, Sandbox
 from crr.sandbox.checkout import cached_repo
 from crr.rundir import atomic_write_text
+from crr.seeds import keyed_random
 from crr.tasks.loaders import TASKS_FILE, read_tasks_jsonl, write_tasks
 from crr.tasks.micro import files_diff, pinned_git
 from crr.tasks.schema import DEFAULT_LOG_PARSER, DEFAULT_TEST_CMD, Task
@@ -198,7 +199,7 @@ def synth_package(spec: PackageSpec, n: int, seed: int, engine: ForkEngine, sdis
                                f"({spec.test_cmd!r}); add what it needs with --requires. Log tail:\n{tail}")
             log.info("%s: %d of %d tests pass unmodified", state.package, len(passing), len(baseline))
             snapshot = sb.snapshot()
-            rng = random.Random(f"crr-synth:{seed}:{sdist.name}:{sdist.version}")
+            rng = keyed_random("crr-synth", seed, sdist.name, sdist.version)
             with contextlib.closing(_candidate_bugs(repo, rng)) as bugs:
                 for bug in bugs:
                     if len(tasks) >= n or state.candidates >= max_candidates:

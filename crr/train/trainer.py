@@ -206,7 +206,8 @@ class CRRTrainer(GRPOTrainer):
         """Algorithm 1, lines 5-9, the method's forks: K counterfactual branches of every picked step, or K
         on-policy continuations from every state (mc-values), or none."""
         cfg = self.cfg
-        # injected replay noise rho draws from this iteration's realised outputs (none to gather at rho = 0)
+        # injected replay noise rho draws from this iteration's realised outputs (none to gather at rho = 0);
+        # seed + 1 and seed + 2 are offsets, kept for the committed runs' draws (crr.seeds says why)
         noise = RerunOutputs(trajs, cfg.replay_noise, seed + 2) if cfg.replay_noise else None
         forking = {"backend": self.backend, "engine": self.engine, "tokenizer": self.processing_class,
                    "episode": self.episode, "seed": seed + 1, "pool": self.pool, "ledger": self.ledger, "noise": noise}
