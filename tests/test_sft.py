@@ -462,20 +462,21 @@ def test_the_two_hour_recipe_starts_from_random_weights_with_the_levels_in_order
 
 
 def test_the_multi_recipe_grows_the_shipped_default_into_the_multi_tier(tmp_path):
-    """experiments/sft-multi-locate.yaml (the multi tier's newest warm-start recipe; sft-multi.yaml differs only
-    in the expert's options) at a small budget, from the shipped default: the
-    expert plays 2 multi tasks at H = 12 in real sandboxes, each stage trains two steps on both rows (so the loss
-    falls) with fp32 master weights although the shipped default is bf16 (pure bf16 training rounds updates
-    away), and the model records the multi turn cap."""
+    """experiments/sft-multi-copy.yaml (the multi tier's newest warm-start recipe: sft-multi-locate.yaml's expert
+    stage, then a stage mixing its episodes with the curriculum's locate rows) at a small budget, from the shipped
+    default: the expert plays 2 multi tasks at H = 12 in real sandboxes, 2 locate rows are drawn, each stage
+    trains two epochs on its rows (so the loss falls) with fp32 master weights although the shipped default is
+    bf16 (pure bf16 training rounds updates away), and the model records the multi turn cap."""
     import yaml
 
     from crr.policy.model import SHIPPED_DEFAULT, agent_record
 
-    recipe = yaml.safe_load((Path(__file__).parent.parent / "experiments" / "sft-multi-locate.yaml").read_text())
+    recipe = yaml.safe_load((Path(__file__).parent.parent / "experiments" / "sft-multi-copy.yaml").read_text())
+    assert recipe["curriculum_levels"] == [3] and [s["data"] for s in recipe["stages"]] == ["expert", "both"]
     assert recipe["data"]["expert"]["p_grep_named"] == 1.0 and recipe["data"]["max_turns"] == 12 and recipe["train"]["max_length"] >= recipe["data"]["max_tokens"]
     tasks = tmp_path / "multi"
     generate_micro(tasks, n=2, seed=0, split="train", tier="multi")
-    recipe.update(tasks=str(tasks), n_tasks=2)
+    recipe.update(tasks=str(tasks), n_tasks=2, curriculum_rows=2)
     recipe["data"]["episodes_per_task"] = 1
     recipe["train"].update(batch_size=2, logging_steps=1, warmup_ratio=0.0)
     for stage in recipe["stages"]:
@@ -486,9 +487,9 @@ def test_the_multi_recipe_grows_the_shipped_default_into_the_multi_tier(tmp_path
     assert result.exit_code == 0, result.output
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert json.loads((run_dir / "expert_summary.json").read_text())["kept"] == 2
-    assert sorted(p.name for p in run_dir.glob("stage-*")) == [f"stage-{i}" for i in range(1, len(recipe["stages"]))]
+    assert sorted(p.name for p in run_dir.glob("stage-*")) == ["stage-1"]
     assert agent_record(run_dir / "model") == {"agent_format": "compact", "max_turns": 12}
     losses = [r["loss"] for r in RunDir.open(run_dir).records("metrics.jsonl") if "loss" in r]
-    assert len(losses) == 2 * len(recipe["stages"]) and losses[1] < losses[0]
+    assert len(losses) == 2 + 4 and losses[1] < losses[0]  # 2 rows, then 2 + 2, in batches of 2, 2 epochs each
     assert json.loads((SHIPPED_DEFAULT / "config.json").read_text())["dtype"] == "bfloat16"
     assert json.loads((run_dir / "model" / "config.json").read_text())["dtype"] == "float32"
