@@ -10,7 +10,9 @@ rounds (derive_seed(s, round)) and its selector (numpy's default_rng(s)), while 
 branch, t])), in crr.train.trainer's `_branch`. Each is hashed again with other keys by SeedSequence, so the
 streams are independent of s's. They are not converted to derive_seed(s, 1) and derive_seed(s, 2) because
 every CRR run's counterfactual draws were made with them: the CRR runs of results/reference/cpu-main and the
-README's `make main` log would no longer be what a run with their seed gives.
+README's `make main` log would no longer be what a run with their seed gives. For the same reason the expert's
+episode k of a `crr sft` run plays with seed `seed * 1000 + k` (crr.sft.warm_start; a recorded field of
+expert.jsonl, then keyed_random("expert", that seed, instance_id)): every shipped recipe's expert data was drawn so.
 
 `keyed_random` is the older second form, kept because its streams define every generated task set, expert
 plan and curriculum row that committed results were measured on: Python's `random.Random` seeded by the
