@@ -2,8 +2,8 @@
 
 The fourth multi warm start (docs/multi-tier.md) locates as the expert does (run the tests, grep for the
 failing function's def, view the module the grep names) but copies the function's name wrongly in 113 of 124
-greps, nearly always its first letter (`bogon` for `wogon`, `prigu` for `drigu`): 512 expert episodes show
-about 1,500 such copies, of a few hundred names. A row of this level is a multi-tier episode up to the view of
+greps, most often its first letter (`bogon` for `wogon`, `prigu` for `drigu`): its 512 expert episodes show
+1,022 such copies, of 511 names. A row of this level is a multi-tier episode up to the view of
 its k-th bug's module, on a package of fresh names each time, so thousands of rows show thousands of copies:
 
     system, issue -> run_tests -> FAILED lines
