@@ -21,7 +21,7 @@ import torch
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import load_policy
 from crr.sft.locate import locate_calls
-from crr.sft.rows import action_parts, scripted_messages, sft_row
+from crr.sft.rows import action_parts, part_spans, scripted_messages, sft_row
 
 
 def rows(grammar: ToolCallGrammar, n: int, seed: int, split: str) -> list[tuple[str, dict]]:
@@ -42,15 +42,7 @@ def probe(model, grammar: ToolCallGrammar, drawn: list[tuple[str, dict]]) -> dic
         parts = action_parts(grammar, ids, row["assistant_masks"])
         with torch.no_grad():
             pred = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
-        k = 0
-        while k < len(ids):
-            if parts[k] != "command":
-                k += 1
-                continue
-            span = []
-            while k < len(ids) and parts[k] == "command":
-                span.append(k)
-                k += 1
+        for span in part_spans(parts, "command"):
             pieces = [grammar.token_bytes[ids[i]].decode("utf-8", errors="replace") for i in span]
             text = "".join(pieces)
             m = re.match(r"grep -rn 'def (\w+)\(", text)

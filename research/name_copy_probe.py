@@ -34,7 +34,7 @@ from crr.agent.expert import SED_EDIT
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import load_policy
 from crr.sft.curriculum import curriculum_rows
-from crr.sft.rows import action_parts
+from crr.sft.rows import action_parts, part_spans
 
 NOT_NAMES = set(keyword.kwlist) | set(dir(builtins)) | {"upper", "lower"}
 # A name starts at a letter or underscore that no word character, dot or backslash precedes: the backslash
@@ -83,15 +83,7 @@ def probe_model(model, grammar: ToolCallGrammar, rows, sed: bool = False) -> dic
         parts = action_parts(grammar, ids, row["assistant_masks"])
         with torch.no_grad():
             pred = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
-        k = 0
-        while k < len(ids):
-            if parts[k] != part:
-                k += 1
-                continue
-            span = []
-            while k < len(ids) and parts[k] == part:
-                span.append(k)
-                k += 1
+        for span in part_spans(parts, part):
             pieces = [grammar.token_bytes[ids[i]].decode("utf-8", errors="replace") for i in span]
             labels = label("".join(pieces))
             if labels is None:

@@ -6,6 +6,7 @@ Shared by the expert's episodes (crr.sft.warm_start) and the synthetic curriculu
 from __future__ import annotations
 
 import re
+from itertools import groupby
 from types import SimpleNamespace
 
 from crr.agent.conversation import (
@@ -113,3 +114,9 @@ def action_parts(grammar: ToolCallGrammar, ids: list[int], mask: list[int]) -> l
                 part = "tool" if key[1] == "name" else key[1]
         start = end
     return parts
+
+
+def part_spans(parts: list[str | None], part: str) -> list[list[int]]:
+    """The runs of consecutive positions whose `action_parts` label is `part` (one per call that writes it)."""
+    runs = groupby(range(len(parts)), key=lambda k: parts[k] == part)
+    return [list(run) for is_part, run in runs if is_part]
