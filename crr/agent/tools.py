@@ -168,7 +168,7 @@ def truncate(text: str, keep: int = OBS_KEEP_CHARS) -> str:
 # Wall-clock durations a test runner prints ("5 passed in 0.02s", "Ran 3 tests in 0.004s") are the
 # one part of a command's output that differs between identical states; they are masked so that the
 # same state gives the same observation and the same seed the same trajectory.
-_DURATIONS = re.compile(r"(\bin )\d+(?:\.\d+)?s(?: \(\d+:\d\d:\d\d\))?(?= |$|\)|=)", re.MULTILINE)
+_DURATIONS = re.compile(r"(\bin )\d+(?:\.\d+)?s(?: \(\d+:\d\d:\d\d\))?(?= |$|\)|=)", re.M)
 
 
 def normalise_durations(text: str) -> str:

@@ -54,7 +54,8 @@ def _outcome(source: str, function: str, args: str) -> dict:
 
 
 def _shell(root: Path, command: str) -> str:
-    """A command's observation as run_shell / run_tests render it (the tier's `python` is this interpreter)."""
+    """A command's observation as run_shell / run_tests render it (the tier's `python` is this interpreter), in
+    a fixed environment so that a row does not depend on the caller's (COLUMNS, PYTEST_ADDOPTS, ...)."""
     out = subprocess.run(command.replace("python -m", f"{sys.executable} -m", 1), shell=True, cwd=root,
                          capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
                          env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"})
@@ -90,7 +91,7 @@ def locate_calls(rng: random.Random, split: str = "train") -> tuple[str, list[tu
         shown = rng.choice(revealing[:3])
         held_out |= set(revealing) - {shown}
         bugs.append((module, mu, shown, run_call(mu.source, mu.function, cases[shown].args)))
-    tests, test_ids = _test_files(package, cases, [dict(r) for r in reference], held_out, [])
+    tests, test_ids = _test_files(package, cases, reference, held_out, [])
     issue = multi_issue(package, [Symptom(m.name, mu.function, cases[shown].args, reference[shown], observed,
                                           test_ids[shown]) for m, mu, shown, observed in bugs], style, rng)
     order = sorted(bugs, key=lambda b: issue.find(test_ids[b[2]] if style == "test_id" else f"{b[1].function}("))
