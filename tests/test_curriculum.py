@@ -129,3 +129,29 @@ def test_locate_rows_are_multi_episodes_whose_greps_copy_a_failing_function_and_
                 assert obs.startswith(f"--- a/{call.arguments['path']}")
     a = locate_conversations(random.Random(9), 3, 12)
     assert a == locate_conversations(random.Random(9), 3, 12) and len(a) == 3
+
+
+def test_multi_repair_rows_fix_every_failing_function_then_submit():
+    """Level 4 (crr.sft.locate, whole): the locate episode goes on through every bug: each failing function is
+    grepped, its module viewed and edited (one changed line, the diff the edit's observation), then submit."""
+    from crr.sft.locate import locate_calls
+
+    rng, draws = random.Random(4), []
+    while len(draws) < 6:
+        drawn = locate_calls(rng, whole=True)
+        if drawn is not None:
+            draws.append(drawn)
+    assert {len(re.findall(r"^FAILED", c[0][1], re.M)) > 0 for _, c in draws} == {True}
+    for issue, calls in draws:
+        assert calls[-1] == (calls[-1][0], None) and calls[-1][0].name == "submit_patch"
+        failed = set(re.findall(r"^FAILED tests/test_\w+\.py::test_(\w+)_\d+ ", calls[0][1], re.M))
+        names = [re.fullmatch(r"grep -rn 'def (\w+)\(' \w+", c.arguments["command"])[1]
+                 for c, _ in calls if c.name == "run_shell"]
+        assert set(names) == failed and len(names) == len(failed)
+        steps = [c.name for c, _ in calls[1:-1]]
+        assert steps == ["run_shell", "view_file", "edit_file"] * len(names)
+        for (call, obs) in calls:
+            if call.name == "edit_file":
+                minus = [l for l in obs.splitlines() if l.startswith("-") and not l.startswith("---")]
+                plus = [l for l in obs.splitlines() if l.startswith("+") and not l.startswith("+++")]
+                assert len(minus) == len(plus) == 1 and plus[0][1:] == call.arguments["replacement"].rstrip("\n")

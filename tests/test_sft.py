@@ -456,7 +456,7 @@ def test_the_two_hour_recipe_starts_from_random_weights_with_the_levels_in_order
     assert levels == sorted(levels) and set(levels) == {0, 1, 2}
     assert (run_dir / "base_model" / "tokenizer.json").is_file() and (run_dir / "stage-1" / "config.json").is_file()
     bad = tmp_path / "bad.yaml"
-    bad.write_text("tasks: nano-train\ncurriculum_rows: 4\ncurriculum_levels: [4]\n")
+    bad.write_text("tasks: nano-train\ncurriculum_rows: 4\ncurriculum_levels: [5]\n")
     result = CliRunner().invoke(app, ["sft", "--recipe", str(bad)])
     assert result.exit_code == 2 and "curriculum_levels are some of 0, 1, 2, 3" in result.output
 

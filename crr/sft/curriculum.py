@@ -19,7 +19,8 @@ played in real sandboxes and kept only at reward 1, remain the warm start's data
 search: level 0 views only the function the issue names (view_file from its def line to its last line), level 1
 packages hold one module of two functions, level 2 up to three modules of up to four. Level 3 is the multi
 tier's: a multi episode up to the view of its k-th bug's module, the failing function's name copied from the
-issue or a failing test's id into a grep (crr.sft.locate).
+issue or a failing test's id into a grep (crr.sft.locate); level 4 the same episode whole, every bug fixed, then
+submit_patch.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from crr.tasks.micro import issue_text
 from crr.tasks.nano import NANO_FAMILIES, nano_template, run_call
 from crr.tasks.templates import Module, Template
 
-LEVELS = (0, 1, 2, 3)        # what each level draws (the module docstring)
+LEVELS = (0, 1, 2, 3, 4)     # what each level draws (the module docstring)
 LOCATE_LEVEL = 3             # crr.sft.locate: the multi tier's locate decisions
+MULTI_REPAIR_LEVEL = 4       # crr.sft.locate, whole: its episodes through every fix to the submit
 DEFAULT_LEVELS = (1, 2)      # the shipped recipes' rows
 
 
@@ -104,8 +106,9 @@ def curriculum_rows(grammar: ToolCallGrammar, n: int, seed: int, levels: tuple[i
     rows = []
     per_level = -(-n // len(levels))
     for level in levels:
-        if level == LOCATE_LEVEL:
-            for messages in locate_conversations(rng, min(per_level, n - len(rows)), max_turns):
+        if level in (LOCATE_LEVEL, MULTI_REPAIR_LEVEL):
+            for messages in locate_conversations(rng, min(per_level, n - len(rows)), max_turns,
+                                                 whole=level == MULTI_REPAIR_LEVEL):
                 rows.append({**sft_row(grammar, messages, []), "level": level})
             continue
         made = 0

@@ -10,6 +10,12 @@ its k-th bug's module, on a package of fresh names each time, so thousands of ro
       per bug before k: grep 'def fn(' pkg -> hit -> view_file(hit's path) -> module -> edit_file(fix) -> diff
       bug k:            grep 'def fn(' pkg -> hit -> view_file(hit's path)
 
+Level 4 plays the same episode whole: every bug located and fixed in the issue's order, then submit_patch. The
+sixth multi warm start (docs/multi-tier.md) greps the right name in half its greps, but 21 of its 32 greedy
+multi-val episodes end with a regression: the replacement line is not the viewed line with one token fixed
+but a line spliced from elsewhere in a long context, where its 512 expert episodes hold about a thousand
+edits. Level 4's rows hold every bug's edit at the lengths the tier's episodes have.
+
 Packages, bugs and issues come from the multi tier's own generator pieces (crr.tasks.multi's template and
 issue text, crr.tasks.micro's test files, crr.tasks.bugs' mutants); expected and observed values from running
 our own generated functions in-process, as the nano curriculum does. The observations are real: the package is
@@ -62,10 +68,12 @@ def _shell(root: Path, command: str) -> str:
     return command_observation(ExecResult(out.returncode, out.stdout + out.stderr), TIMEOUT_S).text
 
 
-def locate_calls(rng: random.Random, split: str = "train") -> tuple[str, list[tuple[ToolCall, str | None]]] | None:
+def locate_calls(rng: random.Random, split: str = "train",
+                 whole: bool = False) -> tuple[str, list[tuple[ToolCall, str | None]]] | None:
     """One draw: the issue and the calls with their observations, the last call's observation None (None: the
     draw had a bug without two revealing cases; the caller draws again). `split`'s vocabulary names everything
-    (a probe of held-out names draws "val")."""
+    (a probe of held-out names draws "val"). `whole` (level 4): the episode goes on through every bug's fix
+    to submit_patch."""
     n_bugs, style = rng.choice((1, 2, 3)), rng.choice(ISSUE_STYLES)
     template, core = multi_template(rng, split, rng.randint(n_bugs, MAX_CORE_MODULES), rng.randint(0, 2))
     package, modules = template.packages[0], list(template.modules)
@@ -105,6 +113,8 @@ def locate_calls(rng: random.Random, split: str = "train") -> tuple[str, list[tu
             (root / rel).write_text(text)
         calls = [(ToolCall("run_tests", {"test_filter": ""}), _shell(root, RUN_TESTS_CMD))]
         k = rng.randrange(len(order))
+        if whole:
+            k = len(order) - 1
         for i, (module, mu, _, _) in enumerate(order[:k + 1]):
             path = f"{package}/{module.name}.py"
             grep = f"grep -rn 'def {mu.function}(' {package}"
@@ -112,13 +122,15 @@ def locate_calls(rng: random.Random, split: str = "train") -> tuple[str, list[tu
             old, new = split_lines(mu.source), split_lines(module.source)
             start = next(n for n, line in enumerate(old, 1) if line.startswith(f"def {mu.function}("))
             view = {"path": path, "start": start} if rng.random() < P_FOCUSED_VIEW else {"path": path}
-            if i == k:
+            if i == k and not whole:
                 calls.append((ToolCall("view_file", view), None))
                 break
             calls.append((ToolCall("view_file", view), render_view(path, old, view.get("start", 1))))
             (_, a, b, c, d), = [op for op in difflib.SequenceMatcher(None, old, new).get_opcodes() if op[0] != "equal"]
             edit = ToolCall("edit_file", {"path": path, "start": a + 1, "end": b, "replacement": "".join(new[c:d])})
             calls.append((edit, render_diff(path, old, new)))
+    if whole:
+        calls.append((ToolCall("submit_patch", {}), None))
     return issue, calls
 
 
@@ -130,13 +142,15 @@ def _literal(text: str) -> bool:
     return True
 
 
-def locate_conversations(rng: random.Random, n: int, max_turns: int, workers: int = 2) -> list[list[dict]]:
-    """`n` locate rows' conversations in the compact format, each drawn from its own seed (drawn from `rng`);
-    `workers` at a time, since a row waits on its pytest run. Draws without a usable bug are skipped."""
+def locate_conversations(rng: random.Random, n: int, max_turns: int, workers: int = 2,
+                         whole: bool = False) -> list[list[dict]]:
+    """`n` locate rows' conversations in the compact format (`whole`: level 4's, through every fix to the
+    submit), each drawn from its own seed (drawn from `rng`); `workers` at a time, since a row waits on its
+    pytest run. Draws without a usable bug are skipped."""
     out: list[list[dict]] = []
     with ThreadPoolExecutor(workers, thread_name_prefix="crr-locate") as pool:
         while len(out) < n:
             seeds = [rng.getrandbits(64) for _ in range(n - len(out))]
-            drawn = pool.map(lambda seed: locate_calls(random.Random(seed)), seeds)
+            drawn = pool.map(lambda seed: locate_calls(random.Random(seed), whole=whole), seeds)
             out += [scripted_messages(*d, max_turns) for d in drawn if d is not None]
     return out[:n]
