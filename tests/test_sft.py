@@ -359,8 +359,8 @@ def test_model_sft_bench_command(tiny):
     out = json.loads(result.stdout)
     assert out["tokens"] > out["action_tokens"] > 0
     assert out["speedup"] == pytest.approx(out["action_tokens_tokens_per_s"] / out["trl_fused_head_tokens_per_s"])
-    result = CliRunner().invoke(app, ["model", "sft-bench", "--level", "4"])
-    assert result.exit_code == 2 and "--level one of (0, 1, 2, 3)" in result.output
+    result = CliRunner().invoke(app, ["model", "sft-bench", "--level", "5"])
+    assert result.exit_code == 2 and "--level one of (0, 1, 2, 3, 4)" in result.output
 
 
 def test_model_probe_direct_expert(tiny, micro_dir, monkeypatch):
