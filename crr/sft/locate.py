@@ -1,4 +1,4 @@
-"""The curriculum's locate level (level 3): the multi tier's first decisions, drawn many times over.
+"""The curriculum's multi levels: the multi tier's locate decisions (level 3) and whole episodes (level 4).
 
 The fourth multi warm start (docs/multi-tier.md) locates as the expert does (run the tests, grep for the
 failing function's def, view the module the grep names) but copies the function's name wrongly in 113 of 124
@@ -112,7 +112,7 @@ def locate_calls(rng: random.Random, split: str = "train",
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text(text)
         calls = [(ToolCall("run_tests", {"test_filter": ""}), _shell(root, RUN_TESTS_CMD))]
-        k = rng.randrange(len(order))
+        k = rng.randrange(len(order))  # drawn at level 4 too: a seed draws the same package, bugs and issue
         if whole:
             k = len(order) - 1
         for i, (module, mu, _, _) in enumerate(order[:k + 1]):
