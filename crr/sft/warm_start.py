@@ -240,6 +240,9 @@ class SFTRecipe:
     # Their levels, in order, an equal share each (crr.sft.curriculum: 0 views only the named function, 1 a
     # module of two functions, 2 up to three modules of up to four).
     curriculum_levels: list[int] = field(default_factory=lambda: list(DEFAULT_LEVELS))
+    # The seed of their draws (None: `seed`). A recipe that continues another's model names its own for fresh
+    # rows while it reuses the expert episodes of the same `seed`.
+    curriculum_seed: int | None = None
     # Re-split the model's tokenizer before anything else (crr.policy.model.split_word_spaces: names start
     # without a space-led token); the copy is the run's base_model/, and the data is tokenized with it.
     split_word_spaces: bool = False
@@ -334,7 +337,8 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
     if recipe.curriculum_rows and not (curriculum_dir / "dataset_info.json").is_file():
         with quiet_hf():
             _, tokenizer = load_policy(model_dir)
-            rows = curriculum_rows(ToolCallGrammar(tokenizer), recipe.curriculum_rows, recipe.seed,
+            draws = recipe.seed if recipe.curriculum_seed is None else recipe.curriculum_seed
+            rows = curriculum_rows(ToolCallGrammar(tokenizer), recipe.curriculum_rows, draws,
                                    levels=tuple(recipe.curriculum_levels),
                                    max_turns=recipe.data.max_turns, p_def_edit=recipe.data.expert.p_def_edit)
             Dataset.from_list(rows).save_to_disk(str(curriculum_dir))
