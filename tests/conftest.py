@@ -21,6 +21,10 @@ from crr.tasks.schema import Task
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
+    # Every model here is tiny: decoding and training are many small ops, and on 2 cores one torch thread beats
+    # several spinning against each other (about 5x on a busy machine; the vLLM check 229 s -> 81 s). Set before
+    # anything imports torch, so this process and every crr process a test starts (they inherit it) use one.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ["CRR_CACHE_DIR"] = tempfile.mkdtemp(prefix="crr-test-cache-")
 
 
@@ -33,18 +37,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         for mnt in sorted(mounts, reverse=True):
             subprocess.run(["umount", "-l", mnt], capture_output=True, check=False)
         shutil.rmtree(cache, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def one_torch_thread():
-    """Decoding and tiny-model training are many small ops: on 2 busy cores one thread beats several
-    spinning against each other (about 5x here). Modules that run a model use it."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

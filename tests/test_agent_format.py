@@ -19,7 +19,6 @@ from crr.sandbox import get_engine
 from crr.tasks.loaders import load_tasks
 from crr.tasks.micro import generate_micro
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from crr.rundir import RunDir
 from crr.tasks.loaders import load_tasks
 from crr.tasks.micro import generate_micro
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def cli(*args: str):

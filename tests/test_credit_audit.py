@@ -22,7 +22,6 @@ from crr.report.credit import write_audit
 from crr.rundir import RunDir
 from crr.train.advantages import ESTIMATORS
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 TINY = ["n_tasks=1", "group_size=2", "continuations=2", "repeats=2", "max_turns=2", "k=1", "eta=0.0", "cf_samples=1",
         "mc_samples=1", "bootstrap=50"]

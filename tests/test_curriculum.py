@@ -15,7 +15,6 @@ from crr.policy.model import default_model_dir, load_policy
 from crr.sft.curriculum import curriculum_rows, repair_messages
 from crr.tasks.nano import run_call
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _draws(level: int, n: int, def_edit: bool = False) -> list[list[dict]]:

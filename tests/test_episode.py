@@ -32,7 +32,6 @@ from crr.sandbox.base import tree_digest
 from crr.rollout import run_episode, summarise
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

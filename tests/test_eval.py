@@ -42,7 +42,7 @@ from crr.tasks import loaders
 from crr.tasks.loaders import load_tasks, swebench_eval_script
 from crr.tasks.schema import Task
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread", "small_micro_sets")
+pytestmark = pytest.mark.usefixtures("small_micro_sets")
 
 LOGS = Path(__file__).parent / "fixtures" / "eval_logs"
 

@@ -154,7 +154,6 @@ def test_a_full_or_read_only_disk_is_one_line_and_loses_nothing(tmp_path, ran_ta
         assert log.read_bytes() == whole and json.loads(whole)["step"] == 1
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_a_sample_whose_transcript_write_failed_is_run_again_on_resume(tmp_path, monkeypatch):
     """crr eval appends a sample's transcript before its result: a refused transcript write leaves no result,
     so the resume runs that sample again and every result has its transcript (the tiny policy, one task)."""
@@ -183,7 +182,6 @@ def test_a_sample_whose_transcript_write_failed_is_run_again_on_resume(tmp_path,
     assert len(keys(RESULTS)) == 1 and keys(TRANSCRIPTS) == keys(RESULTS)
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_a_disk_full_at_a_checkpoint_publishes_nothing_and_the_resume_redoes_the_update(tmp_path, ran_tasks_file):
     """A real update whose checkpoint save meets a full disk (a tmpfs filled up once the update is logged): one
     line naming the checkpoint, no torn checkpoint-1 and no staging left; the resume starts over with every

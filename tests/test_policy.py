@@ -42,7 +42,6 @@ def conversation(issue: str = "Fix the off-by-one error in calc/core.py") -> lis
     return [{"role": "user", "content": issue}]
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="session")

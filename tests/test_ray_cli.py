@@ -154,7 +154,7 @@ def test_filter_tasks_on_ray_admits_what_local_admits(cluster, tmp_path, caplog)
     assert any(v == "admitted" for v, _ in verdicts["local"].values())
 
 
-def test_eval_on_ray_gives_the_local_pass_rate_and_trajectories(cluster, tmp_path, one_torch_thread):
+def test_eval_on_ray_gives_the_local_pass_rate_and_trajectories(cluster, tmp_path):
     """`crr eval` greedy with the shipped default model on 2 tasks, same seed: through ray:local the same
     pass@1, the same results (patches, rewards, turns) and the same transcripts as on the local engine; the
     run keeps its --ray, and resuming it keeps it too."""
@@ -194,7 +194,7 @@ def train_records(run: RunDir) -> tuple[list[dict], list[dict]]:
     return iterations, updates
 
 
-def test_crr_training_on_ray_gives_the_local_advantages(cluster, tmp_path, caplog, one_torch_thread):
+def test_crr_training_on_ray_gives_the_local_advantages(cluster, tmp_path, caplog):
     """`crr train` method=crr with the shipped default model on 2 nano-band tasks, 2 updates, same seed: with
     sandboxes on the cluster's two nodes (engine=ray:local, 2 workers: its slots) every iteration record
     (rewards, group rewards, selected steps, branches, forks, counterfactual rewards, advantage mean, std and

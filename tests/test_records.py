@@ -14,7 +14,6 @@ from test_trainer import SMALL, run_train
 from crr.train.records import RECORDS_DIR, part_path, read_records
 from crr.train.tuples import read_tuples
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_records_tensorboard_and_resume(ran_tasks_file, tmp_path):

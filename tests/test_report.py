@@ -27,7 +27,6 @@ from crr.tasks.loaders import write_tasks
 from crr.train.trainer import budget_allows_next
 from crr.train.tuples import read_tuples
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # The CPU preset cut down so that an update takes seconds: one task, G = 2, two turns (a fork at t = 0); GRPO
 # one update over two seeds, CRR two updates (whose wall clock, the equal-wall-clock arm's budget, then buys

@@ -23,7 +23,6 @@ from crr.train.counterfactual import run_branches
 from crr.train.ledger import Ledger
 from crr.train.selectors import Selection
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -161,7 +161,7 @@ def test_tempered_skips_when_exclusion_fails_and_validity_filter_resamples():
         get_proposal("best_of")
 
 
-def test_real_proposal_never_returns_the_realised_action(make_task, one_torch_thread):
+def test_real_proposal_never_returns_the_realised_action(make_task):
     backend = TransformersBackend(*load_policy(default_model_dir()), max_value_chars=4)
     task = make_task({"a.py": "x = 1\n"}, problem_statement="fix a.py")
     conv = initial_messages(task, "/testbed")

@@ -39,7 +39,6 @@ from crr.tasks.micro import generate_micro
 LEAN = ExpertConfig(p_list=0.0, p_full_tests=0.0, p_final_suite=0.0, max_decoy_views=1, error_rate=0.5)
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,6 @@ ARGS = ["--method", "crr", "--max-updates", "2", "n_tasks=2", "tasks_per_iterati
         "max_turns=2", "max_new_tokens=40", "k=2", "eta=0.0", "workers=2", "warmup_steps=0",
         f"model={default_model_dir()}", "agent_format=paper"]
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

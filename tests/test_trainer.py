@@ -26,7 +26,6 @@ SMALL = ["n_tasks=1", "tasks_per_iteration=1", "num_generations=3", "max_turns=2
          f"model={default_model_dir()}", "agent_format=paper"]
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def run_train(args: list[str], root: Path) -> tuple[str, Path]:

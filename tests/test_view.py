@@ -20,7 +20,6 @@ from crr.train.records import read_records
 CHROMIUM = shutil.which("chromium")
 EVALS = Path(__file__).resolve().parents[1] / "results" / "reference" / "cpu-main" / "evals" / "crr"
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_view_in_a_browser(ran_tasks_file, tmp_path):

