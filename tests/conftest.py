@@ -28,6 +28,38 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["CRR_CACHE_DIR"] = tempfile.mkdtemp(prefix="crr-test-cache-")
 
 
+# `make test` runs the suite on two workers (pytest-xdist, `--dist loadfile --no-loadscope-reorder`), then the
+# `serial` tests alone. Each module runs whole on one worker, so its module and session fixtures are made once.
+# Modules that share something machine-wide which the other worker would disturb share one worker: the Ray
+# modules (one Ray cluster at a time) and the fork bench's (test_ray_engine's bench checks that no fork-bench
+# directory is left in the system's temporary directory, test_fork_bench's make them). The slowest modules start
+# first (longest first: otherwise the last one to start sets the wall clock), the rest in file order.
+# (xdist's own `--dist loadgroup` reads groups from item._nodeid, which pytest 9 no longer has: it groups nothing.)
+SHARE_A_WORKER = {"test_ray_cli": "ray", "test_ray_engine": "ray", "test_fork_bench": "ray"}
+SLOWEST_FIRST = ["test_vllm_backend", "test_ray_cli", "test_ray_engine", "test_fork_bench", "test_sft",
+                 "test_interrupt", "test_report", "test_trainer", "test_train_multiprocess", "test_band"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: file order within a rank
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        """--dist loadfile, with the modules of SHARE_A_WORKER as one."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return SHARE_A_WORKER.get(Path(module).stem, module)
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     cache = os.environ.pop("CRR_CACHE_DIR", None)
     if cache and Path(cache).name.startswith("crr-test-cache-"):

@@ -250,6 +250,7 @@ def test_close_leaves_nothing_behind(api, task, mode):
         eng.start(task)
 
 
+@pytest.mark.serial
 def test_gc_removes_only_crashed_runs(client, task):
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -307,6 +308,7 @@ os.kill(os.getpid(), 9)
 """
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("death", ["interrupt", "kill"])
 def test_an_interrupted_run_cleans_up_and_a_killed_one_is_collected(api, task, death):
     row = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)}

@@ -77,6 +77,7 @@ def test_sigterm_mid_eval_leaves_nothing_and_the_resume_runs_every_sample_once(e
     decided_once(run, micro_tasks)
 
 
+@pytest.mark.serial
 def test_a_second_writer_is_refused_and_a_killed_writers_run_resumes(engine, micro_tasks, tmp_path):
     first = crr_process("filter-tasks", "--tasks", str(micro_tasks), "--out", str(tmp_path), *ENGINES[engine],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

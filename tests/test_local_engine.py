@@ -277,6 +277,7 @@ def _run_owner(task, workdir: Path, how: str) -> Path:
     return Path(out.stdout.strip())
 
 
+@pytest.mark.serial
 @needs_root
 def test_gc_leftovers_removes_crashed_engines_only(task, tmp_path):
     workdir = tmp_path / "sandboxes"

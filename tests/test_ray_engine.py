@@ -206,6 +206,7 @@ def test_ray_bench_times_both_engines_in_one_run(cluster):
     assert not [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("crr-fork-bench-")]
 
 
+@pytest.mark.serial
 def test_a_node_lost_mid_episode_is_an_infra_failure(cluster, calc):
     """Kill the node of an episode's sandbox while it runs a command: the episode ends as an infrastructure
     failure (reward None, never 0) within seconds, its snapshots' restores raise SandboxError, new sandboxes
