@@ -45,6 +45,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: file order within a rank
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest without xdist runs the suite too
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     if config.getvalue("dist") != "loadfile":
         return None
