@@ -20,6 +20,7 @@ import argparse
 import random
 import re
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from itertools import groupby
 
 import torch
@@ -40,14 +41,23 @@ def rows(grammar: ToolCallGrammar, n: int, seed: int, split: str, whole: bool = 
     return out
 
 
-def probe(model, grammar: ToolCallGrammar, drawn: list[tuple[str, dict]]) -> dict:
+def teacher_forced(model, grammar: ToolCallGrammar, drawn: list[tuple[str, dict]]) -> Iterator[tuple]:
+    """(style, row, the action part each token writes, the argmax before each token) for every drawn row."""
     model.eval()
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for style, row in drawn:
-        ids = row["input_ids"]
-        parts = action_parts(grammar, ids, row["assistant_masks"])
         with torch.no_grad():
-            pred = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
+            pred = model(input_ids=torch.tensor([row["input_ids"]])).logits[0].argmax(-1)
+        yield style, row, action_parts(grammar, row["input_ids"], row["assistant_masks"]), pred
+
+
+def rates(counts: Iterable[tuple[str, list[int]]]) -> dict:
+    return {key: f"{r}/{n} = {r / n:.3f}" for key, (r, n) in counts}
+
+
+def probe(model, grammar: ToolCallGrammar, drawn: list[tuple[str, dict]]) -> dict:
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for style, row, parts, pred in teacher_forced(model, grammar, drawn):
+        ids = row["input_ids"]
         for span in part_spans(parts, "command"):
             pieces = [grammar.token_bytes[ids[i]].decode("utf-8", errors="replace") for i in span]
             text = "".join(pieces)
@@ -67,17 +77,13 @@ def probe(model, grammar: ToolCallGrammar, drawn: list[tuple[str, dict]]) -> dic
                 else:
                     counts[key][0] += right
                     counts[key][1] += 1
-    return {key: f"{r}/{n} = {r / n:.3f}" for key, (r, n) in sorted(counts.items())}
+    return rates(sorted(counts.items()))
 
 
 def edit_probe(model, grammar: ToolCallGrammar, drawn: list[tuple[str, dict]]) -> dict:
-    model.eval()
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for _, row in drawn:
+    for _, row, parts, pred in teacher_forced(model, grammar, drawn):
         ids, mask = row["input_ids"], row["assistant_masks"]
-        parts = action_parts(grammar, ids, mask)
-        with torch.no_grad():
-            pred = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
         for is_action, run in groupby(range(len(ids)), key=lambda k: bool(mask[k])):
             call = list(run)
             text = "".join(grammar.token_bytes[ids[i]].decode("utf-8", errors="replace") for i in call)
@@ -89,7 +95,7 @@ def edit_probe(model, grammar: ToolCallGrammar, drawn: list[tuple[str, dict]]) -
             for key, ok in right.items():
                 counts[key][0] += ok
                 counts[key][1] += 1
-    return {key: f"{r}/{n} = {r / n:.3f}" for key, (r, n) in counts.items()}
+    return rates(counts.items())
 
 
 def main() -> None:
