@@ -223,6 +223,35 @@ def test_sft_trains_on_actions_saves_and_is_deterministic(data, tiny, tmp_path):
     assert all(torch.equal(p, again.state_dict()[name]) for name, p in trained.state_dict().items())
 
 
+def test_group_by_length_batches_rows_of_about_one_length(data, tiny, tmp_path, monkeypatch):
+    """group_by_length hands the trainer batches of rows of about one length (transformers'
+    LengthGroupedSampler: sorted by length within shuffled megabatches, here of 8 rows), so batches pad less
+    than random ones: 32 rows of two lengths in batches of two, at most one mixed batch per megabatch, fewer
+    than random batches of the same rows and seed mix. It refuses to keep rows in order."""
+    import crr.sft.trainer as trainer
+
+    full, _, _ = data
+    first = full[0]["assistant_masks"].index(1)
+    rows = datasets.Dataset.from_list([{"input_ids": full[0]["input_ids"][:n], "assistant_masks": full[0]["assistant_masks"][:n]}
+                                       for n in [first + 8, first + 160] * 16])
+    real, seen = trainer.action_nll, []
+
+    def spy(model, inputs):
+        seen.append(len(set(inputs["attention_mask"].sum(1).tolist())) > 1)  # a batch of two lengths
+        return real(model, inputs)
+
+    monkeypatch.setattr(trainer, "action_nll", spy)
+    mixed = {}
+    for grouped in (True, False):
+        seen.clear()
+        sft(tiny, rows, tmp_path / str(grouped), SFTSettings(epochs=1, batch_size=2, group_by_length=grouped))
+        mixed[grouped] = sum(seen)
+        assert len(seen) == 16
+    assert mixed[True] <= 4 < mixed[False]
+    with pytest.raises(CRRError, match="group_by_length"):
+        SFTSettings(group_by_length=True, shuffle=False)
+
+
 def test_action_token_loss_is_the_models_own_loss_and_gradient(data, tiny):
     """The trainer's loss (the LM head on the action positions alone) equals the model's own mean NLL over the
     labelled tokens, gradient included, on a right-padded batch of two rows of different lengths."""
@@ -351,13 +380,16 @@ def test_model_probe_command(tiny, micro_dir):
 
 
 def test_model_sft_bench_command(tiny):
-    """Both losses timed on the same batches; the figures are positive and the ratio is theirs."""
-    result = CliRunner().invoke(app, ["model", "sft-bench", "--model", str(tiny), "--batch", "2", "--steps", "1",
+    """Both losses timed on the same batches, and the action-token loss on the same rows batched by length; the
+    figures are positive, the ratios are theirs, and grouping by length pads no more than random batches."""
+    result = CliRunner().invoke(app, ["model", "sft-bench", "--model", str(tiny), "--batch", "2", "--steps", "2",
                                       "--level", "0", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["tokens"] > out["action_tokens"] > 0
     assert out["speedup"] == pytest.approx(out["action_tokens_tokens_per_s"] / out["trl_fused_head_tokens_per_s"])
+    assert out["grouped_speedup"] == pytest.approx(out["grouped_tokens_per_s"] / out["action_tokens_tokens_per_s"])
+    assert 1.0 <= out["grouped_padded_per_token"] <= out["random_padded_per_token"]
     result = CliRunner().invoke(app, ["model", "sft-bench", "--level", "5"])
     assert result.exit_code == 2 and "--level one of (0, 1, 2, 3, 4)" in result.output
 
@@ -461,21 +493,22 @@ def test_the_two_hour_recipe_starts_from_random_weights_with_the_levels_in_order
 
 
 def test_the_multi_recipe_grows_the_shipped_default_into_the_multi_tier(tmp_path):
-    """experiments/sft-multi-copy.yaml (the multi tier's newest warm-start recipe: sft-multi-locate.yaml's expert
-    stage, then a stage mixing its episodes with the curriculum's locate rows) at a small budget, from the shipped
-    default: the expert plays 2 multi tasks at H = 12 in real sandboxes, 2 locate rows are drawn, each stage
-    trains two epochs on its rows (so the loss falls) with fp32 master weights although the shipped default is
+    """experiments/sft-multi-2h.yaml (the multi tier's one warm-start recipe: the expert's multi episodes with
+    level-3 locate rows, then level-4 whole episodes alone) at a small budget, from the shipped default: the expert
+    plays 2 multi tasks at H = 12 in real sandboxes, 1 locate row and 4 whole rows are drawn, each stage trains
+    two epochs on its levels' rows (so the loss falls) with fp32 master weights although the shipped default is
     bf16 (pure bf16 training rounds updates away), and the model records the multi turn cap."""
     import yaml
 
     from crr.policy.model import SHIPPED_DEFAULT, agent_record
 
-    recipe = yaml.safe_load((Path(__file__).parent.parent / "experiments" / "sft-multi-copy.yaml").read_text())
-    assert recipe["curriculum_levels"] == [3] and [s["data"] for s in recipe["stages"]] == ["expert", "both"]
+    recipe = yaml.safe_load((Path(__file__).parent.parent / "experiments" / "sft-multi-2h.yaml").read_text())
+    assert recipe["curriculum_levels"] == [3, 4, 4, 4, 4] and recipe["train"]["group_by_length"]
+    assert [(s["data"], s["levels"]) for s in recipe["stages"]] == [("both", [3]), ("curriculum", [4])]
     assert recipe["data"]["expert"]["p_grep_named"] == 1.0 and recipe["data"]["max_turns"] == 12 and recipe["train"]["max_length"] >= recipe["data"]["max_tokens"]
     tasks = tmp_path / "multi"
     generate_micro(tasks, n=2, seed=0, split="train", tier="multi")
-    recipe.update(tasks=str(tasks), n_tasks=2, curriculum_rows=2)
+    recipe.update(tasks=str(tasks), n_tasks=2, curriculum_rows=5)
     recipe["data"]["episodes_per_task"] = 1
     recipe["train"].update(batch_size=2, logging_steps=1, warmup_ratio=0.0)
     for stage in recipe["stages"]:
@@ -486,9 +519,15 @@ def test_the_multi_recipe_grows_the_shipped_default_into_the_multi_tier(tmp_path
     assert result.exit_code == 0, result.output
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert json.loads((run_dir / "expert_summary.json").read_text())["kept"] == 2
+    assert datasets.load_from_disk(str(run_dir / "curriculum_data"))["level"] == [3, 4, 4, 4, 4]
     assert sorted(p.name for p in run_dir.glob("stage-*")) == ["stage-1"]
+    assert [json.loads((run_dir / d / "crr_sft.json").read_text())["rows"] for d in ("stage-1", "model")] == [3, 4]
     assert agent_record(run_dir / "model") == {"agent_format": "compact", "max_turns": 12}
     losses = [r["loss"] for r in RunDir.open(run_dir).records("metrics.jsonl") if "loss" in r]
-    assert len(losses) == 2 + 4 and losses[1] < losses[0]  # 2 rows, then 2 + 2, in batches of 2, 2 epochs each
+    assert len(losses) == 4 + 4 and sum(losses[6:]) < sum(losses[4:6])  # 3 rows, then 4, in batches of 2, 2 epochs each
     assert json.loads((SHIPPED_DEFAULT / "config.json").read_text())["dtype"] == "bfloat16"
     assert json.loads((run_dir / "model" / "config.json").read_text())["dtype"] == "float32"
+    recipe["stages"][1]["levels"] = [2]  # not drawn
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(recipe))
+    result = CliRunner().invoke(app, ["sft", "--recipe", str(tmp_path / "bad.yaml")])
+    assert result.exit_code == 2 and "a stage's levels are some of curriculum_levels" in result.output

@@ -46,7 +46,10 @@ def sft_step_bench(model: str, batch: int = 8, steps: int = 6, level: int = 1, b
                    threads: int | None = None) -> dict:
     """Time optimizer steps (forward, backward, AdamW) on `steps` batches of curriculum rows, once with the
     loss of TRL's fused LM head (what SFTTrainer computes by default) and once with action_nll (what crr's
-    trainer computes); same model, same batches, one process, so the ratio is the figure to read."""
+    trainer computes); then action_nll again on the same rows batched by length (transformers'
+    get_length_grouped_indices, what SFTSettings.group_by_length samples). Same model, same rows, one process,
+    so the ratios are the figures to read."""
+    from transformers.trainer_pt_utils import get_length_grouped_indices
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
     from trl.trainer.utils import add_fused_lm_head
 
@@ -61,21 +64,32 @@ def sft_step_bench(model: str, batch: int = 8, steps: int = 6, level: int = 1, b
     add_fused_lm_head(policy, outputs=("log_probs", "entropy", "is_top1"))  # as SFTTrainer adds it
     rows = curriculum_rows(ToolCallGrammar(tokenizer), batch * (steps + 1), seed=0, levels=(level,))
     collate = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id)
-    batches = [collate([{"input_ids": r["input_ids"],
-                         "labels": [t if m else -100 for t, m in zip(r["input_ids"], r["assistant_masks"])]}
-                        for r in rows[i:i + batch]]) for i in range(0, len(rows), batch)]
+
+    def batches_of(order: list[int]) -> list[dict]:
+        return [collate([{"input_ids": rows[j]["input_ids"],
+                          "labels": [t if m else -100 for t, m in zip(rows[j]["input_ids"], rows[j]["assistant_masks"])]}
+                         for j in order[i:i + batch]]) for i in range(0, len(order), batch)]
+
+    warm_up, timed_rows = list(range(batch)), list(range(batch, len(rows)))  # the first batch warms up, untimed
+    by_length = get_length_grouped_indices([len(rows[j]["input_ids"]) for j in timed_rows], batch,
+                                           generator=torch.Generator().manual_seed(0))
+    orders = {"random": batches_of(timed_rows), "grouped": batches_of([timed_rows[i] for i in by_length])}
 
     def action_loss(b: dict) -> torch.Tensor:
         nll, tokens, _ = action_nll(policy, b)
         return nll / tokens
 
-    losses = {"trl_fused_head": lambda b: policy(**b, fused_lm_head=True).loss, "action_tokens": action_loss}
+    runs = {"trl_fused_head": (lambda b: policy(**b, fused_lm_head=True).loss, "random"),
+            "action_tokens": (action_loss, "random"), "grouped": (action_loss, "grouped")}
+    tokens = sum(b["attention_mask"].sum().item() for b in orders["random"])
     result = {"model": model, "batch": batch, "steps": steps, "level": level, "bf16": bf16,
-              "threads": torch.get_num_threads(), "tokens": sum(b["attention_mask"].sum().item() for b in batches[1:]),
-              "action_tokens": sum((b["labels"] != -100).sum().item() for b in batches[1:])}
-    for name, loss_fn in losses.items():
+              "threads": torch.get_num_threads(), "tokens": tokens,
+              "action_tokens": sum((b["labels"] != -100).sum().item() for b in orders["random"]),
+              **{f"{order}_padded_per_token": sum(b["input_ids"].numel() for b in bs) / tokens
+                 for order, bs in orders.items()}}
+    for name, (loss_fn, order) in runs.items():
         optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-5)
-        for i, b in enumerate(batches):  # the first batch warms up, untimed
+        for i, b in enumerate(batches_of(warm_up) + orders[order]):
             if i == 1:
                 start = time.perf_counter()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -83,6 +97,7 @@ def sft_step_bench(model: str, batch: int = 8, steps: int = 6, level: int = 1, b
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-        result[f"{name}_tokens_per_s"] = result["tokens"] / (time.perf_counter() - start)
+        result[f"{name}_tokens_per_s"] = tokens / (time.perf_counter() - start)
     result["speedup"] = result["action_tokens_tokens_per_s"] / result["trl_fused_head_tokens_per_s"]
+    result["grouped_speedup"] = result["grouped_tokens_per_s"] / result["action_tokens_tokens_per_s"]
     return result

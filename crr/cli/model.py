@@ -132,7 +132,8 @@ def model_sft_bench(
     model: str | None = model_option(),
     batch: int = typer.Option(8, "--batch", help="Rows per optimizer step."),
     steps: int = typer.Option(6, "--steps", help="Timed optimizer steps per loss."),
-    level: int = typer.Option(1, "--level", help="Curriculum level of the rows (0-3; level 1 rows are ~590 tokens)."),
+    level: int = typer.Option(1, "--level", help="Curriculum level of the rows (0-4; level 1 rows are ~590 tokens, "
+                              "level 4 ~1,470)."),
     bf16: bool = typer.Option(True, "--bf16/--fp32", help="bf16 autocast, as the CPU recipes train."),
     threads: int | None = threads_option(),
     as_json: bool = json_option(),
@@ -154,7 +155,10 @@ def model_sft_bench(
                   f"{result['action_tokens']} with the loss), {'bf16' if bf16 else 'fp32'}, {result['threads']} "
                   f"thread(s): TRL's fused LM head {result['trl_fused_head_tokens_per_s']:.0f} tokens/s, action-token "
                   f"loss [bold]{result['action_tokens_tokens_per_s']:.0f} tokens/s[/] "
-                  f"({result['speedup']:.2f}x)", highlight=False)
+                  f"({result['speedup']:.2f}x); in batches of about one length (group_by_length) "
+                  f"[bold]{result['grouped_tokens_per_s']:.0f} tokens/s[/] ({result['grouped_speedup']:.2f}x; "
+                  f"padded tokens per token {result['random_padded_per_token']:.2f} -> "
+                  f"{result['grouped_padded_per_token']:.2f})", highlight=False)
 
 
 # The default recipe, crr.sft.warm_start.SFTRecipe() (tests/test_sft.py keeps them equal; `crr model probe`'s expert

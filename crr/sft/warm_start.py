@@ -246,9 +246,9 @@ class SFTRecipe:
     # Re-split the model's tokenizer before anything else (crr.policy.model.split_word_spaces: names start
     # without a space-led token); the copy is the run's base_model/, and the data is tokenized with it.
     split_word_spaces: bool = False
-    # SFT stages in order, each from the previous one's model: {data: expert | curriculum | both, and any
-    # SFTSettings field overriding `train`}, e.g. the curriculum in level order, then both shuffled. Empty:
-    # one stage on the expert's rows with `train`.
+    # SFT stages in order, each from the previous one's model: {data: expert | curriculum | both, optionally
+    # levels: the curriculum rows of these levels only, and any SFTSettings field overriding `train`}, e.g. the
+    # curriculum in level order, then both shuffled. Empty: one stage on the expert's rows with `train`.
     stages: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -261,7 +261,11 @@ class SFTRecipe:
                 raise CRRError(f"bad SFT recipe: a stage's data is expert, curriculum or both, got {stage.get('data')!r}")
             if stage["data"] != "expert" and not self.curriculum_rows:
                 raise CRRError("bad SFT recipe: a curriculum stage needs curriculum_rows > 0")
-            replace(self.train, **{k: v for k, v in stage.items() if k != "data"})  # unknown keys: TypeError
+            if "levels" in stage and (stage["data"] == "expert" or not stage["levels"]
+                                      or set(stage["levels"]) - set(self.curriculum_levels)):
+                raise CRRError(f"bad SFT recipe: a stage's levels are some of curriculum_levels "
+                               f"{self.curriculum_levels} in a curriculum or both stage, got {stage['levels']!r}")
+            replace(self.train, **_settings_of(stage))  # unknown keys: TypeError
         if self.n_tasks is not None and self.n_tasks < 1:
             raise CRRError(f"n_tasks must be at least 1, got {self.n_tasks}")
         engine_spec_of(self)  # an option the engine does not take fails here
@@ -284,6 +288,11 @@ class SFTRecipe:
         if not isinstance(d, dict):
             raise CRRError(f"{path} is not a recipe (a mapping of SFTRecipe's fields)")
         return cls.from_dict(d)
+
+
+def _settings_of(stage: dict) -> dict:
+    """A stage's SFTSettings overrides: every key but the rows it trains on."""
+    return {k: v for k, v in stage.items() if k not in ("data", "levels")}
 
 
 def start_sft(model: str, recipe: SFTRecipe, out: Path) -> RunDir:
@@ -352,17 +361,22 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
 
     on_step = None if progress is None else lambda done, total: progress("train", done, total, {})
     stages = recipe.stages or [{"data": "expert"}]
-    rows = {"expert": lambda: dataset, "curriculum": lambda: Dataset.load_from_disk(str(curriculum_dir)),
-            "both": lambda: datasets.concatenate_datasets([
+
+    def curriculum(levels: list[int] | None) -> Dataset:
+        drawn = Dataset.load_from_disk(str(curriculum_dir))
+        return drawn if levels is None else drawn.filter(lambda level: level in levels, input_columns="level")
+
+    rows = {"expert": lambda _: dataset, "curriculum": curriculum,
+            "both": lambda levels: datasets.concatenate_datasets([
                 dataset.select_columns(["input_ids", "assistant_masks"]),
-                Dataset.load_from_disk(str(curriculum_dir)).select_columns(["input_ids", "assistant_masks"])])}
+                curriculum(levels).select_columns(["input_ids", "assistant_masks"])])}
     for i, stage in enumerate(stages):
         last = i == len(stages) - 1
         out = run.path / (MODEL_DIR if last else f"{STAGE_MODEL_DIR}-{i + 1}")
         checkpoints = run.path / (CHECKPOINT_DIR if last else f"{CHECKPOINT_DIR}-{i + 1}")
         if not (out / "config.json").is_file():  # a finished stage is kept on resume
-            settings = replace(recipe.train, seed=recipe.seed, **{k: v for k, v in stage.items() if k != "data"})
-            sft(model_dir, rows[stage["data"]](), out, settings, agent=(recipe.data.agent_format, recipe.data.max_turns),
+            settings = replace(recipe.train, seed=recipe.seed, **_settings_of(stage))
+            sft(model_dir, rows[stage["data"]](stage.get("levels")), out, settings, agent=(recipe.data.agent_format, recipe.data.max_turns),
                 checkpoints=checkpoints, resume=checkpoints.is_dir(), on_log=on_log, progress=on_step)
         model_dir = out
     return model_dir
