@@ -393,7 +393,7 @@ def lora_train_run(tmp_path_factory) -> RunDir:
     from peft import LoraConfig, get_peft_model
 
     run = RunDir.create("train", "crr-seed11", root=tmp_path_factory.mktemp("runs"),
-                        config={"method": "crr", "seed": 11, "model": None, "use_lora": True})
+                        config={"method": "crr", "seed": 11, "model": None, "use_lora": True, "dtype": "float32"})
     model, _ = load_policy(default_policy_dir())
     torch.manual_seed(0)
     peft_model = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules="all-linear",
@@ -418,6 +418,8 @@ def test_a_lora_train_run_is_applied_to_its_base_and_sampled(lora_train_run):
                        str(lora_train_run.path.parent / "evals"))
     run = RunDir.open(summary["run_dir"])
     assert run.config["train_run"] == str(lora_train_run.path) and run.config["base_model"] == str(default_policy_dir())
+    assert run.config["dtype"] == "float32"   # as the run trained (the shipped default's weights are bf16)
+    assert load_eval_policy(policy, dtype="float32")[0].dtype == torch.float32
     assert (summary["method"], summary["train_seed"], summary["samples"], summary["temperature"]) == ("crr", 11, 2, 1.0)
     assert set(summary["pass_at_k"]) == {"1", "2"} and summary["all_n"] in (0.0, 1.0)
     assert summary["pass_hat_k"]["2"] == summary["all_n"] and len(summary["pass_hat_k_ci"]["2"]) == 2
@@ -443,5 +445,6 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path, lora_train_run):
     bad.write_text('{"instance_id": "x"}\n')
     assert f"{bad}:1: missing required field" in refused("tasks", str(bad))
     assert "copies of the greedy sample" in refused("micro", "--samples", "2", "--temperature", "0")
+    assert "--dtype is one of auto, float32, bfloat16" in refused("micro", "--dtype", "float16")
     assert "`crr eval verified DIR`" in refused("verified")  # offline: where to get the data
     assert not (tmp_path / "evals").exists()  # nothing was started

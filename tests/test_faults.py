@@ -36,6 +36,7 @@ BAD_VALUES = {
     "temperature=0": "temperature=0: must be > 0",
     "rollout_temperature=0": "rollout_temperature=0: must be > 0",
     "use_lora=maybe": "use_lora='maybe': expected true or false",
+    "dtype=float16": "dtype='float16': expected one of auto, float32, bfloat16",
     "max_steps=0": "max_steps=0: must be >= 1 (or -1: unset)",
     "checkpoint_fractions=[0.5,2]": "checkpoint_fractions=[0.5, 2]: must be in (0, 1]",
     "model=/nonexistent/model": "model=/nonexistent/model: no such directory",

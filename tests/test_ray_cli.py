@@ -200,7 +200,8 @@ def test_crr_training_on_ray_gives_the_local_advantages(cluster, tmp_path, caplo
     (rewards, group rewards, selected steps, branches, forks, counterfactual rewards, advantage mean, std and
     nonzero share, contrasts, the ledger's counts), every tuple (realised and counterfactual actions and
     suffixes, rewards, proposal log-probabilities) and every update's loss equal the local engine's (4
-    workers). eta=0 and k=2 make the selector pick steps, so branches run and forks happen."""
+    workers). eta=0 and k=2 make the selector pick steps, so branches run and forks happen. Both train the
+    default's bf16 weights in fp32 (`dtype=float32`; this CPU emulates bf16), as the run's summary records."""
     runs = {}
     for engine in ("local", "ray:local"):
         ray = [f"ray={cluster.address}"] if engine.startswith("ray:") else []
@@ -208,12 +209,14 @@ def test_crr_training_on_ray_gives_the_local_advantages(cluster, tmp_path, caplo
         with caplog.at_level("INFO", logger="crr.sandbox.ray_engine"):
             result = crr("train", "--method", "crr", "--out", str(out), "--max-updates", "2", "tasks=nano-band",
                          "n_tasks=2", "tasks_per_iteration=2", "num_generations=2", "max_turns=4",
-                         "max_new_tokens=96", "k=2", "eta=0.0", f"engine={engine}", *ray)
+                         "max_new_tokens=96", "k=2", "eta=0.0", "dtype=float32", f"engine={engine}", *ray)
         assert result.exit_code == 0, result.output + repr(result.exception)
         (run_dir,) = out.glob("*-train-*")
         runs[engine] = RunDir.open(run_dir)
     assert "ray:local: sandbox hosts on 2 nodes" in caplog.text   # the sandboxes were spread over both
     assert runs["ray:local"].config["ray"] == cluster.address
+    # the shipped default's bf16 weights trained in fp32 (dtype=float32: bf16 is emulated on AVX2-only CPUs)
+    assert [json.loads((run.path / "summary.json").read_text())["dtype"] for run in runs.values()] == ["float32"] * 2
     (local_iters, local_updates), (ray_iters, ray_updates) = map(train_records, runs.values())
     assert [r["step"] for r in local_iters] == [1, 2] and [u["step"] for u in local_updates] == [1, 2]
     assert sum(r["ledger"]["forks"] for r in local_iters) > 0 and any(r["adv_nonzero"] for r in local_iters)

@@ -50,6 +50,9 @@ def eval_command(
     vllm_server: str | None = typer.Option(None, "--vllm-server", metavar="URL", help="With --backend vllm-server: "
                                            "the server's URL. It must serve the evaluated model directory with "
                                            "crr's grammar processor (README: Going past one machine)."),
+    dtype: str | None = typer.Option(None, "--dtype", help="The weights' dtype: auto (as saved; a --run's: as it "
+                                     "trained), float32 (on CPUs without AVX512-BF16, where bf16 is emulated) or "
+                                     "bfloat16."),
     out: Path = out_option(Path("results/evals")),
     resume: Path | None = typer.Option(None, "--resume", help="An earlier `crr eval` run directory: run only the "
                                        "samples it lacks (and its infrastructure failures)."),
@@ -69,7 +72,7 @@ def eval_command(
                                 resume=resume, samples=samples, temperature=temperature, seed=seed,
                                 n_tasks=n_tasks, max_turns=max_turns, max_new_tokens=max_new_tokens, split=split,
                                 **engine_settings(engine, engine_opt, ray, mode), workers=workers, batch=batch,
-                                backend=backend, vllm_server=vllm_server)
+                                backend=backend, vllm_server=vllm_server, dtype=dtype)
     err_console.print(f"run directory: {run.path}", highlight=False)
     _resume_with(f"crr eval --resume {shlex.quote(str(run.path))}")
     progress = progress_bar(f"eval {config.dataset}", "{task.fields[note]}")

@@ -61,6 +61,7 @@ SUMMARY = "summary.json"
 INFRA_RETRIED = "infra_retried.jsonl"
 DEFAULT_OUT = Path("results/evals")
 SAMPLED_TEMPERATURE = 0.6  # the paper's multi-sample evaluation
+DTYPES = ("auto", "float32", "bfloat16")   # the policy's weights (crr train's `dtype` takes the same)
 
 ALIASES = {"micro": "micro-test"}   # crr eval's benchmark names: these and crr.tasks.loaders.TASK_SETS
 
@@ -149,15 +150,16 @@ def _adapter_base(target: Path, configured: str | None, resolve_model: Callable)
     raise CRRError(f"{target} holds neither a model (config.json) nor a LoRA adapter (adapter_config.json)")
 
 
-def load_eval_policy(policy: Policy, device: str = "cpu"):
-    """(model, tokenizer) ready for generation; an adapter is merged into its base model."""
+def load_eval_policy(policy: Policy, device: str = "cpu", dtype: str = "auto"):
+    """(model, tokenizer) ready for generation, the weights in `dtype` (DTYPES); an adapter is merged into its
+    base model."""
     from crr.policy.model import load_policy  # deferred: torch and transformers
 
     if policy.base_model is None:
-        return load_policy(policy.model, device)
+        return load_policy(policy.model, device, dtype)
     from peft import PeftModel
 
-    base, tokenizer = load_policy(policy.base_model, device)
+    base, tokenizer = load_policy(policy.base_model, device, dtype)
     try:
         model = PeftModel.from_pretrained(base, policy.model).merge_and_unload()
     except (OSError, ValueError, RuntimeError) as e:  # missing weights, shape mismatch with the base
@@ -196,8 +198,12 @@ class EvalConfig:
     backend: str = "transformers"   # generation: transformers, vllm (crr.policy.backend.VLLMBackend) or
     #                                 vllm-server (VLLMServerBackend: a running vLLM server, TRL's server mode)
     vllm_server: str | None = None  # backend vllm-server: the server's URL
+    dtype: str = "auto"             # the weights' dtype: auto (as saved; EvalConfig.make: a train run's), float32,
+    #                                 bfloat16 (crr train's `dtype`)
 
     def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise CRRError(f"--dtype is one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.samples < 1:
             raise CRRError(f"--samples must be at least 1, got {self.samples}")
         if self.temperature < 0:
@@ -225,8 +231,8 @@ class EvalConfig:
         record = agent_record(policy.model, policy.base_model)
         if policy.train_run:  # what the run trained with
             trained = RunDir.open(policy.train_run).config
-            record.update({k: trained[k] for k in ("agent_format", "max_turns") if trained.get(k) is not None})
-        for key in ("agent_format", "max_turns"):
+            record.update({k: trained[k] for k in ("agent_format", "max_turns", "dtype") if trained.get(k) is not None})
+        for key in ("agent_format", "max_turns", "dtype"):
             if settings.get(key) is None and key in record:
                 settings[key] = record[key]
         return cls(dataset=dataset, tasks=tasks, adapter=adapter, **asdict(policy), **settings)
@@ -407,7 +413,7 @@ def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_eval_policy(Policy(**{f.name: getattr(config, f.name) for f in dataclasses.fields(Policy)}),
-                                        device)
+                                        device, config.dtype)
     backend = (TransformersBackend(model, tokenizer, device=device) if config.backend == "transformers" else
                _server_backend(config, model, tokenizer, device, run) if config.backend == SERVER_BACKEND else
                _vllm_backend(config, model, tokenizer, device, run))

@@ -83,6 +83,10 @@ class CRRConfig(GRPOConfig):
     #                                            (a vLLM server, TRL's vllm_mode="server"; CUDA); vLLM's weights
     #                                            are synced before every rollout
     vllm_server: str | None = None             # backend=vllm-server: the server's URL (TRL's vllm_server_base_url)
+    dtype: typing.Literal["auto", "float32", "bfloat16"] = "auto"   # the policy's weights while it generates and
+    #                                            learns: auto = as saved (the shipped default's bf16); float32 on a
+    #                                            CPU without AVX512-BF16, where bf16 arithmetic is emulated
+    #                                            (docs/warm-start.md); a seed's trajectories differ between dtypes
     # --- CRR (Method; Hyperparameters table)
     selector: str = "entropy_type"
     proposal: str = "tempered"

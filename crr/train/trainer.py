@@ -651,7 +651,7 @@ def train(cfg: CRRConfig, run: RunDir, checkpoint: str | None = None, *,
     the cumulative ledger and the path of the final adapter/model."""
     tasks = train_tasks(cfg) if tasks is None else tasks
     torch.manual_seed(cfg.seed)
-    model, tokenizer = load_policy(resolve_model(cfg))
+    model, tokenizer = load_policy(resolve_model(cfg), dtype=cfg.dtype)
     with engine_spec_of(cfg).make() as engine:
         trainer = CRRTrainer(cfg, model, tokenizer, tasks, run, engine, on_iteration=on_iteration)
         try:
@@ -665,7 +665,8 @@ def train(cfg: CRRConfig, run: RunDir, checkpoint: str | None = None, *,
             raise save_failed(final, run.path, e) from None
         if is_main():
             write_agent_record(final, trainer.episode.agent_format, cfg.max_turns)
-    summary = {"cumulative": trainer.ledger.cumulative, "updates": trainer.state.global_step, "model": str(final)}
+    summary = {"cumulative": trainer.ledger.cumulative, "updates": trainer.state.global_step, "model": str(final),
+               "dtype": str(model.dtype).removeprefix("torch.")}
     if is_main():
         run.write_json("summary.json", summary)
     barrier()   # every process returns once the run directory is complete
