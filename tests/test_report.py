@@ -31,9 +31,10 @@ from crr.train.tuples import read_tuples
 # The CPU preset cut down so that an update takes seconds: one task, G = 2, two turns (a fork at t = 0); GRPO
 # one update over two seeds, CRR two updates (whose wall clock, the equal-wall-clock arm's budget, then buys
 # GRPO more than one). Evaluated on two tasks in two repositories: greedy; the equal-wall-clock run also at a
-# checkpoint; CRR with 2 samples of one task.
+# checkpoint; CRR with 2 samples of one task. The shipped default's bf16 weights train and are evaluated in fp32
+# (bf16 is emulated on AVX2-only CPUs).
 TINY = {"base": str(EXPERIMENTS / "cpu-crr.yaml"), "n_tasks": 1, "tasks_per_iteration": 1, "num_generations": 2, "max_turns": 2,
-        "max_new_tokens": 32, "eta": 0.0, "workers": 2, "max_steps": 2}
+        "max_new_tokens": 32, "eta": 0.0, "workers": 2, "max_steps": 2, "dtype": "float32"}
 EVAL = {"tasks": "eval.jsonl", "max_turns": 2, "max_new_tokens": 32}
 SPEC = {"name": "tiny", "seeds": [11, 23],
         "eval": [EVAL, {**EVAL, "checkpoint_fractions": [0.5], "arms": ["grpo-equal-wall-clock"]},
