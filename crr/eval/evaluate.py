@@ -45,7 +45,7 @@ import yaml
 from crr.errors import CRRError
 from crr.eval.passk import summarise_samples
 from crr.eval.taxonomy import error_mode, held_out_counts, summarise_modes
-from crr.policy import SERVER_BACKEND, check_backend
+from crr.policy import DTYPES, SERVER_BACKEND, check_backend
 from crr.sandbox import engine_spec_of
 from crr.rundir import RunDir
 from crr.seeds import derive_seed
@@ -61,7 +61,6 @@ SUMMARY = "summary.json"
 INFRA_RETRIED = "infra_retried.jsonl"
 DEFAULT_OUT = Path("results/evals")
 SAMPLED_TEMPERATURE = 0.6  # the paper's multi-sample evaluation
-DTYPES = ("auto", "float32", "bfloat16")   # the policy's weights (crr train's `dtype` takes the same)
 
 ALIASES = {"micro": "micro-test"}   # crr eval's benchmark names: these and crr.tasks.loaders.TASK_SETS
 

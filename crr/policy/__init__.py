@@ -9,6 +9,9 @@ step, crr.sft.trainer, can then run by itself on a GPU node)."""
 # the configs that check a name need not import torch.
 BACKENDS = ("transformers", "vllm", "vllm-server")
 SERVER_BACKEND = "vllm-server"   # the one that takes a server URL (TRL's vllm_mode="server")
+# The dtypes a policy's weights load in (crr train's `dtype`, crr eval's --dtype; load_policy): auto = as saved;
+# float32 on CPUs without AVX512-BF16, where bf16 arithmetic is emulated (docs/warm-start.md).
+DTYPES = ("auto", "float32", "bfloat16")
 
 
 def check_backend(backend: str, vllm_server: str | None, options: bool = False) -> None:

@@ -26,7 +26,7 @@ from trl import GRPOConfig
 
 from crr.errors import CRRError
 from crr.experiments import EXPERIMENTS, read_preset
-from crr.policy import SERVER_BACKEND, check_backend
+from crr.policy import DTYPES, SERVER_BACKEND, check_backend
 from crr.sandbox import engine_spec_of
 from crr.train.advantages import check as check_estimator
 from crr.train.distributed import launched_processes
@@ -83,7 +83,7 @@ class CRRConfig(GRPOConfig):
     #                                            (a vLLM server, TRL's vllm_mode="server"; CUDA); vLLM's weights
     #                                            are synced before every rollout
     vllm_server: str | None = None             # backend=vllm-server: the server's URL (TRL's vllm_server_base_url)
-    dtype: typing.Literal["auto", "float32", "bfloat16"] = "auto"   # the policy's weights while it generates and
+    dtype: typing.Literal[DTYPES] = "auto"     # the policy's weights while it generates and
     #                                            learns: auto = as saved (the shipped default's bf16); float32 on a
     #                                            CPU without AVX512-BF16, where bf16 arithmetic is emulated
     #                                            (docs/warm-start.md); a seed's trajectories differ between dtypes
