@@ -102,3 +102,20 @@ def test_the_starting_policys_figures_have_their_per_task_records():
     (band,) = (ROOT / "results" / "reference" / "default-band").glob("*/results.jsonl")
     records = [json.loads(line) for line in band.read_text().splitlines()]
     assert len({r["instance_id"] for r in records}) == 80 and sum(r["reward"] for r in records) == 47
+
+
+def test_the_multi_warm_starts_figures_have_their_per_task_records():
+    """README's figures of the shipped multi warm start (crr/policy/multi), from their records: chosen on 13/64 of
+    the first 64 multi-val tasks, 18/64 on the first 64 multi-test tasks, each with its Wilson interval; the
+    shipped provenance quotes the same evaluations."""
+    reference = ROOT / "results" / "reference" / "multi-warm-2h"
+    provenance = json.loads((ROOT / "crr" / "policy" / "multi" / "provenance.json").read_text())
+    quoted = {(e["dataset"], e["samples"]): e["pass_at_1"] for e in provenance["evaluations"]}
+    for name, dataset, solved in (("v3-multi-val-64", "multi-val", 13), ("v3-multi-test-64", "multi-test", 18)):
+        (run,) = (reference / name).glob("results.jsonl")
+        records = [json.loads(line) for line in run.read_text().splitlines()]
+        assert len({r["instance_id"] for r in records}) == 64 and sum(r["reward"] for r in records) == solved
+        summary = json.loads((run.parent / "summary.json").read_text())
+        assert summary["pass_at_1_ci"] == pytest.approx(list(wilson(solved / 64, 64)))
+        assert quoted[(dataset, 1)] == pytest.approx(solved / 64)
+    assert provenance["recipe"]["file"] == "experiments/sft-multi-2h.yaml"

@@ -387,6 +387,9 @@ for _name, (_tier, _split) in MICRO_SETS.items():
 # (crr tasks band: the nano-train tasks 2000-2255 it solves in 1-3 of 4 samples; band.json says how).
 register_task_set("nano-band", "shipped: the learnable band of the shipped warm start (80 of nano-train tasks 2000-2255)",
                   _shipped("nano-band", Path(__file__).parent / "sets" / "nano-band"))
+# multi-band: the same for the multi tier's warm start (crr/policy/multi), on multi-train tasks 2000-2255.
+register_task_set("multi-band", "shipped: the learnable band of the multi warm start (51 of multi-train tasks 2000-2255)",
+                  _shipped("multi-band", Path(__file__).parent / "sets" / "multi-band"))
 # The hub's benchmarks (`crr eval NAME DIR` evaluates a local copy of the dataset)
 for _name, _dataset in {"verified": "SWE-bench/SWE-bench_Verified", "live": "SWE-bench-Live/SWE-bench-Live",
                         "rebench": "nebius/SWE-rebench", "gym": "SWE-Gym/SWE-Gym"}.items():
