@@ -35,8 +35,15 @@ class Step:
 
 
 def ordered_arms(spec: Comparison) -> list[Arm]:
-    """Arms with a budget of their own first: a matched arm needs its source's wall clock."""
-    return sorted(spec.arms.values(), key=lambda a: a.budget_from is not None)
+    """The spec's order, except that a matched arm written before its source runs right after it (it needs the
+    source's wall clock). The order is the priority of a comparison stopped part-way."""
+    order = list(spec.arms.values())
+    for arm in [a for a in order if a.budget_from is not None]:
+        source = spec.arms[arm.budget_from]
+        if order.index(arm) < order.index(source):
+            order.remove(arm)
+            order.insert(order.index(source) + 1, arm)
+    return order
 
 
 def schedule(spec: Comparison) -> list[tuple[Arm, int]]:

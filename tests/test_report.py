@@ -333,13 +333,19 @@ def test_presets_and_comparison_specs():
     assert load_comparison(EXPERIMENTS / "paper-main.comparison.yaml").arms["crr"].seeds == (11, 23, 47)
 
 
-def test_a_comparison_runs_seed_by_seed_with_the_matched_arm_after_its_source():
+def test_a_comparison_runs_seed_by_seed_with_the_matched_arm_after_its_source(tmp_path):
     from crr.comparison import schedule
 
     spec = load_comparison(EXPERIMENTS / "cpu-main.comparison.yaml")
     order = [(arm.name, seed) for arm, seed in schedule(spec)]
     assert [seed for _, seed in order] == [11] * 4 + [23] * 4 + [47] * 4
     assert order[:4] == [("grpo", 11), ("crr", 11), ("search-select", 11), ("grpo-equal-wall-clock", 11)]
+    multi = [arm.name for arm, seed in schedule(load_comparison(EXPERIMENTS / "multi-main.comparison.yaml"))][:3]
+    assert multi == ["grpo", "crr", "grpo-equal-wall-clock"]   # the spec's order: the matched arm third
+    first = tmp_path / "first.comparison.yaml"
+    first.write_text(f"seeds: [11]\narms:\n  matched: {{config: {EXPERIMENTS}/cpu-grpo.yaml, budget_from: crr}}\n"
+                     f"  crr: {{config: {EXPERIMENTS}/cpu-crr.yaml}}\n")
+    assert [arm.name for arm, _ in schedule(load_comparison(first))] == ["crr", "matched"]   # after its source
     ablations = load_comparison(EXPERIMENTS / "cpu-ablations.comparison.yaml")
     assert {seed for _, seed in schedule(ablations)} == {11} and len(schedule(ablations)) == len(ablations.arms)
 
