@@ -95,8 +95,8 @@ def run_comparison(spec: Comparison, out: Path, *, report: bool = True, say: Cal
         return {}
     from crr.report import write_plots, write_tables  # deferred: pandas, pyarrow and matplotlib
 
-    _, tables = write_tables([out], out / "report")
-    _, figures = write_plots([out], out / "report")
+    _, tables = write_tables([out], out / "report", spec)
+    _, figures = write_plots([out], out / "report", spec)
     say(f"report: {out / 'report' / 'report.md'}")
     return {e.name: e.status for e in tables + figures}
 

@@ -24,6 +24,7 @@ from crr.experiments import EXPERIMENTS, load_comparison, read_preset
 from crr.report.runs import load_runs
 from crr.rundir import read_jsonl
 from crr.tasks.loaders import write_tasks
+from crr.train.records import read_records
 from crr.train.trainer import budget_allows_next
 from crr.train.tuples import read_tuples
 
@@ -194,6 +195,17 @@ def test_tables_agree_with_the_run_files(comparison):
     assert forks.forks.sum() == len(tuples) > 0
     assert forks.frequency.sum() == pytest.approx(100)
 
+    # step credit: every on-policy step's advantage against GRPO's, recomputed from the trajectory records
+    credit = pd.read_csv(out / "step_credit.csv").set_index("arm")
+    steps = [s for r in train_dirs(comparison, "crr") for rec in read_records(r) if rec["kind"] == "trajectory"
+             for s in rec["steps"]]
+    assert credit.at["CRR", "steps"] == len(steps) > 0
+    assert credit.at["CRR", "differs"] == sum(abs(s["advantage"] - s["grpo_advantage"]) > 1e-9 for s in steps)
+    assert credit.at["CRR", "selected"] == sum(s["selected"] for s in steps) > 0   # eta = 0: every run selects
+    assert credit.at["CRR", "pairs_1-0"] + credit.at["CRR", "pairs_0-1"] + credit.at["CRR", "pairs_1-1"] + \
+        credit.at["CRR", "pairs_0-0"] == len(tuples)
+    assert credit.at["GRPO", "differs"] == 0 and credit.at["GRPO", "seeds"] == 2
+
 
 def test_every_format_is_written(comparison):
     out = comparison / "report"
@@ -203,7 +215,7 @@ def test_every_format_is_written(comparison):
     assert [e["name"] for e in tables] == [
         "main", "composition", "search_select", "accounting", "wallclock", "ablation_k", "ablation_selector",
         "ablation_horizon", "ablation_cf_temperature", "paired", "snr", "covariance", "passk", "errors", "errors_absolute",
-        "per_repo", "fork_composition"]
+        "per_repo", "fork_composition", "step_credit"]
     report = (out / "report.md").read_text()
     for e in tables:
         assert f"[{e['name']}.md]({e['name']}.md)" in report
@@ -211,7 +223,8 @@ def test_every_format_is_written(comparison):
             tex = (out / f"{e['name']}.tex").read_text()
             assert all(rule in tex for rule in ("\\toprule", "\\midrule", "\\bottomrule", f"\\label{{tab:{e['name']}}}"))
             assert "±" not in tex and not pd.read_csv(out / f"{e['name']}.csv").empty
-    for name in ("main", "accounting", "wallclock", "paired", "passk", "errors", "per_repo", "fork_composition", "snr"):
+    for name in ("main", "accounting", "wallclock", "paired", "passk", "errors", "per_repo", "fork_composition", "snr",
+                 "step_credit"):
         assert index[f"table/{name}"]["status"] != "missing", name
     for name in ("sample_efficiency", "train_reward", "ablations", "snr", "per_repo"):
         assert index[f"figure/{name}"]["files"] == [f"{name}.png", f"{name}.pdf"], name
@@ -221,14 +234,24 @@ def test_every_format_is_written(comparison):
 
 
 def test_missing_runs_are_named_with_their_commands(comparison, tmp_path):
-    main = (comparison / "report" / "main.md").read_text()
+    # without --spec the report follows the shipped specs of the runs' scale
+    result = invoke("report", "tables", "--runs", str(comparison), "--out", str(tmp_path / "cpu"))
+    assert result.exit_code == 0, result.output
+    main = (tmp_path / "cpu" / "main.md").read_text()
     # cpu-main wants GRPO and Search-Select for seeds 11, 23 and 47: the absent ones come with their commands
     assert "grpo, seed 47: train run" in main and "crr train --config experiments/cpu-grpo.yaml --seed 47" in main
     assert "crr train --config experiments/cpu-crr.yaml --seed 23" in main
     assert "crr train --config experiments/cpu-search-select.yaml --seed 47" in main
     assert "crr eval nano-test --run" in main                # the spec's own benchmark was not run here
-    k = (comparison / "report" / "ablation_k.md").read_text()
+    k = (tmp_path / "cpu" / "ablation_k.md").read_text()
     assert "crr train --config experiments/cpu-crr.yaml --seed 11 k=1" in k
+    # the comparison's own report (`crr experiment run`, or --spec) follows its spec alone: nothing is missing
+    result = invoke("report", "tables", "--runs", str(comparison), "--out", str(tmp_path / "own"),
+                    "--spec", str(comparison.parent / "tiny.comparison.yaml"))
+    assert result.exit_code == 0 and "runs missing" not in result.output, result.output
+    for out in (comparison / "report", tmp_path / "own"):
+        assert "search" not in (out / "main.md").read_text().lower() and "Runs still to make" not in (out / "report.md").read_text()
+    assert (tmp_path / "own" / "main.csv").read_text() == (comparison / "report" / "main.csv").read_text()
 
     # Only the GRPO run: tables that need forks have no data; their files say so and name the commands.
     result = invoke("report", "tables", "--runs", str(comparison / "runs" / "grpo"), "--out", str(tmp_path))

@@ -11,6 +11,14 @@ from crr.cli.common import console, friendly
 
 report_app = typer.Typer(help="The paper's tables and figures from run directories only.", no_args_is_help=True)
 _RUNS_HELP = "A run directory or a folder holding run directories (searched recursively); repeatable."
+_SPEC_HELP = ("The comparison spec the runs belong to (e.g. experiments/multi-main.comparison.yaml): its arms, seeds "
+              "and evaluations; default: the shipped specs of the runs' scale.")
+
+
+def _spec(path: Path | None):
+    from crr.experiments import load_comparison
+
+    return None if path is None else load_comparison(path)
 
 
 def _print_report(kind: str, out: Path, runs, entries) -> None:
@@ -40,6 +48,7 @@ def _print_report(kind: str, out: Path, runs, entries) -> None:
 def report_tables(
     runs: list[Path] = typer.Option(..., "--runs", help=_RUNS_HELP),
     out: Path = typer.Option(Path("results/report"), "--out", help="Where the tables and report.md go."),
+    spec: Path | None = typer.Option(None, "--spec", help=_SPEC_HELP),
 ) -> None:
     """Main results, composition, Search-Select, accounting ledger, equal wall clock, the four ablations, advantage
     SNR and covariance, pass@k and all-n, error taxonomy (shares and absolute rates), per-repository pass@1 and
@@ -47,7 +56,7 @@ def report_tables(
     runs to make, with the commands."""
     from crr.report import write_tables
 
-    loaded, entries = write_tables(runs, out)
+    loaded, entries = write_tables(runs, out, _spec(spec))
     _print_report("tables", out, loaded, entries)
 
 
@@ -56,10 +65,11 @@ def report_tables(
 def report_plots(
     runs: list[Path] = typer.Option(..., "--runs", help=_RUNS_HELP),
     out: Path = typer.Option(Path("results/report"), "--out", help="Where the figures and report.md go."),
+    spec: Path | None = typer.Option(None, "--spec", help=_SPEC_HELP),
 ) -> None:
     """Sample efficiency (pass@1 against on-policy trajectories and wall clock), training reward, the ablation
     panels (k, selector, horizon, T_cf), advantage SNR and covariance, per-repository pass@1; PNG and PDF."""
     from crr.report import write_plots
 
-    loaded, entries = write_plots(runs, out)
+    loaded, entries = write_plots(runs, out, _spec(spec))
     _print_report("plots", out, loaded, entries)

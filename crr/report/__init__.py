@@ -4,7 +4,8 @@
     report = write_plots([Path("results/cpu-main")], Path("results/cpu-main/report"))
 
 Both find the `crr train` / `crr eval` runs at or under the given paths (crr.report.runs), and the `crr credit
-audit` runs (crr.report.credit), write their outputs
+audit` runs (crr.report.credit), write their outputs (following the shipped comparison specs of the runs' scale, or
+the one `spec` given)
 and keep an index, report.md (with report.json, the same as data), of everything written to `out` so far:
 each entry's status (complete, partial, missing), files, and the runs still to make.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from crr.experiments import display_path
+from crr.experiments import Comparison, display_path
 from crr.report.output import missing_markdown, write_table
 from crr.report.runs import Runs, load_runs
 from crr.rundir import atomic_write_json, atomic_write_text
@@ -35,12 +36,12 @@ class Entry:
     missing: list[dict]  # {what, commands}
 
 
-def write_tables(paths: list[Path], out: Path) -> tuple[Runs, list[Entry]]:
+def write_tables(paths: list[Path], out: Path, spec: Comparison | None = None) -> tuple[Runs, list[Entry]]:
     from crr.report.credit import credit_tables  # deferred: pandas and pyarrow
     from crr.report.tables import all_tables
 
     credit = credit_tables(paths)
-    runs = load_runs(paths, require=not credit)
+    runs = load_runs(paths, require=not credit, spec=spec)
     entries = []
     for t in (all_tables(runs) if runs.train or runs.evals or not credit else []) + credit:
         files = write_table(t, out)
@@ -50,12 +51,12 @@ def write_tables(paths: list[Path], out: Path) -> tuple[Runs, list[Entry]]:
     return runs, entries
 
 
-def write_plots(paths: list[Path], out: Path) -> tuple[Runs, list[Entry]]:
+def write_plots(paths: list[Path], out: Path, spec: Comparison | None = None) -> tuple[Runs, list[Entry]]:
     from crr.report.credit import credit_plots  # deferred: matplotlib
     from crr.report.plots import all_plots
 
     credit = credit_plots(paths, out)
-    runs = load_runs(paths, require=not credit)
+    runs = load_runs(paths, require=not credit, spec=spec)
     entries = []
     for p in (all_plots(runs, out) if runs.train or runs.evals or not credit else []) + credit:
         status = "missing" if not p.files else "partial" if p.missing else "complete"

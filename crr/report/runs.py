@@ -60,13 +60,14 @@ class ArmRef:
 
 
 class Catalogue:
-    """The arms of one scale's comparison specs, by key."""
+    """The arms of one scale's comparison specs, by key; or of one given comparison (`main`), which the tables
+    then follow alone (its arms, seeds and evaluations: `crr report --spec`, `crr experiment run`)."""
 
-    def __init__(self, scale: str):
-        self.scale = scale
+    def __init__(self, scale: str, main: Comparison | None = None):
+        self.scale, self.main = scale, main
         preset = EXPERIMENTS / f"{scale}-crr.yaml"
         self.defaults = read_preset(preset) if preset.is_file() else {}
-        self.specs: dict[str, Comparison] = {c.name: c for c in comparisons(scale)}
+        self.specs: dict[str, Comparison] = {main.name: main} if main else {c.name: c for c in comparisons(scale)}
         self.arms: dict[tuple, ArmRef] = {}
         for spec in self.specs.values():
             for arm in spec.arms.values():
@@ -74,7 +75,10 @@ class Catalogue:
                 self.arms.setdefault(key, ArmRef(key, arm.name, arm))
 
     def spec(self, *names: str) -> Comparison | None:
-        """The first of `names` (without the scale prefix) that this scale has."""
+        """The first of `names` (without the scale prefix) that this scale has; a given comparison is every one
+        (its own main arms, ablation arms, Search-Select arm)."""
+        if self.main is not None:
+            return self.main
         return next((self.specs[f"{self.scale}-{n}"] for n in names if f"{self.scale}-{n}" in self.specs), None)
 
     def ref(self, spec: Comparison, arm_name: str) -> ArmRef:
@@ -297,9 +301,10 @@ def _checkpoint_step(checkpoint: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def load_runs(paths: list[Path], *, require: bool = True) -> Runs:
+def load_runs(paths: list[Path], *, require: bool = True, spec: Comparison | None = None) -> Runs:
     """Every train and eval run at or under `paths`; other runs (sft, rollout, filter, credit-audit) are listed
-    as ignored. None at all is a CRRError unless not `require`d (the paths hold credit audits)."""
+    as ignored. None at all is a CRRError unless not `require`d (the paths hold credit audits). `spec`: the
+    comparison the runs belong to (default: the shipped specs of their scale)."""
     dirs = discover(paths)
     raw: list[tuple[Path, str, dict]] = []
     ignored = []
@@ -319,7 +324,7 @@ def load_runs(paths: list[Path], *, require: bool = True) -> Runs:
     scales = {_scale(c) for _, cmd, c in raw if cmd == "train"}
     if len(scales) > 1:
         raise CRRError("--runs mixes CPU-scale and paper-scale train runs; report each scale separately")
-    catalogue = Catalogue(scales.pop() if scales else "cpu")
+    catalogue = Catalogue(scales.pop() if scales else "cpu", spec)
     train = [_load_train(p, c, catalogue) for p, cmd, c in raw if cmd == "train"]
     by_path = {r.path: r for r in train}
     by_name = {r.path.name: r for r in train}

@@ -27,6 +27,7 @@ from crr.experiments import Comparison, EvalSpec
 from crr.report.runs import ArmRef, EvalRun, Runs, TrainRun
 from crr.rundir import relative_to_cwd
 from crr.train.ledger import PHASES
+from crr.train.records import read_records
 from crr.train.tuples import read_tuples
 
 ERROR_MODES = {"wrong_localisation": "Wrong loc.", "partial_fix": "Partial fix", "regression": "Regression",
@@ -173,7 +174,10 @@ def _main_spec(runs: Runs) -> Comparison | None:
 
 def _evals(spec: Comparison | None, runs: Runs, *, sampled: bool = False) -> list[EvalSpec]:
     """The spec's evaluations of final models (greedy, or sampled), plus datasets only the runs have."""
-    out = [e for e in (spec.evals if spec else []) if (e.samples > 1) == sampled]
+    out = []
+    for e in (spec.evals if spec else []):   # one per dataset: another entry may add checkpoints of some arms
+        if (e.samples > 1) == sampled and e.dataset not in {x.dataset for x in out}:
+            out.append(e)
     for e in runs.evals:
         if e.train is not None and (e.samples > 1) == sampled and e.dataset not in {x.dataset for x in out}:
             out.append(EvalSpec(e.dataset, settings={"samples": e.samples} if sampled else {}))
@@ -340,6 +344,12 @@ def accounting_table(runs: Runs) -> Table:
             (f"  counterfactual tests ({unit})", "cf_test_s"), (f"Learner updates ({unit})", "update_s"),
             (f"Unattributed ({unit})", "unattributed_s"), (f"Total wall clock ({unit})", "wall_s")]
     display = [{"Accounting item": name, **{a: f"{means.at[a, k] / scale:.2f}" for a in means.index}} for name, k in rows]
+    # what a branch costs beside an on-policy trajectory (issue 29's target: at most half)
+    per = lambda a, num, den: DASH if not means.at[a, den] else f"{means.at[a, num] / means.at[a, den]:.2f}"  # noqa: E731
+    display.append({"Accounting item": "Seconds per on-policy trajectory",
+                    **{a: per(a, "rollout_s", "trajectories") for a in means.index}})
+    display.append({"Accounting item": "Seconds per fork (its fork pool share)",
+                    **{a: per(a, "cf_pool_s", "forks") for a in means.index}})
     for name, k in (("On-policy trajectories", "trajectories"), ("Optimizer updates", "updates"), ("Forks", "forks"),
                     ("Generated tokens, on-policy", "generated_tokens_on_policy"),
                     ("Generated tokens, all", "generated_tokens_all"), ("Effective tokens", "effective_tokens")):
@@ -781,6 +791,57 @@ def fork_composition_table(runs: Runs) -> Table:
     return table
 
 
+def _step_credit(run: TrainRun) -> dict | None:
+    """Counts over one run's on-policy steps (its trajectory records) of how its step advantage A_t relates to
+    GRPO's on the same step, and its scored forks' outcome pairs (R(tau), R(tilde tau)); None: no records."""
+    steps = [s for r in read_records(run.path) if r["kind"] == "trajectory" for s in r["steps"]
+             if s.get("advantage") is not None and s.get("grpo_advantage") is not None]
+    if not steps:
+        return None
+    a, g = np.array([s["advantage"] for s in steps]), np.array([s["grpo_advantage"] for s in steps])
+    differs = ~np.isclose(a, g, rtol=0.0, atol=1e-9)
+    zero_a, zero_g = np.isclose(a, 0.0, atol=1e-9), np.isclose(g, 0.0, atol=1e-9)
+    pairs = {k: sum((m.get("outcome_pairs") or {}).get(k, 0) for m in run.metrics.values())
+             for k in ("1-0", "0-1", "1-1", "0-0")}
+    return {"steps": len(steps), "selected": sum(bool(s.get("selected")) for s in steps),
+            "differs": int(differs.sum()), "opposite_sign": int((a * g < 0).sum()),
+            "zeroed": int((differs & zero_a & ~zero_g).sum()), "from_zero": int((differs & zero_g & ~zero_a).sum()),
+            **{f"pairs_{k}": v for k, v in pairs.items()}}
+
+
+def step_credit_table(runs: Runs) -> Table:
+    spec = _main_spec(runs)
+    needs = Needs(runs, spec)
+    arms, _ = main_arms(runs, spec)
+    table = Table("step_credit", "Step advantages in training against GRPO's",
+                  "Every on-policy step of each arm's training runs (their trajectory records, seeds pooled): the "
+                  "share the selector picked, the share whose advantage A_t differs from GRPO's on the same step "
+                  "(R - mean of the group), of opposite sign, set to 0 where GRPO's is not, and made non-zero where "
+                  "GRPO's is 0 (an all-fail or all-solve group); and the scored forks by outcome pair "
+                  "R(tau)-R(tilde tau) (1-0: the realised step did better than its alternative).", missing=needs.missing)
+    rows = []
+    for ref in arms:
+        found = [(r, _step_credit(r)) for r in needs.train(ref)]
+        if any(c is None for _, c in found):
+            table.notes.append(f"{_label(ref)}: {sum(c is None for _, c in found)} run(s) kept no trajectory records "
+                               "(keep_trajectories)")
+        counts = [c for _, c in found if c is not None]
+        if counts:
+            rows.append({"arm": _label(ref), "seeds": len(counts), **{k: sum(c[k] for c in counts) for k in counts[0]}})
+    if not rows:
+        return table
+    data = pd.DataFrame(rows)
+    share = lambda col: [f"{100 * x / n:.1f}" for x, n in zip(data[col], data.steps)]  # noqa: E731
+    table.data = data
+    table.display = pd.DataFrame({
+        "Method": data.arm, "Seeds": data.seeds, "Steps": data.steps, "Selected (%)": share("selected"),
+        "≠ GRPO (%)": share("differs"), "Opposite sign (%)": share("opposite_sign"), "Zeroed (%)": share("zeroed"),
+        "From zero (%)": share("from_zero"),
+        "Fork pairs 1-0 / 0-1 / 1-1 / 0-0": [f"{r['pairs_1-0']} / {r['pairs_0-1']} / {r['pairs_1-1']} / {r['pairs_0-0']}"
+                                             for _, r in data.iterrows()]})
+    return table
+
+
 def all_tables(runs: Runs) -> list[Table]:
     errors, errors_absolute = error_tables(runs)
     makers: list[Callable[[], Table]] = [
@@ -788,5 +849,6 @@ def all_tables(runs: Runs) -> list[Table]:
         lambda: accounting_table(runs), lambda: wallclock_table(runs),
         *[(lambda f=f: ablation_table(runs, f)) for f in FACTORS],
         lambda: paired_table(runs), lambda: snr_table(runs), lambda: covariance_table(runs), lambda: passk_table(runs),
-        lambda: errors, lambda: errors_absolute, lambda: per_repo_table(runs), lambda: fork_composition_table(runs)]
+        lambda: errors, lambda: errors_absolute, lambda: per_repo_table(runs), lambda: fork_composition_table(runs),
+        lambda: step_credit_table(runs)]
     return [make() for make in makers]
