@@ -207,7 +207,9 @@ def main_arms(runs: Runs, spec: Comparison | None) -> tuple[list[ArmRef], ArmRef
 
 def _label(ref: ArmRef) -> str:
     return {"grpo": "GRPO", "crr": "CRR", "search-select": "Search-Select-GRPO",
-            "grpo-equal-wall-clock": "GRPO (equal wall clock)"}.get(ref.label, ref.label)
+            "grpo-equal-wall-clock": "GRPO (equal wall clock)", "crr-k2": "CRR (K = 2)",
+            "zero-contrast": "zero-contrast control", "gigpo": "GiGPO", "mc-values": "Monte-Carlo values"}.get(
+        ref.label, ref.label)
 
 
 # ------------------------------------------------------------------------------------ tables
@@ -673,10 +675,15 @@ def paired_table(runs: Runs) -> Table:
                          "ci_tasks_seeds_low": 100 * c.ci_tasks_seeds[0], "ci_tasks_seeds_high": 100 * c.ci_tasks_seeds[1],
                          "a_ahead": c.a_ahead, "b_ahead": c.b_ahead, "mde": 100 * c.mde,
                          **{f"var_{k}": v for k, v in asdict(c.components).items()},
-                         "seeds_for_target": seeds_needed(c.components, PLAN_TASKS, TARGET_POINTS / 100)})
+                         "seeds_for_target": None if min(c.seeds_a, c.seeds_b) < 2 else
+                         seeds_needed(c.components, PLAN_TASKS, TARGET_POINTS / 100)})
     if not rows:
         return table
     data = pd.DataFrame(rows)
+    if ((data.seeds_a < 2) | (data.seeds_b < 2)).any():
+        table.notes.append("an arm with one seed: its seed-to-seed variance is not estimated (it counts as 0), so its "
+                           "rows' intervals are over tasks alone and their seed counts are blank; two seeds per arm "
+                           "estimate it")
     ci = lambda lo, hi: f"[{lo:+.1f}, {hi:+.1f}]"  # noqa: E731
     table.data = data
     table.display = pd.DataFrame({
@@ -818,7 +825,10 @@ def step_credit_table(runs: Runs) -> Table:
                   "share the selector picked, the share whose advantage A_t differs from GRPO's on the same step "
                   "(R - mean of the group), of opposite sign, set to 0 where GRPO's is not, and made non-zero where "
                   "GRPO's is 0 (an all-fail or all-solve group); and the scored forks by outcome pair "
-                  "R(tau)-R(tilde tau) (1-0: the realised step did better than its alternative).", missing=needs.missing)
+                  "R(tau)-R(tilde tau) (1-0: the realised step did better than its alternative). With a binary "
+                  "reward a counterfactual contrast cannot oppose GRPO's sign (R = 1 makes both >= 0, R = 0 both <= 0): "
+                  "CRR can only zero GRPO's advantage (1-1, 0-0), enlarge it, or give one where GRPO's is 0.",
+                  missing=needs.missing)
     rows = []
     for ref in arms:
         found = [(r, _step_credit(r)) for r in needs.train(ref)]
