@@ -1,7 +1,7 @@
 """Benchmark for the report (not a timed test): iteration wall time of crr / grpo at k=4, K=1 on the CPU
 preset, and the fork share of a CRR iteration (paper: 1.71x microbatch latency; targets <= 1.6x and <= 5 %).
 
-    .venv/bin/python scripts/train_bench.py --updates 3 [key=value overrides...]
+    .venv/bin/python scripts/train_bench.py --updates 3 [--config PRESET] [key=value overrides...]
 
 Runs `crr train` for each method with the same seed and config into a temporary directory and reads the
 ledgers: mean iteration wall_s and phase seconds per method, their ratio, the fork share fork_s / wall_s
@@ -25,12 +25,13 @@ from crr.train.trainer import start_run, train
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--updates", type=int, default=3)
+    ap.add_argument("--config", default=None, help="a preset (experiments/*.yaml); default: crr's defaults")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     out = tempfile.mkdtemp(prefix="crr-train-bench-")
     result = {}
     for method in ("grpo", "crr"):
-        cfg = load_config(None, {**parse_overrides(args.overrides), "method": method, "k": 4, "cf_samples": 1,
+        cfg = load_config(args.config, {**parse_overrides(args.overrides), "method": method, "k": 4, "cf_samples": 1,
                                  "max_steps": args.updates, "output_dir": out})
         run = start_run(cfg, out)
         train(cfg, run)

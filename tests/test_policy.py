@@ -381,8 +381,14 @@ def test_exclude_never_returns_the_realised_call(policy):
     tools = [t for t in COMPACT_TOOLS if t["function"]["name"] in ("submit_patch", "run_tests")]
     backend = TransformersBackend(*policy, tools=tools, max_value_chars=MAX_VALUE_CHARS)
     realised = '{"name": "submit_patch", "arguments": {}}'
+    passes = []
+    sample_rows = backend._sample
+    backend._sample = lambda prompts, *a, **kw: passes.append(len(prompts)) or sample_rows(prompts, *a, **kw)
     samples = backend.generate([conversation()] * 8, temperature=0.7, seed=0, max_new_tokens=BUDGET,
                                exclude=[realised] * 8)
+    # the rows that drew a_t get their remaining tries in one more decoding pass, not one pass per try
+    retried = [s for s in samples if s.tries > 1]
+    assert passes == [8, (DEFAULT_MAX_EXCLUSION_TRIES - 1) * len(retried)]
     for s in samples:
         assert not s.exclusion_failed
         assert parse_tool_call(s.text).canonical() != parse_tool_call(realised).canonical()

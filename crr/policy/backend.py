@@ -201,16 +201,24 @@ class TransformersBackend:
         if excluded is None:
             return samples
         pending = [i for i, c in enumerate(excluded) if c is not None and _same_call(samples[i].text, c)]
-        for tries in range(2, self.max_exclusion_tries + 1):
-            if not pending:
-                break
-            for i, sample in zip(pending, self._sample([prompts[i] for i in pending], temperature, generator,
-                                                       max_new_tokens)):
-                sample.tries, sample.wall_time_s = tries, sample.wall_time_s + samples[i].wall_time_s
-                samples[i] = sample
-            pending = [i for i in pending if _same_call(samples[i].text, excluded[i])]
+        # Rejection sampling keeps the first try that is not the excluded call. A row's remaining tries are
+        # i.i.d. draws, so drawing them together in one batch and keeping the first acceptable one in try order
+        # gives the same distribution (and the same skip: all max_exclusion_tries tries were a_t) as drawing
+        # them one after another, in one decoding pass instead of up to max_exclusion_tries - 1.
+        extra = self.max_exclusion_tries - 1
+        if pending and extra:
+            retries = self._sample([prompts[i] for i in pending for _ in range(extra)], temperature, generator,
+                                   max_new_tokens)
+            for j, i in enumerate(pending):
+                tried = retries[j * extra:(j + 1) * extra]
+                first = next((r for r, s in enumerate(tried) if not _same_call(s.text, excluded[i])), None)
+                if first is not None:
+                    tried[first].tries = first + 2
+                    tried[first].wall_time_s += samples[i].wall_time_s
+                    samples[i] = tried[first]
         for i in pending:
-            samples[i].exclusion_failed = True
+            if _same_call(samples[i].text, excluded[i]):
+                samples[i].exclusion_failed, samples[i].tries = True, self.max_exclusion_tries
         for i, text in enumerate(exclude):
             if text is not None:
                 sample = samples[i]
