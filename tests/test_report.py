@@ -150,6 +150,11 @@ def test_tables_agree_with_the_run_files(comparison):
         for key in ("rollout_s", "update_s", "wall_s", "trajectories", "forks", "generated_tokens_all"):
             assert rows[key].mean() == pytest.approx(sum(sum(it[key] for it in ls) for ls in ledgers) / len(ledgers)), key
     assert (accounting[accounting.arm == "GRPO"].forks == 0).all() and accounting[accounting.arm == "CRR"].forks.sum() > 0
+    assert (accounting.cf_tokens == accounting.generated_tokens_all - accounting.generated_tokens_on_policy).all()
+    crr_rows = accounting[accounting.arm == "CRR"]
+    per_fork = f"{crr_rows.cf_tokens.mean() / crr_rows.forks.mean():.0f}"   # a branch's own tokens, per fork
+    assert any(line.startswith("| Generated tokens per fork ") and per_fork in line
+               for line in (out / "accounting.md").read_text().splitlines())
 
     wallclock = pd.read_csv(out / "wallclock.csv")
     matched = wallclock[wallclock.arm == "GRPO (equal wall clock)"]

@@ -44,6 +44,7 @@ from crr.policy.prefix_cache import PrefixCache, batch_past, reusable, row_kv
 DEFAULT_MAX_EXCLUSION_TRIES = 8
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30  # reused keys/values (the tiny model: ~3 KB a token, so ~350k tokens)
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # vLLM on CPU: its KV cache (the tiny model in float32: ~350k tokens)
+DEFAULT_CPU_BATCHED_TOKENS = 8192     # vLLM on CPU: tokens a scheduler step takes when the model names no context
 
 
 @dataclass
@@ -436,6 +437,9 @@ class VLLMBackend(TransformersBackend):
         llm_kwargs.setdefault("generation_config", "vllm")  # no sampling defaults from the model directory
         if device == "cpu" and "kv_cache_memory_bytes" not in llm_kwargs and "gpu_memory_utilization" not in llm_kwargs:
             llm_kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
+        if device == "cpu":   # a step takes any one prompt whole (_prefill_groups says why)
+            llm_kwargs.setdefault("max_num_batched_tokens", getattr(model.config, "max_position_embeddings", None)
+                                  or DEFAULT_CPU_BATCHED_TOKENS)
         self.llm = LLM(model=model_path, logprobs_mode="processed_logprobs",
                        logits_processors=[ToolCallLogitsProcessor],
                        worker_extension_cls="crr.policy.vllm_grammar.WeightSyncExtension", **llm_kwargs)
@@ -473,11 +477,31 @@ class VLLMBackend(TransformersBackend):
         start = time.perf_counter()
         seeds = torch.randint(2**31 - 1, (len(prompts),), generator=generator).tolist()
         params = [self.sampling_params(temperature, s, max_new_tokens) for s in seeds]
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outputs = []
+        for group in self._prefill_groups(prompts):
+            outputs += self.llm.generate([{"prompt_token_ids": prompts[i]} for i in group], [params[i] for i in group],
+                                         use_tqdm=False)
         elapsed = time.perf_counter() - start
         return [self._scored_sample(prompt, list(output.outputs[0].token_ids), output.outputs[0].logprobs,
                                     output.outputs[0].finish_reason == "length", temperature, elapsed)
                 for prompt, output in zip(prompts, outputs)]
+
+    def _prefill_groups(self, prompts: list[list[int]]) -> list[list[int]]:
+        """The prompts' indices in `llm.generate` calls. On CPU, calls whose prompts fit one scheduler step
+        (max_num_batched_tokens): vLLM 0.31 rewinds a seeded request's generator when a step samples for a
+        prompt whose prefill it split, which a CPU torch.Generator refuses ("CPU Generator does not use
+        offset"); a row's seed fixes its draws, so the grouping changes no sample. On a GPU: one call."""
+        if self.device != "cpu":
+            return [list(range(len(prompts)))]
+        budget = self.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+        groups, tokens = [[]], 0
+        for i, p in enumerate(prompts):
+            if groups[-1] and tokens + len(p) > budget:
+                groups.append([])
+                tokens = 0
+            groups[-1].append(i)
+            tokens += len(p)
+        return groups
 
     def _scored_sample(self, prompt: list[int], action: list[int], logprobs, truncated: bool, temperature: float,
                        wall_time_s: float) -> StepSample:

@@ -337,6 +337,7 @@ def accounting_table(runs: Runs) -> Table:
             records.append({"arm": arm, "seed": r.seed, **{k: c[k] for k in (*PHASES, "wall_s", "trajectories", "updates",
                             "forks", "generated_tokens_on_policy", "generated_tokens_all", "effective_tokens")},
                             "cf_pool_s": c["fork_s"] + c["cf_rollout_s"] + c["cf_test_s"],
+                            "cf_tokens": c["generated_tokens_all"] - c["generated_tokens_on_policy"],
                             "unattributed_s": c["wall_s"] - sum(c[k] for k in PHASES)})
     data = pd.DataFrame(records)
     means = data.groupby("arm", sort=False).mean(numeric_only=True)
@@ -347,11 +348,23 @@ def accounting_table(runs: Runs) -> Table:
             (f"Unattributed ({unit})", "unattributed_s"), (f"Total wall clock ({unit})", "wall_s")]
     display = [{"Accounting item": name, **{a: f"{means.at[a, k] / scale:.2f}" for a in means.index}} for name, k in rows]
     # what a branch costs beside an on-policy trajectory (issue 29's target: at most half)
-    per = lambda a, num, den: DASH if not means.at[a, den] else f"{means.at[a, num] / means.at[a, den]:.2f}"  # noqa: E731
+    def per(a: str, num: str, den: str, fmt: str = ".2f") -> str:
+        return DASH if not means.at[a, den] else f"{means.at[a, num] / means.at[a, den]:{fmt}}"
+
     display.append({"Accounting item": "Seconds per on-policy trajectory",
                     **{a: per(a, "rollout_s", "trajectories") for a in means.index}})
     display.append({"Accounting item": "Seconds per fork (its fork pool share)",
                     **{a: per(a, "cf_pool_s", "forks") for a in means.index}})
+    # how long a branch is beside a trajectory, and what a token costs in each (a branch's own tokens only)
+    display.append({"Accounting item": "Generated tokens per on-policy trajectory",
+                    **{a: per(a, "generated_tokens_on_policy", "trajectories", ".0f") for a in means.index}})
+    display.append({"Accounting item": "Generated tokens per fork",
+                    **{a: per(a, "cf_tokens", "forks", ".0f") for a in means.index}})
+    means["rollout_ms"], means["cf_pool_ms"] = 1e3 * means["rollout_s"], 1e3 * means["cf_pool_s"]
+    display.append({"Accounting item": "Milliseconds per generated token, on-policy rollout",
+                    **{a: per(a, "rollout_ms", "generated_tokens_on_policy") for a in means.index}})
+    display.append({"Accounting item": "Milliseconds per generated token, fork pool",
+                    **{a: per(a, "cf_pool_ms", "cf_tokens") for a in means.index}})
     for name, k in (("On-policy trajectories", "trajectories"), ("Optimizer updates", "updates"), ("Forks", "forks"),
                     ("Generated tokens, on-policy", "generated_tokens_on_policy"),
                     ("Generated tokens, all", "generated_tokens_all"), ("Effective tokens", "effective_tokens")):
