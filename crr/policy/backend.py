@@ -494,7 +494,7 @@ class VLLMBackend(TransformersBackend):
         if self.device != "cpu":
             return [list(range(len(prompts)))]
         budget = self.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
-        groups, tokens = [[]], 0
+        groups, tokens = [[]] if prompts else [], 0
         for i, p in enumerate(prompts):
             if groups[-1] and tokens + len(p) > budget:
                 groups.append([])
