@@ -207,19 +207,17 @@ class TransformersBackend:
         # gives the same distribution (and the same skip: all max_exclusion_tries tries were a_t) as drawing
         # them one after another, in one decoding pass instead of up to max_exclusion_tries - 1.
         extra = self.max_exclusion_tries - 1
-        if pending and extra:
-            retries = self._sample([prompts[i] for i in pending for _ in range(extra)], temperature, generator,
-                                   max_new_tokens)
-            for j, i in enumerate(pending):
-                tried = retries[j * extra:(j + 1) * extra]
-                first = next((r for r, s in enumerate(tried) if not _same_call(s.text, excluded[i])), None)
-                if first is not None:
-                    tried[first].tries = first + 2
-                    tried[first].wall_time_s += samples[i].wall_time_s
-                    samples[i] = tried[first]
-        for i in pending:
-            if _same_call(samples[i].text, excluded[i]):
+        retries = (self._sample([prompts[i] for i in pending for _ in range(extra)], temperature, generator,
+                                max_new_tokens) if pending and extra else [])
+        for j, i in enumerate(pending):
+            tried = retries[j * extra:(j + 1) * extra]
+            first = next((r for r, s in enumerate(tried) if not _same_call(s.text, excluded[i])), None)
+            if first is None:   # every try was the excluded call
                 samples[i].exclusion_failed, samples[i].tries = True, self.max_exclusion_tries
+                continue
+            tried[first].tries = first + 2
+            tried[first].wall_time_s += samples[i].wall_time_s
+            samples[i] = tried[first]
         for i, text in enumerate(exclude):
             if text is not None:
                 sample = samples[i]
