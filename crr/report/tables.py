@@ -347,24 +347,19 @@ def accounting_table(runs: Runs) -> Table:
             (f"  counterfactual tests ({unit})", "cf_test_s"), (f"Learner updates ({unit})", "update_s"),
             (f"Unattributed ({unit})", "unattributed_s"), (f"Total wall clock ({unit})", "wall_s")]
     display = [{"Accounting item": name, **{a: f"{means.at[a, k] / scale:.2f}" for a in means.index}} for name, k in rows]
-    # what a branch costs beside an on-policy trajectory (issue 29's target: at most half)
-    def per(a: str, num: str, den: str, fmt: str = ".2f") -> str:
-        return DASH if not means.at[a, den] else f"{means.at[a, num] / means.at[a, den]:{fmt}}"
-
-    display.append({"Accounting item": "Seconds per on-policy trajectory",
-                    **{a: per(a, "rollout_s", "trajectories") for a in means.index}})
-    display.append({"Accounting item": "Seconds per fork (its fork pool share)",
-                    **{a: per(a, "cf_pool_s", "forks") for a in means.index}})
-    # how long a branch is beside a trajectory, and what a token costs in each (a branch's own tokens only)
-    display.append({"Accounting item": "Generated tokens per on-policy trajectory",
-                    **{a: per(a, "generated_tokens_on_policy", "trajectories", ".0f") for a in means.index}})
-    display.append({"Accounting item": "Generated tokens per fork",
-                    **{a: per(a, "cf_tokens", "forks", ".0f") for a in means.index}})
-    means["rollout_ms"], means["cf_pool_ms"] = 1e3 * means["rollout_s"], 1e3 * means["cf_pool_s"]
-    display.append({"Accounting item": "Milliseconds per generated token, on-policy rollout",
-                    **{a: per(a, "rollout_ms", "generated_tokens_on_policy") for a in means.index}})
-    display.append({"Accounting item": "Milliseconds per generated token, fork pool",
-                    **{a: per(a, "cf_pool_ms", "cf_tokens") for a in means.index}})
+    # what a branch costs beside an on-policy trajectory (issue 29's target: at most half), how long it is, and
+    # what a token costs in each (a branch's own tokens only): numerator / denominator x scale, per arm
+    ratios = [("Seconds per on-policy trajectory", "rollout_s", "trajectories", 1, ".2f"),
+              ("Seconds per fork (its fork pool share)", "cf_pool_s", "forks", 1, ".2f"),
+              ("Generated tokens per on-policy trajectory", "generated_tokens_on_policy", "trajectories", 1, ".0f"),
+              ("Generated tokens per fork", "cf_tokens", "forks", 1, ".0f"),
+              ("Milliseconds per generated token, on-policy rollout", "rollout_s", "generated_tokens_on_policy", 1e3,
+               ".2f"),
+              ("Milliseconds per generated token, fork pool", "cf_pool_s", "cf_tokens", 1e3, ".2f")]
+    for name, num, den, times, fmt in ratios:
+        display.append({"Accounting item": name, **{a: DASH if not means.at[a, den] else
+                                                    f"{times * means.at[a, num] / means.at[a, den]:{fmt}}"
+                                                    for a in means.index}})
     for name, k in (("On-policy trajectories", "trajectories"), ("Optimizer updates", "updates"), ("Forks", "forks"),
                     ("Generated tokens, on-policy", "generated_tokens_on_policy"),
                     ("Generated tokens, all", "generated_tokens_all"), ("Effective tokens", "effective_tokens")):
