@@ -22,7 +22,7 @@ from crr.policy.model import default_model_dir, init_tiny_model, load_policy
 from crr.policy.backend import DEFAULT_MAX_EXCLUSION_TRIES
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import MODEL_VERSION, SIZES, param_count, train_tokenizer
-from crr.policy.prefix_cache import PrefixCache
+from crr.policy.prefix_cache import DecodeLayer, PrefixCache
 from crr.tasks.nano import Vocabulary, nano_template
 
 MAX_VALUE_CHARS = 4
@@ -357,6 +357,76 @@ def test_no_prefix_reuse_for_sliding_window_layers(policy):
                                   max_value_chars=MAX_VALUE_CHARS)
     [sample] = backend.generate([conversation()], temperature=0.7, seed=0, max_new_tokens=BUDGET)
     assert not sample.truncated and len(backend.prefix_cache) == 0
+
+
+def reference_sample(model, grammar, prompts, temperature, seed, max_new_tokens):
+    """Independent reference for a batched call: each row alone, re-encoded in full every token (no
+    cache, no padding), with the Gumbel noise the batch draws: one (rows x vocabulary) draw per step."""
+    generator = torch.Generator().manual_seed(seed)
+    noise = [-torch.empty((len(prompts), model.config.vocab_size)).exponential_(generator=generator).log()
+             for _ in range(max_new_tokens)]
+    actions = []
+    for i, prompt in enumerate(prompts):
+        matcher, action = grammar.matcher(), []
+        while not matcher.is_terminated and len(action) < max_new_tokens:
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([prompt + action])).logits[0, -1].float()
+            masked = logits.masked_fill(~matcher.allowed(), -math.inf)
+            token = int((masked / temperature + noise[len(action)][i]).argmax())
+            matcher.advance(token)
+            action.append(token)
+        actions.append(action)
+    return actions
+
+
+def test_rows_leave_the_batch_as_they_finish_and_sample_as_if_they_had_stayed(policy, batch):
+    """A row whose call is complete leaves the decoding batch (and the columns only it needed leave the
+    cache): each decoding step feeds only the rows still generating, and every row samples the tokens it
+    samples alone, with its own noise. Also with rows cut off at max_new_tokens."""
+    model, tokenizer = policy
+    backend = TransformersBackend(model, tokenizer, tools=COMPACT_TOOLS, max_value_chars=MAX_VALUE_CHARS)
+    prompts = [backend.prompt_ids(c) for c in batch[:4]]
+    steps = []
+
+    def count(module, args, kwargs):  # rows fed per forward call: the prefill, then one per decoding step
+        mask = kwargs.get("attention_mask")
+        if mask is None:  # the reference's calls
+            return
+        steps.append(mask.shape[0])
+        assert bool(mask[:, 0].any()), "a column no row attends to was kept"
+
+    hook = model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        max_new_tokens = BUDGET
+        for cut in (False, True):
+            steps.clear()
+            samples = backend.generate(prompts, temperature=1.0, seed=3, max_new_tokens=max_new_tokens)
+            actions = [s.action_ids for s in samples]
+            assert actions == reference_sample(model, backend.grammar, prompts, 1.0, 3, max_new_tokens)
+            longest = max(map(len, actions))
+            assert steps == [len(prompts)] + [sum(len(a) > k for a in actions) for k in range(1, longest)]
+            lengths = sorted(map(len, actions))
+            assert lengths[0] < lengths[-1]  # rows did finish at different steps
+            max_new_tokens = lengths[len(lengths) // 2]  # then: some rows complete, the others are cut off
+    finally:
+        hook.remove()
+    assert any(s.truncated for s in samples) and not all(s.truncated for s in samples)
+
+
+def test_a_decode_layer_appends_in_place_grows_and_keeps_rows_and_columns():
+    layer = DecodeLayer(room=4)
+    k = torch.arange(2 * 1 * 3 * 2, dtype=torch.float32).reshape(2, 1, 3, 2)
+    keys, values = layer.update(k, -k)
+    buffer = layer._k.data_ptr()
+    assert torch.equal(keys, k) and torch.equal(values, -k) and layer.get_seq_length() == 3
+    keys, _ = layer.update(k[:, :, :1] + 100, k[:, :, :1])
+    assert layer._k.data_ptr() == buffer and keys.shape[2] == 4  # written into the room, no copy
+    keys, _ = layer.update(k[:, :, :2] + 200, k[:, :, :2])  # out of room: grows
+    assert keys.shape[2] == 6 and layer._k.shape[2] >= 6
+    assert torch.equal(keys[:, :, :3], k) and torch.equal(keys[:, :, 4:], k[:, :, :2] + 200)
+    layer.keep(torch.tensor([1]), start=2)
+    assert layer.keys.shape == (1, 1, 4, 2) and torch.equal(layer.keys[0, :, 0], k[1, :, 2])
+    assert layer.get_seq_length() == 4 and torch.equal(layer.values[0, :, 1], k[1, :, 0])
 
 
 def test_prefix_cache_is_bounded_in_bytes():

@@ -39,7 +39,7 @@ from crr.agent.tools import ToolCallError, parse_tool_call
 from crr.errors import CRRError
 from crr.policy import BACKENDS  # noqa: F401  (the backends' names, re-exported)
 from crr.policy.grammar import ToolCallGrammar, ToolCallMatcher, apply_bitmask
-from crr.policy.prefix_cache import PrefixCache, batch_past, reusable, row_kv
+from crr.policy.prefix_cache import PrefixCache, batch_past, keep_rows, reusable, row_kv
 
 DEFAULT_MAX_EXCLUSION_TRIES = 8
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30  # reused keys/values (the tiny model: ~3 KB a token, so ~350k tokens)
@@ -251,58 +251,74 @@ class TransformersBackend:
             positions[i, width - rest:] = torch.arange(n, len(p))
         out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
                          position_ids=positions.to(self.device), use_cache=True, logits_to_keep=1,
-                         past_key_values=batch_past(self.model.config, cached, reused))
-        next_positions = positions[:, -1:] + 1
+                         past_key_values=batch_past(self.model.config, cached, reused,
+                                                    room=reused + width + max_new_tokens))
+        past, next_positions = out.past_key_values, positions[:, -1:] + 1
 
         matchers = [self.grammar.matcher() for _ in range(rows)]
         bitmask = self.grammar.allocate_bitmask(rows)
         record: list[dict[str, list]] = [{"action_ids": [], "behaviour_logprobs": [], "policy_logprobs": [],
                                           "entropies": [], "semantic": []} for _ in range(rows)]
         done_at: list[float | None] = [None] * rows
-        for _ in range(max_new_tokens):
-            for i, m in enumerate(matchers):
-                if done_at[i] is None:
-                    m.fill_next_token_bitmask(bitmask, i)
-                else:
-                    bitmask[i] = -1  # finished rows: any token (ignored), keeps their softmax finite
+        # The rows still decoding, in batch order: a row leaves the batch (and the cache) when its call is
+        # complete, so a step costs what the unfinished rows need, not what the longest one does.
+        alive = list(range(rows))
+        for step in range(max_new_tokens):
+            for j, i in enumerate(alive):
+                matchers[i].fill_next_token_bitmask(bitmask, j)
             logits = out.logits[:, -1, :].float().cpu()
-            stats = _token_stats(logits, bitmask, temperature)
+            stats = _token_stats(logits, bitmask[:len(alive)], temperature)
             if temperature > 0:
-                gumbel = -torch.empty(logits.shape).exponential_(generator=generator).log()
+                # noise for every row of the call, finished or not, so that a row's draws are the same
+                # whenever the others finish
+                gumbel = -torch.empty((rows, logits.shape[-1])).exponential_(generator=generator).log()[alive]
                 chosen = (stats.masked / temperature + gumbel).argmax(-1)
                 unconstrained = (logits / temperature + gumbel).argmax(-1)
             else:
                 chosen, unconstrained = stats.masked.argmax(-1), logits.argmax(-1)
-            for i, m in enumerate(matchers):
-                if done_at[i] is not None:
-                    continue
-                token = int(chosen[i])
-                m.advance(token, int(unconstrained[i]))
+            finished = []
+            for j, i in enumerate(alive):
+                token = int(chosen[j])
+                matchers[i].advance(token, int(unconstrained[j]))
                 r = record[i]
                 r["action_ids"].append(token)
                 r["behaviour_logprobs"].append(0.0 if stats.behaviour_logp is None
-                                               else float(stats.behaviour_logp[i, token]))
-                r["policy_logprobs"].append(float(stats.policy_logp[i, token]))
-                r["entropies"].append(float(stats.entropy[i]))
-                r["semantic"].append(bool(stats.n_allowed[i] > 1))
-                if m.is_terminated:
+                                               else float(stats.behaviour_logp[j, token]))
+                r["policy_logprobs"].append(float(stats.policy_logp[j, token]))
+                r["entropies"].append(float(stats.entropy[j]))
+                r["semantic"].append(bool(stats.n_allowed[j] > 1))
+                if matchers[i].is_terminated:
                     done_at[i] = time.perf_counter() - start
-            if all(t is not None for t in done_at):
+                    finished.append(j)
+            if finished:
+                self._keep_prefixes(past, attention, finished, [alive[j] for j in finished], prompts, record)
+                stay = [j for j in range(len(alive)) if j not in finished]
+                alive, chosen, next_positions = [alive[j] for j in stay], chosen[stay], next_positions[stay]
+                if not alive:
+                    break
+                past, attention = keep_rows(past, attention, stay)
+            if step == max_new_tokens - 1:
                 break
-            active = torch.tensor([t is None for t in done_at], dtype=torch.long)
-            feed = torch.where(active.bool(), chosen, torch.full_like(chosen, self.tokenizer.pad_token_id))
-            attention = torch.cat([attention, active[:, None]], dim=-1)
-            out = self.model(input_ids=feed[:, None].to(self.device), attention_mask=attention.to(self.device),
-                             position_ids=next_positions.to(self.device), past_key_values=out.past_key_values,
+            attention = torch.cat([attention, torch.ones((len(alive), 1), dtype=attention.dtype)], dim=-1)
+            out = self.model(input_ids=chosen[:, None].to(self.device), attention_mask=attention.to(self.device),
+                             position_ids=next_positions.to(self.device), past_key_values=past,
                              use_cache=True, logits_to_keep=1)
-            next_positions = next_positions + 1
+            past, next_positions = out.past_key_values, next_positions + 1
+        if alive:  # rows cut off at max_new_tokens: what they were fed is reusable too
+            self._keep_prefixes(past, attention, list(range(len(alive))), alive, prompts, record)
         elapsed = time.perf_counter() - start
-        if self.prefix_cache.max_bytes > 0 and reusable(out.past_key_values, attention.shape[1]):
-            for i, (p, r) in enumerate(zip(prompts, record)):
-                keep = attention[i].nonzero()[:, 0].to(self.device)  # the tokens row i was fed
-                self.prefix_cache.store((p + r["action_ids"])[:len(keep)], row_kv(out.past_key_values, i, keep))
         return [self._step_sample(p, r, m, temperature, elapsed if t is None else t)
                 for p, r, m, t in zip(prompts, record, matchers, done_at)]
+
+    def _keep_prefixes(self, past, attention: torch.Tensor, batch_rows: list[int], rows: list[int],
+                       prompts: list[list[int]], record: list[dict[str, list]]) -> None:
+        """Store in the prefix cache the keys and values of the tokens that each of `rows` (at `batch_rows`
+        of the current batch) was fed: its prompt and its action but the last token."""
+        if self.prefix_cache.max_bytes <= 0 or not reusable(past, attention.shape[1]):
+            return
+        for j, i in zip(batch_rows, rows):
+            keep = attention[j].nonzero()[:, 0].to(self.device)
+            self.prefix_cache.store((prompts[i] + record[i]["action_ids"])[:len(keep)], row_kv(past, j, keep))
 
     def clear_cache(self) -> None:
         self.prefix_cache.clear()
@@ -335,7 +351,8 @@ class TransformersBackend:
         self._invalidate_stale_prefixes()
         n, kv = self.prefix_cache.lookup(prompt_ids) if self.prefix_cache.max_bytes > 0 else (0, None)
         ids = torch.tensor([prompt_ids[n:] + action_ids[:-1]], device=self.device)
-        out = self.model(input_ids=ids, past_key_values=batch_past(self.model.config, [(n, kv)], n), use_cache=n > 0)
+        past = batch_past(self.model.config, [(n, kv)], n, room=n + ids.shape[1]) if n else None
+        out = self.model(input_ids=ids, past_key_values=past, use_cache=n > 0)
         logits = out.logits[0, len(prompt_ids) - n - 1:].float().cpu()
         matcher, bitmask = self.grammar.matcher(), self.grammar.allocate_bitmask(len(action_ids))
         for k, token in enumerate(action_ids):

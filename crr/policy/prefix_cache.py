@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import DynamicCache, PretrainedConfig
+from transformers import Cache, DynamicCache, PretrainedConfig
+from transformers.cache_utils import DynamicLayer
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values of one sequence, (heads, tokens, dim)
 
@@ -91,11 +92,80 @@ class PrefixCache:
         self.bytes -= self._entries.pop(key).nbytes
 
 
-def batch_past(config: PretrainedConfig, rows: list[tuple[int, KV | None]], width: int) -> DynamicCache | None:
+class DecodeLayer(DynamicLayer):
+    """A full-attention layer's keys and values in a buffer with room to grow: a decoding step writes its
+    token in place. (transformers' DynamicLayer concatenates, copying the whole cache every step: at the
+    contexts of a branch, about a thousand tokens, that copy was a fifth of a decoding step on the CPU.)
+    `keys` and `values` are views of the filled part, so everything that reads a DynamicLayer reads this."""
+
+    def __init__(self, room: int):
+        super().__init__()
+        self.room = room  # tokens to reserve at the first update
+        self.filled = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.device, self.is_initialized = key_states.device, True
+            self._k = key_states.new_empty(key_states.shape[:2] + (max(self.room, key_states.shape[2]),)
+                                           + key_states.shape[3:])
+            self._v = value_states.new_empty(value_states.shape[:2] + self._k.shape[2:3] + value_states.shape[3:])
+        end = self.filled + key_states.shape[2]
+        if end > self._k.shape[2]:  # out of room: double it (amortised, as a list grows)
+            grown = max(end, 2 * self._k.shape[2])
+            self._k = torch.cat([self._k, self._k.new_empty(self._k.shape[:2] + (grown - self._k.shape[2],)
+                                                             + self._k.shape[3:])], dim=2)
+            self._v = torch.cat([self._v, self._v.new_empty(self._v.shape[:2] + (grown - self._v.shape[2],)
+                                                             + self._v.shape[3:])], dim=2)
+        self._k[:, :, self.filled:end] = key_states
+        self._v[:, :, self.filled:end] = value_states
+        self.filled = end
+        self._views()
+        return self.keys, self.values
+
+    def keep(self, rows: torch.Tensor, start: int) -> None:
+        """Keep only the batch rows `rows`, and the columns from `start` on."""
+        if self.is_initialized:
+            rows = rows.to(self._k.device)
+            self._k, self._v = self._k[rows, :, start:], self._v[rows, :, start:]
+            self.filled -= start
+            self._views()
+
+    def _views(self) -> None:
+        self.keys, self.values = self._k[:, :, :self.filled], self._v[:, :, :self.filled]
+
+
+class DecodeCache(DynamicCache):
+    """A cache of DecodeLayers, one per decoder layer, from which finished rows and the columns that only
+    they needed can be dropped between decoding steps (`keep`)."""
+
+    def __init__(self, n_layers: int, room: int):
+        Cache.__init__(self, layers=[DecodeLayer(room) for _ in range(n_layers)])
+
+    def keep(self, rows: torch.Tensor, start: int) -> None:
+        for layer in self.layers:
+            layer.keep(rows, start)
+
+
+def full_attention(config: PretrainedConfig) -> bool:
+    """Whether every decoder layer attends to all earlier tokens (no sliding window, no recurrent state):
+    the layers a DecodeCache can hold."""
+    text = config.get_text_config(decoder=True)
+    types = getattr(text, "layer_types", None) or ["full_attention"]
+    return all(t == "full_attention" for t in types) and not getattr(text, "sliding_window", None)
+
+
+def batch_past(config: PretrainedConfig, rows: list[tuple[int, KV | None]], width: int,
+               room: int) -> DynamicCache | None:
     """A batch cache `width` tokens wide holding each row's first n reused tokens right-aligned (the rest
-    is padding, masked out by the caller's attention mask); None when no row reuses anything."""
-    if width == 0:
+    is padding, masked out by the caller's attention mask), with room for `room` tokens in all. For a
+    full-attention model a DecodeCache (also when nothing is reused); otherwise transformers' own cache,
+    or None when no row reuses anything."""
+    decode = full_attention(config)
+    if width == 0 and not decode:
         return None
+    past = DecodeCache(config.get_text_config(decoder=True).num_hidden_layers, room) if decode else None
+    if width == 0:
+        return past
     template = next(kv for n, kv in rows if n)
     layers = []
     for layer, (k0, v0) in enumerate(template):
@@ -105,8 +175,23 @@ def batch_past(config: PretrainedConfig, rows: list[tuple[int, KV | None]], widt
             if n:
                 keys[i, :, width - n:] = kv[layer][0][:, :n]
                 values[i, :, width - n:] = kv[layer][1][:, :n]
+        if past is not None:
+            past.layers[layer].update(keys, values)
         layers.append((keys, values))
-    return DynamicCache(layers, config=config)
+    return past if past is not None else DynamicCache(layers, config=config)
+
+
+def keep_rows(past: DynamicCache, attention: torch.Tensor, rows: list[int]) -> tuple[DynamicCache, torch.Tensor]:
+    """The batch cache and attention mask of `rows` only; a DecodeCache also drops the leading columns
+    that are padding for every kept row (a finished long prompt's)."""
+    index = torch.tensor(rows)
+    attention = attention[index]
+    if isinstance(past, DecodeCache):
+        start = int(attention.any(0).to(torch.int8).argmax())
+        past.keep(index, start)
+        return past, attention[:, start:]
+    past.batch_select_indices(index.to(past.layers[0].keys.device))
+    return past, attention
 
 
 def reusable(past: object, width: int) -> bool:
