@@ -1,0 +1,56 @@
+"""Diagnostic for the report (issue 29, section 3): how much of a run's batched decoding fed rows whose call was
+already complete, in the rollout and in the branches, read off a training run's trajectory records.
+
+    .venv/bin/python scripts/branch_cost.py RUN_DIR [--model crr/policy/multi]
+
+A decoding round is one batched call of the backend: the rollout decodes turn t of every trajectory of an update
+together, the branches of an update decode their i-th step together (a branch's first step is its proposal).
+Until a row left the batch when its call was complete, each round fed every row until its longest call ended, so
+it fed rows x longest tokens where the calls needed the sum of their tokens; the ratio is the finished-row waste
+that compaction removes. Tokens are each recorded call tokenized as the sampler emits it (the grammar's
+tokenization; an unparsed action, its text's tokens). Exclusion retries of the proposal round are not in the records and not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from crr.agent.conversation import action_text
+from crr.agent.tools import ToolCall
+from crr.policy.grammar import ToolCallGrammar
+from crr.policy.model import load_policy
+from crr.train.records import read_records
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--model", default="crr/policy/multi", help="the run's model (its tokenizer and grammar)")
+    args = ap.parse_args()
+    model, tokenizer = load_policy(args.model)
+    grammar = ToolCallGrammar(tokenizer, vocab_size=model.get_output_embeddings().weight.shape[0])
+    lengths: dict[str, dict[tuple, list[int]]] = {"trajectory": defaultdict(list), "branch": defaultdict(list)}
+    for record in read_records(args.run):
+        for i, step in enumerate(record["steps"]):
+            # a parsed call as the sampler emits it; an unparsed action (cut off, malformed) by its text
+            call = step.get("call")
+            ids = grammar.tokenize(action_text(ToolCall(call["name"], call.get("arguments", {})))) if call else None
+            ids = ids or grammar.encode(step.get("action") or "")
+            round_key = (record["update"], step["t"] if record["kind"] == "trajectory" else i)
+            lengths[record["kind"]][round_key].append(len(ids))
+    result = {}
+    for kind, rounds in lengths.items():
+        needed = sum(sum(ls) for ls in rounds.values())
+        fed = sum(len(ls) * max(ls) for ls in rounds.values())
+        result[kind] = {"rounds": len(rounds), "row_rounds": sum(map(len, rounds.values())),
+                        "rows_per_round": round(sum(map(len, rounds.values())) / max(len(rounds), 1), 2),
+                        "action_tokens": needed, "row_tokens_fed_before": fed,
+                        "fed_over_needed": round(fed / needed, 3) if needed else None}
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
