@@ -355,8 +355,12 @@ def test_no_prefix_reuse_for_sliding_window_layers(policy):
     torch.manual_seed(0)
     backend = TransformersBackend(Qwen3ForCausalLM(config).eval(), tokenizer, tools=COMPACT_TOOLS,
                                   max_value_chars=MAX_VALUE_CHARS)
-    [sample] = backend.generate([conversation()], temperature=0.7, seed=0, max_new_tokens=BUDGET)
-    assert not sample.truncated and len(backend.prefix_cache) == 0
+    prompts = [backend.prompt_ids(c) for c in (conversation(), conversation("x"), conversation("a longer issue " * 4))]
+    samples = backend.generate(prompts, temperature=0.7, seed=0, max_new_tokens=BUDGET)
+    assert not any(s.truncated for s in samples) and len(backend.prefix_cache) == 0
+    assert len({len(s.action_ids) for s in samples}) > 1
+    # transformers' own cache here: finished rows still leave the batch, and the rest sample as they would alone
+    assert [s.action_ids for s in samples] == reference_sample(backend.model, backend.grammar, prompts, 0.7, 0, BUDGET)
 
 
 def reference_sample(model, grammar, prompts, temperature, seed, max_new_tokens):

@@ -7,6 +7,7 @@ finished generation, the keys and values of every token the model was fed (the p
 up to its last token), and a new prompt reuses the longest cached prefix of itself: only the rest is
 prefilled. (vLLM does the same with its automatic prefix caching; `model.generate` keeps a cache within
 one call only, and a batch of rows with different cached lengths needs the left-aligned assembly below.)
+Within a call, full-attention models decode into a DecodeCache, which grows in place and lets finished rows go.
 
 Entries are per sequence, on the model's device, and bounded in bytes with least-recently-used eviction;
 an entry that another one extends is dropped when the longer one is stored. Reused keys and values are
@@ -94,9 +95,9 @@ class PrefixCache:
 
 class DecodeLayer(DynamicLayer):
     """A full-attention layer's keys and values in a buffer with room to grow: a decoding step writes its
-    token in place. (transformers' DynamicLayer concatenates, copying the whole cache every step: at the
-    contexts of a branch, about a thousand tokens, that copy was a fifth of a decoding step on the CPU.)
-    `keys` and `values` are views of the filled part, so everything that reads a DynamicLayer reads this."""
+    token in place. (transformers' DynamicLayer concatenates, copying the whole cache at every step, a cost
+    that grows with the context.) `keys` and `values` are views of the filled part, so everything that reads
+    a DynamicLayer reads this one."""
 
     def __init__(self, room: int):
         super().__init__()
@@ -177,7 +178,8 @@ def batch_past(config: PretrainedConfig, rows: list[tuple[int, KV | None]], widt
                 values[i, :, width - n:] = kv[layer][1][:, :n]
         if past is not None:
             past.layers[layer].update(keys, values)
-        layers.append((keys, values))
+        else:
+            layers.append((keys, values))
     return past if past is not None else DynamicCache(layers, config=config)
 
 
