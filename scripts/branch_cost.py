@@ -8,7 +8,8 @@ together, the branches of an update decode their i-th step together (a branch's 
 Until a row left the batch when its call was complete, each round fed every row until its longest call ended, so
 it fed rows x longest tokens where the calls needed the sum of their tokens; the ratio is the finished-row waste
 that compaction removes. Tokens are each recorded call tokenized as the sampler emits it (the grammar's
-tokenization; an unparsed action, its text's tokens). Exclusion retries of the proposal round are not in the records and not counted.
+tokenization; an unparsed action, its text's tokens). Exclusion retries of the proposal round are not in the
+records and not counted.
 """
 
 from __future__ import annotations
@@ -35,18 +36,20 @@ def main() -> None:
     lengths: dict[str, dict[tuple, list[int]]] = {"trajectory": defaultdict(list), "branch": defaultdict(list)}
     for record in read_records(args.run):
         for i, step in enumerate(record["steps"]):
-            # a parsed call as the sampler emits it; an unparsed action (cut off, malformed) by its text
+            # a parsed call as the sampler emits it; an unparsed action (cut off, malformed), or a call the
+            # grammar does not accept, by its text's tokens
             call = step.get("call")
-            ids = grammar.tokenize(action_text(ToolCall(call["name"], call.get("arguments", {})))) if call else None
-            ids = ids or grammar.encode(step.get("action") or "")
+            text = action_text(ToolCall(call["name"], call.get("arguments", {}))) if call else step.get("action") or ""
+            ids = (grammar.tokenize(text) if call else None) or grammar.encode(text)
             round_key = (record["update"], step["t"] if record["kind"] == "trajectory" else i)
             lengths[record["kind"]][round_key].append(len(ids))
     result = {}
     for kind, rounds in lengths.items():
         needed = sum(sum(ls) for ls in rounds.values())
         fed = sum(len(ls) * max(ls) for ls in rounds.values())
-        result[kind] = {"rounds": len(rounds), "row_rounds": sum(map(len, rounds.values())),
-                        "rows_per_round": round(sum(map(len, rounds.values())) / max(len(rounds), 1), 2),
+        row_rounds = sum(map(len, rounds.values()))
+        result[kind] = {"rounds": len(rounds), "row_rounds": row_rounds,
+                        "rows_per_round": round(row_rounds / max(len(rounds), 1), 2),
                         "action_tokens": needed, "row_tokens_fed_before": fed,
                         "fed_over_needed": round(fed / needed, 3) if needed else None}
     print(json.dumps(result, indent=2))

@@ -107,16 +107,10 @@ class DecodeLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.device, self.is_initialized = key_states.device, True
-            self._k = key_states.new_empty(key_states.shape[:2] + (max(self.room, key_states.shape[2]),)
-                                           + key_states.shape[3:])
-            self._v = value_states.new_empty(value_states.shape[:2] + self._k.shape[2:3] + value_states.shape[3:])
+            self._k, self._v = (_with_room(x[:, :, :0], max(self.room, x.shape[2])) for x in (key_states, value_states))
         end = self.filled + key_states.shape[2]
         if end > self._k.shape[2]:  # out of room: double it (amortised, as a list grows)
-            grown = max(end, 2 * self._k.shape[2])
-            self._k = torch.cat([self._k, self._k.new_empty(self._k.shape[:2] + (grown - self._k.shape[2],)
-                                                             + self._k.shape[3:])], dim=2)
-            self._v = torch.cat([self._v, self._v.new_empty(self._v.shape[:2] + (grown - self._v.shape[2],)
-                                                             + self._v.shape[3:])], dim=2)
+            self._k, self._v = (_with_room(x, max(end, 2 * x.shape[2])) for x in (self._k, self._v))
         self._k[:, :, self.filled:end] = key_states
         self._v[:, :, self.filled:end] = value_states
         self.filled = end
@@ -133,6 +127,12 @@ class DecodeLayer(DynamicLayer):
 
     def _views(self) -> None:
         self.keys, self.values = self._k[:, :, :self.filled], self._v[:, :, :self.filled]
+
+
+def _with_room(buffer: torch.Tensor, tokens: int) -> torch.Tensor:
+    """`buffer` (batch, heads, n, dim) extended along its token axis to `tokens` (the new part uninitialised)."""
+    room = buffer.new_empty(buffer.shape[:2] + (tokens - buffer.shape[2],) + buffer.shape[3:])
+    return torch.cat([buffer, room], dim=2)
 
 
 class DecodeCache(DynamicCache):
