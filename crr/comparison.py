@@ -46,16 +46,21 @@ def ordered_arms(spec: Comparison) -> list[Arm]:
     return order
 
 
-def schedule(spec: Comparison, only: Sequence[int] | None = None) -> list[tuple[Arm, int]]:
+def schedule(spec: Comparison, only: Sequence[int] | None = None,
+             arms: Sequence[str] | None = None) -> list[tuple[Arm, int]]:
     """(arm, seed) in the order they run: seed by seed, every arm of a seed together, so that a comparison
-    stopped part-way holds complete seeds (paired arms) rather than one arm's every seed; `only`: these seeds."""
+    stopped part-way holds complete seeds (paired arms) rather than one arm's every seed; `only`: these seeds,
+    `arms`: these arms (by name)."""
     extra = sorted({seed for arm in spec.arms.values() for seed in arm.seeds} - set(spec.seeds))
     seeds = [*spec.seeds, *extra]
     unknown = sorted(set(only or ()) - set(seeds))
     if unknown:
         raise CRRError(f"seed(s) {unknown} are not in {spec.path.name} (its seeds: {seeds})")
+    missing = [a for a in arms or () if a not in spec.arms]
+    if missing:
+        raise CRRError(f"arm(s) {missing} are not in {spec.path.name} (its arms: {', '.join(spec.arms)})")
     return [(arm, seed) for seed in seeds if only is None or seed in only
-            for arm in ordered_arms(spec) if seed in arm.seeds]
+            for arm in ordered_arms(spec) if seed in arm.seeds and (arms is None or arm.name in arms)]
 
 
 def _train_runs(out: Path, arm: Arm, seed: int) -> list[TrainRun]:
@@ -72,10 +77,11 @@ def _eval_runs(out: Path, arm: Arm, run: TrainRun) -> list[EvalRun]:
     return [e for e in load_runs([out / "runs" / arm.name, folder]).evals if e.train is not None and e.train.path == run.path]
 
 
-def plan(spec: Comparison, out: Path, seeds: Sequence[int] | None = None) -> list[Step]:
+def plan(spec: Comparison, out: Path, seeds: Sequence[int] | None = None,
+         arms: Sequence[str] | None = None) -> list[Step]:
     """The train steps and their state (evaluations follow each finished run)."""
     steps = []
-    for arm, seed in schedule(spec, seeds):
+    for arm, seed in schedule(spec, seeds, arms):
         runs = _train_runs(out, arm, seed)
         if runs and runs[-1].complete:
             steps.append(Step("train", arm.name, seed, "done", "", runs[-1].path))
@@ -86,13 +92,14 @@ def plan(spec: Comparison, out: Path, seeds: Sequence[int] | None = None) -> lis
     return steps
 
 
-def run_comparison(spec: Comparison, out: Path, *, seeds: Sequence[int] | None = None, report: bool = True,
+def run_comparison(spec: Comparison, out: Path, *, seeds: Sequence[int] | None = None,
+                   arms: Sequence[str] | None = None, report: bool = True,
                    say: Callable[[str], None] = log.info) -> dict:
-    """Train, evaluate and report everything the spec asks for (of `seeds` only, when given) that `out`
-    lacks; returns the report's entries."""
+    """Train, evaluate and report everything the spec asks for (of `seeds` and `arms` only, when given) that
+    `out` lacks; returns the report's entries."""
     out.mkdir(parents=True, exist_ok=True)
     lock_run(out, "experiment run")  # one driver per comparison: a second would start the same runs beside it
-    for arm, seed in schedule(spec, seeds):
+    for arm, seed in schedule(spec, seeds, arms):
         run = _train(spec, arm, seed, out, say)
         for ev in (e for e in spec.evals if e.covers(arm.name)):
             for step in run.eval_steps(ev.checkpoint_fractions):

@@ -303,6 +303,10 @@ def test_interrupted_comparison_resumes_and_complete_runs_are_skipped(comparison
     assert only.exit_code == 0 and "grpo seed 23 [done]" in only.output and "seed 11" not in only.output
     wrong = invoke("experiment", "run", str(spec), "--out", str(comparison), "--dry-run", "--seed", "5")
     assert wrong.exit_code == 2 and "seed(s) [5] are not in tiny.comparison.yaml" in wrong.output
+    one = invoke("experiment", "run", str(spec), "--out", str(comparison), "--dry-run", "--seed", "11", "--arm", "crr")
+    assert one.exit_code == 0 and "crr seed 11 [done]" in one.output and "grpo" not in one.output.split("arm ARM")[0]
+    bad = invoke("experiment", "run", str(spec), "--out", str(comparison), "--dry-run", "--arm", "ppo")
+    assert bad.exit_code == 2 and "arm(s) ['ppo'] are not in tiny.comparison.yaml" in bad.output
 
     result = invoke("experiment", "run", str(spec), "--out", str(comparison), "--no-report")
     assert result.exit_code == 0, result.output + repr(result.exception)

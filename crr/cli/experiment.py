@@ -22,6 +22,8 @@ def experiment_run(
     report: bool = typer.Option(True, "--report/--no-report", help="Write the tables and figures at the end."),
     seed: list[int] | None = typer.Option(None, "--seed", help="Only this seed (repeat for several; default: "
                                           "every seed of the spec), e.g. to run the next seed's arms first."),
+    arm: list[str] | None = typer.Option(None, "--arm", help="Only this arm (repeat for several; default: every "
+                                         "arm of the spec), e.g. to leave the dearest arm for a later session."),
 ) -> None:
     """Train every arm and seed of the spec (skipping finished runs, resuming interrupted ones), evaluate each
     final model and the checkpoints the spec names, then write `crr report` tables and figures to OUT/report."""
@@ -32,7 +34,7 @@ def experiment_run(
     out = out or Path("results") / comparison.name
     if dry_run:
         console.print(f"[bold]{comparison.name}[/]: {len(comparison.arms)} arms -> {out}", highlight=False)
-        for s in plan(comparison, out, seed):
+        for s in plan(comparison, out, seed, arm):
             console.print(f"  {s.arm} seed {s.seed} [{s.status}] {s.command or s.path}", highlight=False,
                           soft_wrap=True, markup=False)
         console.print("each finished run RUN of arm ARM is then evaluated:", highlight=False)
@@ -43,7 +45,7 @@ def experiment_run(
                           markup=False)
         return
     _resume_with(_same_command())  # finished runs are skipped, interrupted ones resumed
-    statuses = run_comparison(comparison, out, seeds=seed, report=report,
+    statuses = run_comparison(comparison, out, seeds=seed, arms=arm, report=report,
                               say=lambda m: console.print(m, highlight=False, soft_wrap=True))
     if statuses:
         console.print(", ".join(f"{k}: {v}" for k, v in statuses.items()), highlight=False, soft_wrap=True)
