@@ -73,11 +73,11 @@ def main() -> None:
 
 def merge(ends: dict, branch_steps: dict, run: Path) -> dict:
     updates = sorted(u for u in ends if branch_steps[u])
-    after = [max(ends[u].values()) + max(n for _, n in branch_steps[u]) for u in updates]
+    rounds = [max(n for _, n in branch_steps[u]) for u in updates]   # the branches' own rounds
+    steps = [sum(n for _, n in branch_steps[u]) for u in updates]
+    after = [max(ends[u].values()) + r for u, r in zip(updates, rounds)]
     inside = [max([*ends[u].values(), *(ends[u][row] + n for row, n in branch_steps[u])]) for u in updates]
     ledger = {r["iteration"]: r for r in read_jsonl(run / "metrics.jsonl") if r.get("event") == "ledger"}
-    rounds = [max(n for _, n in branch_steps[u]) for u in updates]
-    steps = [sum(n for _, n in branch_steps[u]) for u in updates]
     (per_round, per_step), *_ = np.linalg.lstsq(np.array([rounds, steps], float).T,
                                                 np.array([ledger[u]["cf_rollout_s"] for u in updates]), rcond=None)
     saved = sum(after) - sum(inside)
