@@ -4,6 +4,7 @@ tool calls with per-token log-probabilities and entropy, and the CRR proposal's 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import random
@@ -17,11 +18,17 @@ from typer.testing import CliRunner
 from crr.agent.prompt import SYSTEM_PROMPT, TOOL_SCHEMAS
 from crr.agent.tools import parse_tool_call
 from crr.errors import CRRError
-from crr.policy.backend import TransformersBackend
-from crr.policy.model import default_model_dir, init_tiny_model, load_policy
-from crr.policy.backend import DEFAULT_MAX_EXCLUSION_TRIES
+from crr.policy.backend import DEFAULT_MAX_EXCLUSION_TRIES, TransformersBackend, rejection_sample
 from crr.policy.grammar import ToolCallGrammar
-from crr.policy.model import MODEL_VERSION, SIZES, param_count, train_tokenizer
+from crr.policy.model import (
+    MODEL_VERSION,
+    SIZES,
+    default_model_dir,
+    init_tiny_model,
+    load_policy,
+    param_count,
+    train_tokenizer,
+)
 from crr.policy.prefix_cache import DecodeLayer, PrefixCache
 from crr.tasks.nano import Vocabulary, nano_template
 
@@ -449,45 +456,89 @@ def test_prefix_cache_is_bounded_in_bytes():
     assert cache.lookup(list(range(21)))[0] == 0 and cache.bytes <= 64 * 10
 
 
+def _two_tools(policy, **options) -> TransformersBackend:
+    """submit_patch and run_tests only: a call space whose mass sits on a few calls, so exclusion bites."""
+    tools = [t for t in COMPACT_TOOLS if t["function"]["name"] in ("submit_patch", "run_tests")]
+    return TransformersBackend(*policy, tools=tools, max_value_chars=MAX_VALUE_CHARS, **options)
+
+
+SUBMIT, RUN_ALL = '{"name": "submit_patch", "arguments": {}}', '{"name": "run_tests", "arguments": {}}'
+
+
 def test_exclude_never_returns_the_realised_call(policy):
     model, _ = policy
-    # two tools, so the excluded call (submit_patch) carries much of the mass and resampling happens
-    tools = [t for t in COMPACT_TOOLS if t["function"]["name"] in ("submit_patch", "run_tests")]
-    backend = TransformersBackend(*policy, tools=tools, max_value_chars=MAX_VALUE_CHARS)
-    realised = '{"name": "submit_patch", "arguments": {}}'
+    backend = _two_tools(policy)
     passes = []
     sample_rows = backend._sample
     backend._sample = lambda prompts, *a, **kw: passes.append(len(prompts)) or sample_rows(prompts, *a, **kw)
     samples = backend.generate([conversation()] * 8, temperature=0.7, seed=0, max_new_tokens=BUDGET,
-                               exclude=[realised] * 8)
-    # the rows that drew a_t get their remaining tries in one more decoding pass, not one pass per try
-    retried = [s for s in samples if s.tries > 1]
-    assert passes == [8, (DEFAULT_MAX_EXCLUSION_TRIES - 1) * len(retried)]
-    for s in samples:
-        assert not s.exclusion_failed
-        assert parse_tool_call(s.text).canonical() != parse_tool_call(realised).canonical()
-    assert any(s.tries > 1 for s in samples)
-    prompt, excluded_ids = samples[0].prompt_ids, backend.grammar.tokenize(realised)
+                               exclude=[SUBMIT] * 8)
+    # one decoded row per prompt whose first try missed a_t's tokenization (a coin), then a pass of the rows
+    # whose steered draw was a_t in another tokenization, if any: never a row per try
+    assert passes[0] <= 8 and sum(passes) <= 8 * DEFAULT_MAX_EXCLUSION_TRIES and all(
+        later <= earlier for earlier, later in itertools.pairwise(passes))
+    realised = parse_tool_call(SUBMIT).canonical()
+    prompt, excluded_ids = backend.prompt_ids(conversation()), backend.grammar.tokenize(SUBMIT)
     logq = sum(teacher_forced(model, backend.grammar, prompt, excluded_ids, 0.7)[0])
     for s in samples:
         assert s.excluded_logprob == pytest.approx(logq, abs=1e-4)
+        if s.exclusion_failed:   # all tries were a_t, in some tokenization
+            assert s.tries == DEFAULT_MAX_EXCLUSION_TRIES and s.proposal_logprob == -math.inf
+            continue
+        assert parse_tool_call(s.text).canonical() != realised and 1 <= s.tries <= DEFAULT_MAX_EXCLUSION_TRIES
         assert s.proposal_logprob == pytest.approx(sum(s.behaviour_logprobs) - math.log1p(-math.exp(logq)), abs=1e-4)
+    assert sum(not s.exclusion_failed for s in samples) >= 4
     # scoring the excluded call feeds only the call: the prompt's keys and values come from the prefix cache
     before = backend.prefix_cache.reused_tokens
     assert sum(backend.score(prompt, excluded_ids, 0.7)["behaviour_logprobs"]) == pytest.approx(logq, abs=1e-4)
     assert backend.prefix_cache.reused_tokens - before == len(prompt) - 1
+    # excluded as the tokens it was sampled as (a realised step's): q(a) is theirs, and no draw repeats them
+    [realised] = backend.generate([conversation()], temperature=0.7, seed=3, max_new_tokens=BUDGET)
+    again = backend.generate([conversation()] * 4, temperature=0.7, seed=4, max_new_tokens=BUDGET,
+                             exclude=[realised.text] * 4, exclude_ids=[realised.action_ids] * 4)
+    for s in again:
+        assert s.excluded_logprob == pytest.approx(sum(realised.behaviour_logprobs), abs=1e-4)
+        assert s.action_ids != realised.action_ids
     # a catalogue of one call: every try is the excluded call, so the proposal has no support
-    submit_only = TransformersBackend(*policy, tools=[t for t in tools if t["function"]["name"] == "submit_patch"])
-    [s] = submit_only.generate([conversation()], temperature=0.7, seed=0, max_new_tokens=BUDGET, exclude=[realised])
+    submit_only = TransformersBackend(*policy, tools=[t for t in COMPACT_TOOLS
+                                                      if t["function"]["name"] == "submit_patch"])
+    [s] = submit_only.generate([conversation()], temperature=0.7, seed=0, max_new_tokens=BUDGET, exclude=[SUBMIT])
     assert s.exclusion_failed and s.tries == DEFAULT_MAX_EXCLUSION_TRIES
     assert s.excluded_logprob == pytest.approx(0.0, abs=1e-5)
     assert s.proposal_logprob == -math.inf
+
+
+def test_exclusion_draws_what_rejection_draws(policy):
+    """The transformers backend's exclusion (a coin per try for a_t's own tokenization, a steered draw for the
+    rest) against the rejection sampler that defines q_{not a} (and that vLLM uses). At T = 0.3 this model
+    puts about half its mass on that tokenization of submit_patch and a quarter on others. Three tries, so
+    that skips are common and the rejection sampler's extra rows few."""
+    backend, rows, temperature = _two_tools(policy, max_exclusion_tries=3), 48, 0.3
+    prompt, canonical = backend.prompt_ids(conversation()), parse_tool_call(SUBMIT).canonical()
+    # a steered draw never emits the excluded tokenization (unsteered: about half of these rows)
+    avoid = backend._score_call(prompt, backend.grammar.tokenize(SUBMIT), temperature)
+    drawn = backend._sample([prompt] * rows, temperature, torch.Generator().manual_seed(2), BUDGET, avoid=[avoid] * rows)
+    assert all(s.action_ids != avoid.ids for s in drawn)
+    assert sum(s.text == SUBMIT for s in drawn) >= 5   # the call in other tokenizations stays possible
+    steered = backend.generate([prompt] * rows, temperature=temperature, seed=1, max_new_tokens=BUDGET,
+                               exclude=[SUBMIT] * rows)
+    rejected = rejection_sample(backend, [prompt] * rows, [avoid.ids] * rows, [canonical] * rows, temperature,
+                                torch.Generator().manual_seed(1), BUDGET)
+    assert all(parse_tool_call(s.text).canonical() != canonical for s in steered if not s.exclusion_failed)
+    # the same skip rate (all three tries a_t: a draw not steered off its tokenization would count it twice,
+    # about 0.7 instead of 0.46; decoding every try, 0.15): a chi-square test of homogeneity, df = 1
+    skips = [sum(s.exclusion_failed for s in samples) for samples in (steered, rejected)]
+    pooled = sum(skips) / (2 * rows)
+    chi2 = sum((k - rows * pooled) ** 2 / (rows * pooled * (1 - pooled)) for k in skips) if 0 < pooled < 1 else 0.0
+    assert math.erfc(math.sqrt(chi2 / 2)) > 0.01, (skips, chi2)
 
 
 def test_bad_generation_input_is_a_crr_error(backend):
     conv = [conversation()]
     for kwargs, message in [({"temperature": -1.0}, "temperature"), ({"max_new_tokens": 0}, "max_new_tokens"),
                             ({"exclude": [None, None]}, "2 entries"), ({"exclude": ["{oops"]}, "not a valid"),
+                            ({"exclude_ids": [[1]]}, "without exclude"),
+                            ({"exclude": [None], "exclude_ids": [None, None]}, "exclude_ids has 2"),
                             ({"temperature": 0.0, "exclude": ['{"name": "submit_patch", "arguments": {}}']}, "T_cf")]:
         args = {"temperature": 0.7, "seed": 0, "max_new_tokens": 8} | kwargs
         with pytest.raises(CRRError, match=message):

@@ -130,8 +130,8 @@ class ScriptedBackend:
     def __init__(self, texts: list[str]):
         self.texts, self.calls = list(texts), []
 
-    def generate(self, conversations, temperature, seed, max_new_tokens, exclude=None):
-        self.calls.append((len(conversations), seed, exclude))
+    def generate(self, conversations, temperature, seed, max_new_tokens, exclude=None, exclude_ids=None):
+        self.calls.append((len(conversations), seed, exclude, exclude_ids))
         out = []
         for ex in exclude:
             text = self.texts.pop(0)
@@ -146,17 +146,18 @@ BROKEN = '{"name": "view_file", "arguments": {"path": 3}}'
 
 def test_tempered_skips_when_exclusion_fails_and_validity_filter_resamples():
     backend = ScriptedBackend([VIEW, OTHER])
-    out = get_proposal("tempered")(backend, [[], []], [VIEW, VIEW], temperature=0.7, seed=1, max_new_tokens=8)
+    out = get_proposal("tempered")(backend, [[], []], [VIEW, VIEW], [[7], [8]], temperature=0.7, seed=1,
+                                   max_new_tokens=8)
     assert out[0] is None and out[1].text == OTHER
-    assert backend.calls[0][2] == [VIEW, VIEW]          # the realised action is passed as the exclusion
+    assert backend.calls[0][2:] == ([VIEW, VIEW], [[7], [8]])   # the realised action and its tokens are excluded
     backend = ScriptedBackend([BROKEN, BROKEN, OTHER, BROKEN, BROKEN, BROKEN])
-    out = get_proposal("validity_filtered")(backend, [[], []], [VIEW, VIEW], temperature=0.7, seed=1,
+    out = get_proposal("validity_filtered")(backend, [[], []], [VIEW, VIEW], [[7], [8]], temperature=0.7, seed=1,
                                             max_new_tokens=8)
     assert out[0].text == OTHER                          # resampled once, then valid
     assert out[1] is None                                # invalid after 3 resamples: skipped
     assert len(backend.calls) == 4 and len({c[1] for c in backend.calls}) == 4
     with pytest.raises(CRRError, match="T_cf"):
-        get_proposal("tempered")(backend, [[]], [VIEW], temperature=0.0, seed=1, max_new_tokens=8)
+        get_proposal("tempered")(backend, [[]], [VIEW], [[7]], temperature=0.0, seed=1, max_new_tokens=8)
     with pytest.raises(CRRError, match="unknown proposal"):
         get_proposal("best_of")
 
@@ -165,11 +166,15 @@ def test_real_proposal_never_returns_the_realised_action(make_task):
     backend = TransformersBackend(*load_policy(default_model_dir()), max_value_chars=4)
     task = make_task({"a.py": "x = 1\n"}, problem_statement="fix a.py")
     conv = initial_messages(task, "/testbed")
+    played = 0
     for seed in range(3):
         realised = backend.generate([conv], temperature=0.7, seed=seed, max_new_tokens=40)[0]
         if realised.truncated:
             continue
-        # Same seed: the first draw reproduces the realised call, so the rejection path must run.
-        out = get_proposal("tempered")(backend, [conv], [realised.text], temperature=0.7, seed=seed,
-                                       max_new_tokens=40)[0]
-        assert out is None or (out.text != realised.text and out.tries >= 2 and np.isfinite(out.proposal_logprob))
+        played += 1
+        out = get_proposal("tempered")(backend, [conv], [realised.text], [realised.action_ids], temperature=0.7,
+                                       seed=seed, max_new_tokens=40)[0]
+        assert out is None or (out.text != realised.text and np.isfinite(out.proposal_logprob))
+        if out is not None:   # q(a) is the realised tokens' own, as their sample recorded it
+            assert out.excluded_logprob == pytest.approx(sum(realised.behaviour_logprobs), abs=1e-4)
+    assert played

@@ -161,7 +161,8 @@ def check(model_path: str, task_set: str = "nano-band", n_tasks: int = 6, episod
     # The CRR proposal: exclude the greedy call.
     k = min(4, len(prompts))
     excl = vl.generate(prompts[:k], temperature=1.0, seed=0, max_new_tokens=max_new_tokens,
-                       exclude=[x.text if not x.truncated else None for x in a[:k]])
+                       exclude=[x.text if not x.truncated else None for x in a[:k]],
+                       exclude_ids=[x.action_ids if not x.truncated else None for x in a[:k]])
     report["exclusion"] = [{"excluded": x.text, "got": y.text, "differs": x.text != y.text,
                             "proposal_logprob": y.proposal_logprob, "tries": y.tries}
                            for x, y in zip(a[:k], excl)]

@@ -16,12 +16,17 @@ Sampling uses the Gumbel-max trick: token = argmax(masked logits / T + g) with g
 torch.Generator seeded per call, which is exact sampling from q and gives, with the same g, the token
 the unconstrained distribution would have chosen, so a grammar rejection is counted exactly.
 
-The CRR proposal q_{not a}(a' | s) ∝ q(a')·1[a' != a] is implemented by rejection: `exclude[i]` is the
+The CRR proposal q_{not a}(a' | s) ∝ q(a')·1[a' != a] is defined by rejection: `exclude[i]` is the
 realised call; a row whose sample equals it (canonical JSON, schema defaults filled in) is resampled, up
 to `max_exclusion_tries` draws, after which `exclusion_failed` is set (the paper skips such an index).
-Its log-probability is log q(a') - log(1 - q(a)), where q(a) is the probability under the same q of one
-tokenization of the realised call (ToolCallGrammar.tokenize): a lower bound on the action's mass, tight
-when the policy concentrates on one tokenization of a call, as a trained policy does.
+TransformersBackend plays the same tries, and gives the same outcome in distribution, decoding about one row
+per prompt (`_sample_excluding`: a try that returns a_t's own tokenization is a coin, the others are draws
+steered off it token by token); vLLM decodes the tries (`rejection_sample`). The log-probability is
+log q(a') - log(1 - q(a)), where q(a) is the probability under the same q of one tokenization of the
+realised call: the tokens it was sampled as (`exclude_ids`), else the grammar's (ToolCallGrammar.tokenize).
+A lower bound on the action's mass, tight when the policy concentrates on that tokenization: a trained policy
+concentrates on its own, not necessarily the grammar's (on the multi tier's states the grammar's has log q
+of -25 to -300 where the realised one has -0.2 to -12).
 """
 
 from __future__ import annotations
@@ -84,7 +89,8 @@ class GenerationBackend(Protocol):
     (crr.policy.scripted.ScriptedBackend) returns ScriptedCalls instead: calls with no generation record."""
 
     def generate(self, conversations: list[Prompt], temperature: float, seed: int, max_new_tokens: int,
-                 exclude: list[str | None] | None = None) -> list[StepSample]: ...
+                 exclude: list[str | None] | None = None,
+                 exclude_ids: list[list[int] | None] | None = None) -> list[StepSample]: ...
 
     def clear_cache(self) -> None:
         """Forget reused prefixes, so what follows depends on its seeds and the weights only."""
@@ -105,6 +111,16 @@ class _TokenStats:
     behaviour_logp: torch.Tensor | None  # log_softmax(masked / T); None when greedy
 
 
+@dataclass
+class _Excluded:
+    """An excluded call a at a prompt: its token ids, log(1 - S_{k+1}) per position k (S_k: the probability
+    of emitting a_k .. a_{n-1} after a_<k), its teacher-forced record under q, and log q(a) = log S_0."""
+    ids: list[int]
+    tilts: list[float]
+    record: dict[str, list]
+    logq: float
+
+
 def _token_stats(logits: torch.Tensor, bitmask: torch.Tensor, temperature: float) -> _TokenStats:
     logits = logits.float()
     masked = logits.clone()
@@ -118,7 +134,7 @@ def _token_stats(logits: torch.Tensor, bitmask: torch.Tensor, temperature: float
 
 def _log1mexp(x: float) -> float:
     """log(1 - exp(x)) for x <= 0, accurate at both ends."""
-    if x == 0.0:
+    if x >= 0.0:   # (a sum of log-probabilities can round above 0)
         return -math.inf
     return math.log(-math.expm1(x)) if x > -math.log(2) else math.log1p(-math.exp(x))
 
@@ -130,17 +146,21 @@ def _same_call(text: str, canonical: str) -> bool:
         return False  # not a complete call (truncated), so not the excluded one
 
 
-def _check_args(conversations: list, temperature: float, max_new_tokens: int,
-                exclude: list[str | None] | None) -> list[str | None] | None:
+def _check_args(conversations: list, temperature: float, max_new_tokens: int, exclude: list[str | None] | None,
+                exclude_ids: list[list[int] | None] | None) -> list[str | None] | None:
     """Validate arguments; returns the canonical form of each excluded call."""
     if temperature < 0 or not math.isfinite(temperature):
         raise CRRError(f"temperature must be a finite number >= 0, got {temperature}")
     if max_new_tokens < 1:
         raise CRRError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if exclude is None:
+        if exclude_ids is not None:
+            raise CRRError("exclude_ids without exclude: give the excluded calls' text too")
         return None
     if len(exclude) != len(conversations):
         raise CRRError(f"exclude has {len(exclude)} entries for {len(conversations)} conversations")
+    if exclude_ids is not None and len(exclude_ids) != len(exclude):
+        raise CRRError(f"exclude_ids has {len(exclude_ids)} entries for {len(exclude)} excluded calls")
     if temperature == 0 and any(e is not None for e in exclude):
         raise CRRError("the counterfactual proposal needs a temperature > 0 (T_cf); greedy decoding cannot "
                        "avoid the realised action")
@@ -186,8 +206,13 @@ class TransformersBackend:
                                                   tokenize=True, return_dict=False)
 
     def generate(self, conversations: list[Prompt], temperature: float, seed: int, max_new_tokens: int,
-                 exclude: list[str | None] | None = None) -> list[StepSample]:
-        excluded = _check_args(conversations, temperature, max_new_tokens, exclude)
+                 exclude: list[str | None] | None = None,
+                 exclude_ids: list[list[int] | None] | None = None) -> list[StepSample]:
+        """One call per conversation; with `exclude`, a row with an excluded call samples the CRR proposal
+        q_{not a} (the module docstring). `exclude_ids`: the tokens each excluded call was sampled as (the
+        realised step's), the tokenization whose q(a) is computed; by default the grammar's, which a trained
+        policy need not use (the multi tier's puts almost no mass on it)."""
+        excluded = _check_args(conversations, temperature, max_new_tokens, exclude, exclude_ids)
         if not conversations:
             return []
         prompts = [self.prompt_ids(c) for c in conversations]
@@ -198,39 +223,80 @@ class TransformersBackend:
             raise CRRError(f"a prompt of {max(map(len, prompts))} tokens plus max_new_tokens={max_new_tokens} "
                            f"exceeds the model's context of {context} tokens; shorten the conversation")
         generator = torch.Generator().manual_seed(seed)
-        samples = self._sample(prompts, temperature, generator, max_new_tokens)
         if excluded is None:
-            return samples
-        pending = [i for i, c in enumerate(excluded) if c is not None and _same_call(samples[i].text, c)]
-        # Rejection sampling keeps the first try that is not the excluded call. A row's remaining tries are
-        # i.i.d. draws, so drawing them together in one batch and keeping the first acceptable one in try order
-        # gives the same distribution (and the same skip: all max_exclusion_tries tries were a_t) as drawing
-        # them one after another, in one decoding pass instead of up to max_exclusion_tries - 1.
-        extra = self.max_exclusion_tries - 1
-        retries = (self._sample([prompts[i] for i in pending for _ in range(extra)], temperature, generator,
-                                max_new_tokens) if pending and extra else [])
-        for j, i in enumerate(pending):
-            tried = retries[j * extra:(j + 1) * extra]
-            first = next((r for r, s in enumerate(tried) if not _same_call(s.text, excluded[i])), None)
-            if first is None:   # every try was the excluded call
-                samples[i].exclusion_failed, samples[i].tries = True, self.max_exclusion_tries
+            return self._sample(prompts, temperature, generator, max_new_tokens)
+        tokens = [None if c is None else ids if ids else self.grammar.tokenize(text)
+                  for c, text, ids in zip(excluded, exclude, exclude_ids or [None] * len(exclude))]
+        return self._sample_excluding(prompts, tokens, excluded, temperature, generator, max_new_tokens)
+
+    def _sample_excluding(self, prompts: list[list[int]], tokens: list[list[int] | None], excluded: list[str | None],
+                          temperature: float, generator: torch.Generator, max_new_tokens: int) -> list[StepSample]:
+        """q_{not a}: the rejection sampler's tries and outcome (the module docstring), decoding a row only for
+        a try that misses a_t's tokenization, where rejection decodes every try.
+
+        `tokens`: the excluded calls' tokenizations; `excluded`: their canonical forms (None: no exclusion).
+        A try of the rejection sampler draws a's own tokenization a (the one `score` gives q(a) for) with
+        probability q(a), else a draw from q restricted to sequences != a. So each try first tosses a coin
+        with q(a), and only the tries that miss a are decoded, by a steered draw: with S_k = q(a_k .. a_{n-1} |
+        s, a_<k), q(. | s, a_<k, sequence != a) is q(. | s, a_<k) with a_k's weight times (1 - S_{k+1}) /
+        (1 - S_k), so while a row follows a, a_k's Gumbel score gets log(1 - S_{k+1}) (argmax needs no
+        normalising), and at a's last token S_n = 1 forbids it. A steered draw can still be the call a_t in
+        another tokenization; then the row's next coin-missed try is decoded, in a pass of such rows. A
+        row whose tries all come up a_t is skipped (exclusion_failed), as the rejection sampler's is."""
+        tries = self.max_exclusion_tries
+        scored = [None if c is None else self._score_call(p, ids, temperature)
+                  for p, ids, c in zip(prompts, tokens, excluded)]
+        coins = torch.rand((len(prompts), tries), generator=generator).log()
+        # per row, the tries (0-based, in order) that miss a's tokenization: the only ones decoded
+        misses = [[0] if s is None else [t for t in range(tries) if coins[i, t] >= s.logq] for i, s in enumerate(scored)]
+        samples: list[StepSample | None] = [None] * len(prompts)
+        spent = [0.0] * len(prompts)
+        todo = [i for i in range(len(prompts)) if misses[i]]
+        while todo:
+            drawn = self._sample([prompts[i] for i in todo], temperature, generator, max_new_tokens,
+                                 avoid=[scored[i] for i in todo])
+            again = []
+            for i, sample in zip(todo, drawn):
+                sample.tries, sample.wall_time_s = misses[i].pop(0) + 1, sample.wall_time_s + spent[i]
+                samples[i], spent[i] = sample, sample.wall_time_s
+                if excluded[i] is not None and _same_call(sample.text, excluded[i]) and misses[i]:
+                    again.append(i)
+            todo = again
+        for i, s in enumerate(scored):
+            if s is None:
                 continue
-            tried[first].tries = first + 2
-            tried[first].wall_time_s += samples[i].wall_time_s
-            samples[i] = tried[first]
-        for i, text in enumerate(exclude):
-            if text is not None:
-                sample = samples[i]
-                excluded_ids = self.grammar.tokenize(text)
-                sample.excluded_logprob = (-math.inf if excluded_ids is None else
-                                           sum(self.score(prompts[i], excluded_ids, temperature)["behaviour_logprobs"]))
-                sample.proposal_logprob = (-math.inf if sample.exclusion_failed  # q_{not a}(a) = 0
-                                           else sample.proposal_logprob - _log1mexp(sample.excluded_logprob))
+            if samples[i] is None:   # every try drew a's tokenization: the sample is a_t, as rejection's last try
+                samples[i] = StepSample(text=self.grammar.call_text(s.ids), prompt_ids=prompts[i], action_ids=s.ids,
+                                        entropy=step_entropy(s.record["entropies"], s.record["semantic"]),
+                                        grammar_rejections=0, temperature=temperature, wall_time_s=0.0,
+                                        truncated=False, proposal_logprob=s.logq, **s.record)
+            sample = samples[i]
+            sample.exclusion_failed = _same_call(sample.text, excluded[i])
+            if sample.exclusion_failed:
+                sample.tries = tries
+            sample.excluded_logprob = s.logq
+            sample.proposal_logprob = (-math.inf if sample.exclusion_failed  # q_{not a}(a) = 0
+                                       else sample.proposal_logprob - _log1mexp(s.logq))
         return samples
+
+    def _score_call(self, prompt: list[int], ids: list[int] | None, temperature: float) -> _Excluded:
+        """The excluded call's tokens `ids` at `prompt` (see _Excluded); q(a) = 0 for none (the grammar cannot
+        emit the call)."""
+        if ids is None:
+            return _Excluded([], [], {}, logq=-math.inf)
+        scored = self.score(prompt, ids, temperature)
+        record = {k: scored[k] for k in ("behaviour_logprobs", "policy_logprobs", "entropies", "semantic")}
+        tilts, suffix = [0.0] * len(ids), 0.0
+        for k in reversed(range(len(ids))):
+            tilts[k] = _log1mexp(suffix)   # log(1 - S_{k+1}), with suffix = log S_{k+1}
+            suffix += record["behaviour_logprobs"][k]
+        return _Excluded(ids, tilts, record, logq=suffix)
 
     @torch.no_grad()
     def _sample(self, prompts: list[list[int]], temperature: float, generator: torch.Generator,
-                max_new_tokens: int) -> list[StepSample]:
+                max_new_tokens: int, avoid: list[_Excluded | None] | None = None) -> list[StepSample]:
+        """One call per prompt; a row with an `avoid`ed call samples q restricted to token sequences other than
+        that call's tokens (_sample_excluding)."""
         start = time.perf_counter()
         # Row i: its cached prefix (n_i tokens, right-aligned in the first `reused` columns), then the
         # rest of its prompt (right-aligned in the next `width`); padding is masked out, and positions
@@ -263,6 +329,8 @@ class TransformersBackend:
         # The rows still decoding, in batch order: a row leaves the batch (and the cache) when its call is
         # complete, so a step costs what the unfinished rows need, not what the longest one does.
         alive = list(range(rows))
+        following = [None if avoid is None or avoid[i] is None or not avoid[i].ids else 0
+                     for i in range(rows)]   # a row's position in the call it avoids, while it follows it
         for step in range(max_new_tokens):
             for j, i in enumerate(alive):
                 matchers[i].fill_next_token_bitmask(bitmask, j)
@@ -272,13 +340,22 @@ class TransformersBackend:
                 # noise for every row of the call, finished or not, so that a row's draws are the same
                 # whenever the others finish
                 gumbel = -torch.empty((rows, logits.shape[-1])).exponential_(generator=generator).log()[alive]
-                chosen = (stats.masked / temperature + gumbel).argmax(-1)
+                scores = stats.masked / temperature + gumbel
+                for j, i in enumerate(alive):   # a row that has followed an avoided call so far
+                    k = following[i]
+                    # (a forced a_k stays: a dead end, possible only within rounding of q(a) = 1, ends as a skip)
+                    if k is not None and (stats.n_allowed[j] > 1 or math.isfinite(avoid[i].tilts[k])):
+                        scores[j, avoid[i].ids[k]] += avoid[i].tilts[k]
+                chosen = scores.argmax(-1)
                 unconstrained = (logits / temperature + gumbel).argmax(-1)
             else:
                 chosen, unconstrained = stats.masked.argmax(-1), logits.argmax(-1)
             finished = []
             for j, i in enumerate(alive):
                 token = int(chosen[j])
+                if following[i] is not None:   # (past a's last token there is nothing left to avoid)
+                    k = following[i]
+                    following[i] = k + 1 if token == avoid[i].ids[k] and k + 1 < len(avoid[i].ids) else None
                 matchers[i].advance(token, int(unconstrained[j]))
                 r = record[i]
                 r["action_ids"].append(token)
@@ -370,6 +447,37 @@ class TransformersBackend:
                 "policy_logprobs": stats.policy_logp.gather(1, index)[:, 0].tolist(),
                 "entropies": stats.entropy.tolist(), "semantic": (stats.n_allowed > 1).tolist(),
                 "expected_rejections": rejected.tolist()}
+
+
+def rejection_sample(backend: TransformersBackend, prompts: list[list[int]], tokens: list[list[int] | None],
+                     excluded: list[str | None], temperature: float, generator: torch.Generator,
+                     max_new_tokens: int) -> list[StepSample]:
+    """q_{not a} by rejection, for a backend whose sampler cannot steer a row away from a call (vLLM): a row
+    whose draw is a_t is drawn again, up to backend.max_exclusion_tries draws, then skipped. A row's further
+    tries are i.i.d., so drawing them together in one batch and keeping the first acceptable one in try order
+    is the same distribution as drawing them one after another, in one decoding pass."""
+    samples = backend._sample(prompts, temperature, generator, max_new_tokens)
+    pending = [i for i, c in enumerate(excluded) if c is not None and _same_call(samples[i].text, c)]
+    extra = backend.max_exclusion_tries - 1
+    retries = (backend._sample([prompts[i] for i in pending for _ in range(extra)], temperature, generator,
+                               max_new_tokens) if pending and extra else [])
+    for j, i in enumerate(pending):
+        tried = retries[j * extra:(j + 1) * extra]
+        first = next((r for r, s in enumerate(tried) if not _same_call(s.text, excluded[i])), None)
+        if first is None:   # every try was the excluded call
+            samples[i].exclusion_failed, samples[i].tries = True, backend.max_exclusion_tries
+            continue
+        tried[first].tries = first + 2
+        tried[first].wall_time_s += samples[i].wall_time_s
+        samples[i] = tried[first]
+    for i, ids in enumerate(tokens):
+        if excluded[i] is not None:
+            sample = samples[i]
+            sample.excluded_logprob = (-math.inf if ids is None else
+                                       sum(backend.score(prompts[i], ids, temperature)["behaviour_logprobs"]))
+            sample.proposal_logprob = (-math.inf if sample.exclusion_failed  # q_{not a}(a) = 0
+                                       else sample.proposal_logprob - _log1mexp(sample.excluded_logprob))
+    return samples
 
 
 def served_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -477,6 +585,10 @@ class VLLMBackend(TransformersBackend):
             self.llm.collective_rpc("crr_load_weights", args=(path,))
         self.clear_cache()
         self.behaviour_gap = 0.0
+
+    def _sample_excluding(self, prompts: list[list[int]], tokens: list[list[int] | None], excluded: list[str | None],
+                          temperature: float, generator: torch.Generator, max_new_tokens: int) -> list[StepSample]:
+        return rejection_sample(self, prompts, tokens, excluded, temperature, generator, max_new_tokens)
 
     def sampling_params(self, temperature: float, seed: int, max_new_tokens: int):
         from vllm import SamplingParams

@@ -85,7 +85,8 @@ def run_branches(trajs: list[Trajectory], picks: dict[int, list[Selection]], *, 
             with ledger.phase("cf_rollout_s"):
                 t0 = time.perf_counter()
                 samples = propose(backend, [trajs[b.row].conversation(tokenizer, b.t).token_ids() for b in branches],
-                                  [trajs[b.row].steps[b.t].action for b in branches], temperature=cf_temperature,
+                                  [trajs[b.row].steps[b.t].action for b in branches],
+                                  [trajs[b.row].steps[b.t].action_ids for b in branches], temperature=cf_temperature,
                                   seed=sample_seed(seed, 0), max_new_tokens=episode.max_new_tokens)
                 proposal_s = time.perf_counter() - t0
             with ledger.phase("fork_s"):   # what the restores add to the wall clock beyond the proposals

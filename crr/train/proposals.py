@@ -2,8 +2,8 @@
 "Proposal composition" and the validity-filtered control).
 
     tempered           pi^(1/T_cf) restricted to actions != a_t: the backend's rejection-conditioned
-                       sampler (`generate(..., exclude=[a_t])`); an index where every try returned a_t
-                       is skipped (the policy is near-deterministic there), never forced.
+                       sampler (`generate(..., exclude=[a_t], exclude_ids=[a_t's tokens])`); an index where
+                       every try returned a_t is skipped (the policy is near-deterministic there), never forced.
     validity_filtered  the same, then a proposal that fails the syntax/schema check (a call cut off by
                        the token budget, a wrong argument) is resampled up to 3 times; still invalid:
                        skipped. This removes the "immediately invalid alternative" class of forks.
@@ -35,33 +35,36 @@ def _canonical(text: str) -> str | None:
         return None
 
 
-def tempered(backend: GenerationBackend, conversations: list[list[dict]], realised: list[str], *,
-             temperature: float, seed: int, max_new_tokens: int) -> list[StepSample | None]:
+def tempered(backend: GenerationBackend, conversations: list[list[dict]], realised: list[str],
+             realised_ids: list[list[int]], *, temperature: float, seed: int,
+             max_new_tokens: int) -> list[StepSample | None]:
     if temperature <= 0:
         raise CRRError(f"the tempered proposal needs T_cf > 0, got {temperature}")
     samples = backend.generate(conversations, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
-                               exclude=list(realised))
+                               exclude=list(realised), exclude_ids=list(realised_ids))
     return [None if s.exclusion_failed or _canonical(s.text) == _canonical(a) else s
             for s, a in zip(samples, realised)]
 
 
-def validity_filtered(backend: GenerationBackend, conversations: list[list[dict]], realised: list[str], *,
-                      temperature: float, seed: int, max_new_tokens: int) -> list[StepSample | None]:
-    out = tempered(backend, conversations, realised, temperature=temperature, seed=seed,
+def validity_filtered(backend: GenerationBackend, conversations: list[list[dict]], realised: list[str],
+                      realised_ids: list[list[int]], *, temperature: float, seed: int,
+                      max_new_tokens: int) -> list[StepSample | None]:
+    out = tempered(backend, conversations, realised, realised_ids, temperature=temperature, seed=seed,
                    max_new_tokens=max_new_tokens)
     for attempt in range(1, VALIDITY_RESAMPLES + 1):
         redo = [i for i, s in enumerate(out) if s is not None and _canonical(s.text) is None]
         if not redo:
             break
         again = tempered(backend, [conversations[i] for i in redo], [realised[i] for i in redo],
-                         temperature=temperature, seed=derive_seed(seed, attempt), max_new_tokens=max_new_tokens)
+                         [realised_ids[i] for i in redo], temperature=temperature, seed=derive_seed(seed, attempt), max_new_tokens=max_new_tokens)
         for i, s in zip(redo, again):
             out[i] = s
     return [s if s is not None and _canonical(s.text) is not None else None for s in out]
 
 
-def on_policy(backend: GenerationBackend, conversations: list[list[dict]], realised: list[str], *,
-              temperature: float, seed: int, max_new_tokens: int) -> list[StepSample | None]:
+def on_policy(backend: GenerationBackend, conversations: list[list[dict]], realised: list[str],
+              realised_ids: list[list[int]], *, temperature: float, seed: int,
+              max_new_tokens: int) -> list[StepSample | None]:
     return backend.generate(conversations, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens)
 
 
