@@ -56,7 +56,8 @@ def validity_filtered(backend: GenerationBackend, conversations: list[list[dict]
         if not redo:
             break
         again = tempered(backend, [conversations[i] for i in redo], [realised[i] for i in redo],
-                         [realised_ids[i] for i in redo], temperature=temperature, seed=derive_seed(seed, attempt), max_new_tokens=max_new_tokens)
+                         [realised_ids[i] for i in redo], temperature=temperature, seed=derive_seed(seed, attempt),
+                         max_new_tokens=max_new_tokens)
         for i, s in zip(redo, again):
             out[i] = s
     return [s if s is not None and _canonical(s.text) is not None else None for s in out]
