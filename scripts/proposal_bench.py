@@ -25,6 +25,7 @@ from crr.agent.tools import ToolCallError, parse_tool_call
 from crr.policy.backend import rejection_sample
 from crr.rollout import start_rollout
 from crr.train.config import load_config
+from crr.train.trainer import resolve_model
 
 
 def main() -> None:
@@ -37,7 +38,7 @@ def main() -> None:
     args = ap.parse_args()
     cfg = load_config(args.config)
     eta = cfg.eta if args.eta is None else args.eta
-    play = start_rollout(cfg.model, cfg.tasks, args.n, Path(tempfile.mkdtemp(prefix="crr-proposal-bench-")),
+    play = start_rollout(resolve_model(cfg), cfg.tasks, args.n, Path(tempfile.mkdtemp(prefix="crr-proposal-bench-")),
                          group_size=cfg.num_generations, temperature=cfg.rollout_temperature,
                          max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens)
     trajectories = play.execute().trajectories
