@@ -139,6 +139,13 @@ def _log1mexp(x: float) -> float:
     return math.log(-math.expm1(x)) if x > -math.log(2) else math.log1p(-math.exp(x))
 
 
+def _condition(sample: StepSample, logq_a: float) -> None:
+    """A proposal's sample, given log q(a) of the excluded call: its log-probability under q_{not a},
+    log q(a') - log(1 - q(a)) (-inf for a skip: q_{not a}(a) = 0)."""
+    sample.excluded_logprob = logq_a
+    sample.proposal_logprob = -math.inf if sample.exclusion_failed else sample.proposal_logprob - _log1mexp(logq_a)
+
+
 def _same_call(text: str, canonical: str) -> bool:
     try:
         return parse_tool_call(text).canonical() == canonical
@@ -274,9 +281,7 @@ class TransformersBackend:
             sample.exclusion_failed = _same_call(sample.text, excluded[i])
             if sample.exclusion_failed:
                 sample.tries = tries
-            sample.excluded_logprob = s.logq
-            sample.proposal_logprob = (-math.inf if sample.exclusion_failed  # q_{not a}(a) = 0
-                                       else sample.proposal_logprob - _log1mexp(s.logq))
+            _condition(sample, s.logq)
         return samples
 
     def _score_call(self, prompt: list[int], ids: list[int] | None, temperature: float) -> _Excluded:
@@ -472,11 +477,7 @@ def rejection_sample(backend: TransformersBackend, prompts: list[list[int]], tok
         samples[i] = tried[first]
     for i, ids in enumerate(tokens):
         if excluded[i] is not None:
-            sample = samples[i]
-            sample.excluded_logprob = (-math.inf if ids is None else
-                                       sum(backend.score(prompts[i], ids, temperature)["behaviour_logprobs"]))
-            sample.proposal_logprob = (-math.inf if sample.exclusion_failed  # q_{not a}(a) = 0
-                                       else sample.proposal_logprob - _log1mexp(sample.excluded_logprob))
+            _condition(samples[i], backend._score_call(prompts[i], ids, temperature).logq)
     return samples
 
 
