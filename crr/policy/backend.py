@@ -255,7 +255,8 @@ class TransformersBackend:
                   for p, ids, c in zip(prompts, tokens, excluded)]
         coins = torch.rand((len(prompts), tries), generator=generator).log()
         # per row, the tries (0-based, in order) that miss a's tokenization: the only ones decoded
-        misses = [[0] if s is None else [t for t in range(tries) if coins[i, t] >= s.logq] for i, s in enumerate(scored)]
+        misses = [[0] if s is None else [t for t in range(tries) if coins[i, t] >= s.logq]
+                  for i, s in enumerate(scored)]
         samples: list[StepSample | None] = [None] * len(prompts)
         spent = [0.0] * len(prompts)
         todo = [i for i in range(len(prompts)) if misses[i]]
@@ -346,7 +347,7 @@ class TransformersBackend:
                 # whenever the others finish
                 gumbel = -torch.empty((rows, logits.shape[-1])).exponential_(generator=generator).log()[alive]
                 scores = stats.masked / temperature + gumbel
-                for j, i in enumerate(alive):   # a row that has followed an avoided call so far
+                for j, i in enumerate(alive) if avoid is not None else ():   # rows following an avoided call
                     k = following[i]
                     # (a forced a_k stays: a dead end, possible only within rounding of q(a) = 1, ends as a skip)
                     if k is not None and (stats.n_allowed[j] > 1 or math.isfinite(avoid[i].tilts[k])):
