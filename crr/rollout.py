@@ -123,11 +123,13 @@ def sample_seed(seed: int, round_index: int) -> int:
 
 def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,
             config: RolloutConfig | None = None, *, run: RunDir | None = None, pool: WorkerPool | None = None,
-            on_trajectory: Callable[[Trajectory], None] | None = None) -> RolloutResult:
+            on_trajectory: Callable[[Trajectory], None] | None = None, join: Join | None = None) -> RolloutResult:
     """Run G trajectories of every task; write each to `run` as it finishes; return them and a summary.
 
     The trajectories keep their snapshots (for `fork_at`) until `release()`; the engine and pool are the
-    caller's (when none is given, `rollout_pool(engine, config.workers)` is made here and closed).
+    caller's (when none is given, `rollout_pool(engine, config.workers)` is made here and closed). `join`
+    adds episodes to the rounds as they run (`drive`; the trainer's forks during the rollout): the result
+    holds the G trajectories per task only.
     """
     config = config or RolloutConfig()
     tasks = list(tasks)
@@ -153,7 +155,7 @@ def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngin
 
     try:
         pool.map(Episode.start, episodes)
-        gen_s = drive(episodes, backend, pool, ecfg, config.seed, on_end=finish)
+        gen_s = drive(episodes, backend, pool, ecfg, config.seed, on_end=finish, join=join)
     except BaseException:
         if own_pool:
             pool.close()  # let the actions in flight end (their own timeouts) before closing their sandboxes
@@ -234,10 +236,20 @@ def start_rollout(model: str, tasks: str, n: int, out: Path, *, group_size: int 
     return PolicyRollout(run, task_list, backend, tokenizer, config, engine, opts)
 
 
+class Join(Protocol):
+    """Episodes that join a drive while it runs (the trainer's forks of states as they are realised,
+    crr.train.counterfactual.LiveForks). Called after every round with the episodes that played in it and
+    those that ended before it (by drive key), the round's generation-and-play seconds and its wait for their
+    scoring; returns started episodes, which play from the next round on."""
+
+    def __call__(self, played: dict[int, Episode], ended: dict[int, Episode], gen_s: float,
+                 wait_s: float) -> list[Episode]: ...
+
+
 def drive(episodes: list[Episode], backend: GenerationBackend, pool: WorkerPool, config: EpisodeConfig, seed: int,
           *, first_round: int = 0, on_end: Callable[[int, Trajectory], None] | None = None,
           generating: Callable[[], AbstractContextManager] = nullcontext,
-          scoring: Callable[[], AbstractContextManager] = nullcontext) -> float:
+          scoring: Callable[[], AbstractContextManager] = nullcontext, join: Join | None = None) -> float:
     """The episode driver: advance started `episodes` round by round until every one has ended; returns the
     seconds spent generating. Each round, the episodes still running (in list order) contribute their
     conversations to one `backend.generate` call, sampled with `sample_seed(seed, round)` (rounds count from
@@ -246,31 +258,48 @@ def drive(episodes: list[Episode], backend: GenerationBackend, pool: WorkerPool,
     processes, generation is the model: on separate cores they overlap); `on_end(index, trajectory)` then gets
     them in list order. `generating` and `scoring` are the contexts a round's generation and play, and the wait
     for its scoring, run in (the trainer's ledger phases: so each second is charged once, and the verifier only
-    for what outlasts the generation)."""
-    running = dict(enumerate(episodes))   # in list order, as rounds remove the ended ones
+    for what outlasts the generation). The episodes `join` returns after a round run behind the given ones
+    (keys from len(episodes) on; `on_end` is not called for them) and are closed if the drive fails."""
+    running = dict(enumerate(episodes))   # in key order, as rounds remove the ended ones
+    joined: list[Episode] = []
     round_index, gen_s = first_round, 0.0
-    while running:
-        for e in running.values():
-            e.check_limits()
-        ending = {k: running.pop(k) for k in [k for k, e in running.items() if e.done]}
-        with in_background(functools.partial(pool.map, Episode.finish, list(ending.values()))) as scoring_round:
-            if running:
-                active = list(running.values())
-                with generating():
-                    round_seed = sample_seed(seed, round_index)
-                    t0 = time.perf_counter()
-                    samples = backend.generate([e.conversation.token_ids() for e in active],
-                                               temperature=config.temperature, seed=round_seed,
-                                               max_new_tokens=config.max_new_tokens)
-                    elapsed = time.perf_counter() - t0
-                    gen_s += elapsed
-                    pool.map(functools.partial(play_sample, seed=round_seed, gen_s=elapsed), list(zip(active, samples)))
-                round_index += 1
-            with scoring():
-                trajs = scoring_round.result()
+    try:
+        while running:
+            for e in running.values():
+                e.check_limits()
+            ending = {k: running.pop(k) for k in [k for k, e in running.items() if e.done]}
+            active: dict[int, Episode] = {}
+            with in_background(functools.partial(pool.map, Episode.finish, list(ending.values()))) as scoring_round:
+                t0 = time.perf_counter()
+                if running:
+                    active = dict(running)
+                    with generating():
+                        round_seed = sample_seed(seed, round_index)
+                        t1 = time.perf_counter()
+                        samples = backend.generate([e.conversation.token_ids() for e in active.values()],
+                                                   temperature=config.temperature, seed=round_seed,
+                                                   max_new_tokens=config.max_new_tokens)
+                        elapsed = time.perf_counter() - t1
+                        gen_s += elapsed
+                        pool.map(functools.partial(play_sample, seed=round_seed, gen_s=elapsed),
+                                 list(zip(active.values(), samples)))
+                    round_index += 1
+                t1 = time.perf_counter()
+                with scoring():
+                    trajs = scoring_round.result()
+                t2 = time.perf_counter()
             for k, traj in zip(ending, trajs):
-                if on_end is not None:
+                if on_end is not None and k < len(episodes):
                     on_end(k, traj)
+            if join is not None:
+                for e in join(active, ending, t1 - t0, t2 - t1):
+                    running[len(episodes) + len(joined)] = e
+                    joined.append(e)
+    except BaseException:
+        for e in joined:   # the given episodes are their owner's to close
+            if e.sandbox is not None and not e.done:
+                e.sandbox.close()
+        raise
     return gen_s
 
 

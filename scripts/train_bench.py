@@ -1,5 +1,7 @@
 """Benchmark for the report (not a timed test): iteration wall time of crr / grpo at k=4, K=1 on the CPU
-preset, and the fork share of a CRR iteration (paper: 1.71x microbatch latency; targets <= 1.6x and <= 5 %).
+preset, and the fork share of a CRR iteration (paper: 1.71x microbatch latency; targets <= 1.6x and <= 5 %);
+CRR twice: its forks started during the rollout (the default, crr.train.counterfactual.LiveForks) and after it
+(forks_during_rollout=false, the schedule of the committed studies).
 
     .venv/bin/python scripts/train_bench.py --updates 3 [--config PRESET] [key=value overrides...]
 
@@ -7,8 +9,9 @@ Runs `crr train` for each method with the same seed and config into a temporary 
 ledgers: mean iteration wall_s and phase seconds per method, their ratio, the fork share fork_s / wall_s
 (snapshot, restore and materialisation) and the counterfactual share (fork_s + cf_rollout_s + cf_test_s) / wall_s;
 the seconds per on-policy trajectory (rollout_s / trajectories) and per branch ((fork_s + cf_rollout_s +
-cf_test_s) / forks), and CRR/GRPO also without the learner update (the same rows in both: on a shared machine
-its seconds are the noisiest part).
+cf_test_s) / forks: the forks the selector kept; the discarded live forks' seconds are in the numerator), and
+CRR/GRPO also without the learner update (the same rows in both: on a shared machine its seconds are the
+noisiest part).
 """
 
 from __future__ import annotations
@@ -30,26 +33,31 @@ def main() -> None:
     args = ap.parse_args()
     out = tempfile.mkdtemp(prefix="crr-train-bench-")
     result = {}
-    for method in ("grpo", "crr"):
-        cfg = load_config(args.config, {**parse_overrides(args.overrides), "method": method, "k": 4, "cf_samples": 1,
-                                 "max_steps": args.updates, "output_dir": out})
+    arms = {"grpo": {"method": "grpo"}, "crr": {"method": "crr"},
+            "crr_forks_after_rollout": {"method": "crr", "forks_during_rollout": False}}
+    for arm, settings in arms.items():
+        cfg = load_config(args.config, {**parse_overrides(args.overrides), **settings, "k": 4, "cf_samples": 1,
+                                        "max_steps": args.updates, "output_dir": out})
         run = start_run(cfg, out)
         train(cfg, run)
         its = json.loads((run.path / "ledger.json").read_text())["iterations"]
         wall = sum(i["wall_s"] for i in its) / len(its)
         total = sum(i["wall_s"] for i in its)
-        result[method] = {"iteration_wall_s": wall, "forks": sum(i["forks"] for i in its),
-                          **{k: sum(i[k] for i in its) / len(its) for k in PHASES},
-                          "fork_share": sum(i["fork_s"] for i in its) / total,
-                          "cf_share": sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its) / total,
-                          "s_per_trajectory": sum(i["rollout_s"] for i in its) / sum(i["trajectories"] for i in its),
-                          "s_per_branch": (sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its)
-                                           / max(sum(i["forks"] for i in its), 1))}
-    crr, grpo = result["crr"], result["grpo"]
-    result["crr_over_grpo"] = crr["iteration_wall_s"] / grpo["iteration_wall_s"]
-    result["crr_over_grpo_without_update"] = ((crr["iteration_wall_s"] - crr["update_s"])
-                                              / (grpo["iteration_wall_s"] - grpo["update_s"]))
-    result["branch_over_trajectory"] = crr["s_per_branch"] / crr["s_per_trajectory"]
+        result[arm] = {"iteration_wall_s": wall, "forks": sum(i["forks"] for i in its),
+                       "forks_discarded": sum(i.get("forks_discarded", 0) for i in its),
+                       **{k: sum(i[k] for i in its) / len(its) for k in PHASES},
+                       "fork_share": sum(i["fork_s"] for i in its) / total,
+                       "cf_share": sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its) / total,
+                       "s_per_trajectory": sum(i["rollout_s"] for i in its) / sum(i["trajectories"] for i in its),
+                       "s_per_branch": (sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its)
+                                        / max(sum(i["forks"] for i in its), 1))}
+    grpo = result["grpo"]
+    for arm in ("crr", "crr_forks_after_rollout"):
+        crr = result[arm]
+        result[arm]["over_grpo"] = crr["iteration_wall_s"] / grpo["iteration_wall_s"]
+        result[arm]["over_grpo_without_update"] = ((crr["iteration_wall_s"] - crr["update_s"])
+                                                   / (grpo["iteration_wall_s"] - grpo["update_s"]))
+        result[arm]["branch_over_trajectory"] = crr["s_per_branch"] / crr["s_per_trajectory"]
     print(json.dumps(result, indent=2))
 
 

@@ -19,9 +19,9 @@ from crr.sandbox import get_engine
 from crr.rollout import TRAJECTORIES_FILE, RolloutConfig, ThreadWorkerPool, rollout, sample_seed
 from crr.rundir import RunDir
 from crr.tasks.loaders import write_tasks
-from crr.train.counterfactual import run_branches
+from crr.train.counterfactual import LiveForks, run_branches
 from crr.train.ledger import Ledger
-from crr.train.selectors import Selection
+from crr.train.selectors import Selection, SelectorParams, select
 
 
 
@@ -168,5 +168,81 @@ def test_branches_reuse_the_cached_prefix_and_a_failed_round_leaves_no_sandbox(b
                 run_branches(trajs, picks, backend=FailingRound(), **args)
             assert not engine._sandboxes, "a branch's sandbox outlived the failed round"
             result.release()
+    finally:
+        pool.close()
+
+
+def test_live_forks_start_in_the_rollout_and_keep_the_selectors_picks(backend, task, tmp_path):
+    """Forks started during the rollout (crr.train.counterfactual.LiveForks, the trainer's default): each
+    realised step the selector picks from its trajectory so far is forked before the next round, and its
+    branches play in the rollout's own rounds; after the rollout the final picks keep theirs (each a fork
+    of s_t: the parent's prefix, then its own a_t~), the other forks are discarded. A failing round closes
+    the branches' sandboxes too."""
+    ledger = Ledger(RunDir.create("train", "live", root=tmp_path), writer=False)
+    params = SelectorParams(k=1, eta=0.0)
+    pool = ThreadWorkerPool(2)
+    rounds = []   # per round: (rows that played, branches among them)
+
+    class Failing:   # the backend, with its n-th generate call failing
+        def __init__(self, fail_at=None):
+            self.fail_at, self.calls = fail_at, 0
+
+        def generate(self, *args, **kwargs):
+            self.calls += 1
+            if self.calls == self.fail_at:
+                raise RuntimeError("generation failed")
+            return backend.generate(*args, **kwargs)
+
+        def __getattr__(self, name):   # the prefix cache and the rest
+            return getattr(backend, name)
+
+    try:
+        with get_engine("local") as engine:
+            def live(gen):
+                return LiveForks(forks="counterfactual", selector="entropy_type", params=params, cf_samples=2,
+                                 proposal="tempered", cf_temperature=1.0, horizon=None, backend=gen, engine=engine,
+                                 tokenizer=backend.tokenizer, episode=CONFIG, seed=3, pool=pool)
+
+            forks = live(backend)
+
+            def join(played, ended, gen_s, wait_s):
+                rounds.append((len(played), sum(id(e) in forks.episodes for e in played.values())))
+                return forks.join(played, ended, gen_s, wait_s)
+
+            ledger.begin(0)
+            with ledger.phase("rollout_s"):
+                result = rollout([task], backend, engine, backend.tokenizer,
+                                 RolloutConfig(group_size=3, seed=5, workers=2, episode=CONFIG), pool=pool, join=join)
+            forks.charge(ledger, 0.0)
+            trajs = result.trajectories
+            picks = {i: select("entropy_type", t.steps, params) for i, t in enumerate(trajs) if t.reward is not None}
+            branches = forks.branches(picks)
+            assert len(branches) == 2 * sum(map(len, picks.values())) > 0
+            assert {(b.row, b.t) for b in branches} | {(b.row, b.t) for b in forks.discarded} == set(forks.launched)
+            for b in branches:
+                parent = trajs[b.row]
+                assert [s.action for s in b.traj.steps[:b.t]] == [s.action for s in parent.steps[:b.t]]
+                assert b.sample is None or b.traj.steps[b.t].action == b.sample.text != parent.steps[b.t].action
+                assert b.traj is None or b.traj.end_reason is not None
+            # branches decoded beside on-policy rows, in the rollout's rounds
+            assert any(0 < mine < n for n, mine in rounds), rounds
+            assert 0 < ledger.current["cf_rollout_s"] and 0 < ledger.current["rollout_s"]
+            # a fork the final choice does not hold is discarded, with its tokens
+            assert forks.branches({}) == [] and len(forks.discarded) == 2 * len(forks.launched)
+            result.release()
+
+            failing = live(Failing(fail_at=1))   # its first proposal round
+            with pytest.raises(RuntimeError, match="generation failed"):
+                rollout([task], backend, engine, backend.tokenizer,
+                        RolloutConfig(group_size=3, seed=5, workers=2, episode=CONFIG), pool=pool, join=failing.join)
+            assert failing.launched
+            assert not engine._sandboxes, "a sandbox outlived the failed proposal round"
+            rounds.clear()
+            failing = live(backend)
+            with pytest.raises(RuntimeError, match="generation failed"):   # a round with branches in it
+                rollout([task], Failing(fail_at=2), engine, backend.tokenizer,
+                        RolloutConfig(group_size=3, seed=5, workers=2, episode=CONFIG), pool=pool, join=failing.join)
+            assert failing.episodes
+            assert not engine._sandboxes, "a sandbox outlived the failed round"
     finally:
         pool.close()

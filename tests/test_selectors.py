@@ -15,6 +15,7 @@ from crr.policy.backend import StepSample, TransformersBackend
 from crr.policy.model import default_model_dir, load_policy
 from crr.train.proposals import get_proposal
 from crr.train.selectors import (
+    PREFIX_SELECTORS,
     SELECTORS,
     STATE_SELECTORS,
     Context,
@@ -63,6 +64,30 @@ def test_other_selectors_share_the_eligible_set_and_cap():
         few = [c.t for c in select(name, STEPS, SelectorParams(k=3, eta=0.85), np.random.default_rng(0))]
         assert few == [0, 5], name                      # fewer eligible than k: all of them, no more
         assert select(name, STEPS, SelectorParams(k=0), np.random.default_rng(0)) == []
+
+
+def test_prefix_selectors_choose_among_their_prefixes_choices(monkeypatch):
+    """What lets a fork start as its step is realised (crr.train.counterfactual.LiveForks): for a selector in
+    PREFIX_SELECTORS, a step the selector picks from a whole trajectory is in its pick from every prefix that
+    holds it. Checked on random trajectories; a selector of the middle eligible step is the counter-example
+    that shows the check can fail."""
+    monkeypatch.setitem(SELECTORS, "middle", lambda steps, pool, p, rng, ctx: pool[len(pool) // 2:][:1])
+    rng = np.random.default_rng(0)
+
+    def prefix_closed(name, steps, params):
+        final = {c.t for c in select(name, steps, params)}
+        return all(t in {c.t for c in select(name, steps[:t + 1], params)} for t in final)
+
+    broken = 0
+    for _ in range(300):
+        n = int(rng.integers(1, 12))
+        steps = [S(float(rng.choice([0.2, 0.5, 0.9, 1.3])), rng.choice([None, 0.0, 0.25, 0.75, 1.0]))
+                 for _ in range(n)]
+        params = SelectorParams(k=int(rng.integers(1, 4)), eta=0.4)
+        for name in PREFIX_SELECTORS:
+            assert prefix_closed(name, steps, params), (name, steps, params)
+        broken += not prefix_closed("middle", steps, params)
+    assert broken > 0
 
 
 def test_mid_value_forks_where_siblings_through_the_state_both_succeed_and_fail():

@@ -30,7 +30,7 @@ from crr.policy import DTYPES, SERVER_BACKEND, check_backend
 from crr.sandbox import engine_spec_of
 from crr.train.advantages import check as check_estimator
 from crr.train.distributed import launched_processes
-from crr.train.selectors import STATE_SELECTORS
+from crr.train.selectors import PREFIX_SELECTORS, STATE_SELECTORS
 
 DEFAULT_PRESET = EXPERIMENTS / "cpu-crr.yaml"
 
@@ -97,6 +97,10 @@ class CRRConfig(GRPOConfig):
     lambda_type: float = 0.6
     horizon: int | None = None                 # counterfactual horizon h in steps; None: to the end
     zero_contrast: bool = False                # control: selected steps get A = 0, no forks
+    forks_during_rollout: bool = True          # a fork starts in the round after its step is realised, its branch
+    #                                            decoding in the rollout's batches (crr.train.counterfactual.LiveForks);
+    #                                            false, or a selector outside PREFIX_SELECTORS, or replay noise:
+    #                                            every fork after the rollout (the committed studies' schedule)
     # --- the advantage estimator (crr.train.advantages): None = the method's; a registered name or a
     #     function by dotted path (mypkg.mod:fn), called with advantage_params as keywords
     advantage_estimator: str | None = None
@@ -166,6 +170,12 @@ class CRRConfig(GRPOConfig):
         if self.row.forks == "counterfactual" and (self.control or self.k == 0):
             return None
         return self.row.forks
+
+    @property
+    def live_forks(self) -> bool:
+        """Whether forks start during the rollout (forks_during_rollout, where the selector and replay noise allow)."""
+        return (self.forks_during_rollout and self.forks is not None and not self.replay_noise
+                and (self.forks == "continuation" or self.selector in PREFIX_SELECTORS))
 
     @property
     def state_keys(self) -> bool:

@@ -16,7 +16,9 @@ iteration in `metrics.jsonl`:
   (the five are mutually exclusive: each second is charged to one phase), plus wall_s (the iteration's
   wall clock, which also holds what no phase claims), on-policy trajectories, updates, generated tokens
   on-policy and all (with counterfactual suffixes), effective tokens (loss-masked on-policy action tokens
-  of the rows trained on), forks, and harness_tampered (on-policy trajectories the verifier's harness audit
+  of the rows trained on), forks, forks_discarded (forks started during the rollout whose step the selector
+  did not pick in the end: crr.train.counterfactual.LiveForks; their tokens are in generated_tokens_all), and
+  harness_tampered (on-policy trajectories the verifier's harness audit
   scored 0 for changing the test harness: crr.agent.verifier.audit).
 
 On resume the ledger is cut back to the iterations the checkpoint holds (`truncate`).
@@ -43,7 +45,7 @@ log = logging.getLogger(__name__)
 LEDGER_FILE = "ledger.json"
 PHASES = ("rollout_s", "fork_s", "cf_rollout_s", "cf_test_s", "update_s")
 COUNTS = ("trajectories", "updates", "generated_tokens_on_policy", "generated_tokens_all", "effective_tokens", "forks",
-          "harness_tampered")
+          "forks_discarded", "harness_tampered")
 
 
 class Ledger:

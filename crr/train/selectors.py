@@ -149,6 +149,9 @@ SELECTORS: dict[str, Callable] = {"entropy_type": entropy_type, "entropy": entro
                                   "random": random, "stride": stride, "mid_value": mid_value,
                                   "first_edit_of_failure": first_edit_of_failure}
 STATE_SELECTORS = frozenset({"mid_value", "first_edit_of_failure"})   # read the recorded tree digests
+# top-k of a per-step key: a step in the final choice is in the choice of every prefix that holds it, so its
+# fork can start as soon as it is realised (crr.train.counterfactual.LiveForks)
+PREFIX_SELECTORS = frozenset({"entropy_type", "entropy", "type"})
 
 
 def select(name: str, steps: Sequence[SelectableStep], params: SelectorParams,

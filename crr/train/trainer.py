@@ -80,7 +80,7 @@ from crr.train.advantages import (
     token_advantages,
 )
 from crr.train.config import CRRConfig, load_config, paper_loss_settings, parse_overrides
-from crr.train.counterfactual import Branch, continuations, run_branches
+from crr.train.counterfactual import Branch, LiveForks, continuation_points, continuations, run_branches
 from crr.train.diagnostics import advantage_snr, bucket_covariance, prefix_signature
 from crr.train.distributed import barrier, broadcast, gather, gather_one, is_main
 from crr.train.ledger import Ledger, merge
@@ -134,6 +134,7 @@ class CRRTrainer(GRPOTrainer):
         self.weight_syncs = 0   # backend=vllm or vllm-server: pushes of the policy's weights into vLLM
         self.iteration: dict = {}
         self.records: dict | None = None   # this update's trajectory records until its advantages are known
+        self.live: LiveForks | None = None   # this update's forks started during its rollout (cfg.live_forks)
         peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
                                  target_modules=cfg.lora_target_modules) if cfg.use_lora else None
         super().__init__(model=model, reward_funcs=verifier_reward, args=cfg, processing_class=tokenizer,
@@ -191,26 +192,41 @@ class CRRTrainer(GRPOTrainer):
                 model.train(was_training)
 
     def _sample(self, tasks: list[Task], seed: int, step: int) -> RolloutResult:
-        """Algorithm 1, line 3: G on-policy trajectories per task, snapshotting every s_t (charged to fork_s)."""
+        """Algorithm 1, line 3: G on-policy trajectories per task, snapshotting every s_t (charged to fork_s);
+        with live forks (cfg.live_forks) the method's forks start during it, as their states are realised."""
+        cfg = self.cfg
+        self.live = LiveForks(**self._forking(seed), forks=cfg.forks, selector=cfg.selector, params=self._params(),
+                              cf_samples=cfg.cf_samples, proposal=cfg.proposal, cf_temperature=cfg.cf_temperature,
+                              horizon=cfg.horizon) if cfg.live_forks else None
         with self.ledger.phase("rollout_s"):
-            if self.cfg.backend != "transformers":   # on-policy: vLLM samples from the last update's weights
+            if cfg.backend != "transformers":   # on-policy: vLLM samples from the last update's weights
                 self._sync_weights(step)
             result = rollout(tasks, self.backend, self.engine, self.processing_class,
-                             RolloutConfig(group_size=self.num_generations, seed=seed, workers=self.cfg.workers,
-                                           episode=self.episode), pool=self.pool)
-        self.ledger.move(sum((s.snapshot_ms or 0.0) for t in result.trajectories for s in t.steps) / 1e3,
-                         "rollout_s", "fork_s")
+                             RolloutConfig(group_size=self.num_generations, seed=seed, workers=cfg.workers,
+                                           episode=self.episode), pool=self.pool,
+                             join=None if self.live is None else self.live.join)
+        snapshot_s = sum((s.snapshot_ms or 0.0) for t in result.trajectories for s in t.steps) / 1e3
+        self.ledger.move(snapshot_s, "rollout_s", "fork_s")
+        if self.live is not None:
+            self.live.charge(self.ledger, snapshot_s)
         return result
+
+    def _forking(self, seed: int) -> dict:
+        """What every fork of an iteration runs on; seed + 1 (and + 2, replay noise) are offsets, kept for the
+        committed runs' draws (crr.seeds says why)."""
+        return {"backend": self.backend, "engine": self.engine, "tokenizer": self.processing_class,
+                "episode": self.episode, "seed": seed + 1, "pool": self.pool}
 
     def _branch(self, trajs: list[Trajectory], picks: dict, seed: int) -> list[Branch]:
         """Algorithm 1, lines 5-9, the method's forks: K counterfactual branches of every picked step, or K
-        on-policy continuations from every state (mc-values), or none."""
+        on-policy continuations from every state (mc-values), or none; those the rollout started (live forks)
+        or, after it, all of them."""
         cfg = self.cfg
-        # injected replay noise rho draws from this iteration's realised outputs (none to gather at rho = 0);
-        # seed + 1 and seed + 2 are offsets, kept for the committed runs' draws (crr.seeds says why)
+        if self.live is not None:
+            return self.live.branches(continuation_points(trajs) if cfg.forks == "continuation" else picks)
+        # injected replay noise rho draws from this iteration's realised outputs (none to gather at rho = 0)
         noise = RerunOutputs(trajs, cfg.replay_noise, seed + 2) if cfg.replay_noise else None
-        forking = {"backend": self.backend, "engine": self.engine, "tokenizer": self.processing_class,
-                   "episode": self.episode, "seed": seed + 1, "pool": self.pool, "ledger": self.ledger, "noise": noise}
+        forking = {**self._forking(seed), "ledger": self.ledger, "noise": noise}
         if cfg.forks == "counterfactual":
             return run_branches(trajs, picks, cf_samples=cfg.cf_samples, proposal=cfg.proposal,
                                 cf_temperature=cfg.cf_temperature, horizon=cfg.horizon, **forking)
@@ -275,8 +291,11 @@ class CRRTrainer(GRPOTrainer):
         log.info("update %d: policy weights synced into vLLM (%d syncs, %.2fs)", step, self.weight_syncs,
                  time.perf_counter() - start)
 
+    def _params(self) -> SelectorParams:
+        return SelectorParams(k=self.cfg.k, eta=self.cfg.eta, lambda_type=self.cfg.lambda_type)
+
     def _select(self, trajs: list[Trajectory], seed: int) -> dict:
-        params = SelectorParams(k=self.cfg.k, eta=self.cfg.eta, lambda_type=self.cfg.lambda_type)
+        params = self._params()
         rng = np.random.default_rng(seed)
         values = sibling_values([state_keys(t.steps) for t in trajs], [t.reward for t in trajs],
                                 [t.task_index for t in trajs]) if self.cfg.state_keys else None
@@ -334,13 +353,13 @@ class CRRTrainer(GRPOTrainer):
         until the iteration ends (Ledger.end merges them)."""
         led = self.ledger
         on_policy = sum(t.generated_tokens for t in trajs)
-        branch_tokens = sum(len(b.sample.action_ids) if b.traj is None else
-                            sum(len(s.action_ids) for s in b.traj.steps[b.t:]) for b in branches if b.sample)
+        discarded = [] if self.live is None else self.live.discarded   # live forks that were not picked
         led.add("trajectories", len(trajs))
         led.add("generated_tokens_on_policy", on_policy)
-        led.add("generated_tokens_all", on_policy + branch_tokens)
+        led.add("generated_tokens_all", on_policy + sum(b.tokens for b in branches + discarded))
         led.add("effective_tokens", sum(t.generated_tokens for t in trajs if t.reward is not None))
         led.add("forks", sum(b.sample is not None for b in branches))
+        led.add("forks_discarded", sum(b.sample is not None for b in discarded))
         led.add("harness_tampered", sum(bool(t.harness_files) for t in trajs))
         mine = {"trajs": [(t.task_id, t.reward, len(t.steps)) for t in trajs],
                 "picks": [len(v) for v in picks.values()],
