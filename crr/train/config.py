@@ -328,6 +328,10 @@ def parse_overrides(pairs: list[str]) -> dict:
     return out
 
 
+# Fields added after runs were saved without them: the value that reproduces what such a run did, for its resume.
+SAVED_BEFORE_THE_FIELD = {"forks_during_rollout": False}
+
+
 def load_config(preset: Path | str | None = None, overrides: dict | None = None) -> CRRConfig:
     """A preset file (default: the CPU preset; `base: other.yaml` chains, crr.experiments.read_preset) with
     overrides applied; bad keys or values are CRRErrors."""

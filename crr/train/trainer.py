@@ -66,7 +66,7 @@ from crr.policy.model import agent_record, default_policy_dir, load_policy, writ
 from crr.sandbox import engine_spec_of
 from crr.sandbox.checkout import publish
 from crr.rollout import RolloutConfig, RolloutResult, rollout, rollout_pool
-from crr.rundir import RunDir
+from crr.rundir import RunDir, read_run_mapping
 from crr.seeds import derive_seed
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
@@ -79,7 +79,7 @@ from crr.train.advantages import (
     state_keys,
     token_advantages,
 )
-from crr.train.config import CRRConfig, load_config, paper_loss_settings, parse_overrides
+from crr.train.config import SAVED_BEFORE_THE_FIELD, CRRConfig, load_config, paper_loss_settings, parse_overrides
 from crr.train.counterfactual import Branch, LiveForks, continuation_points, continuations, run_branches
 from crr.train.diagnostics import advantage_snr, bucket_covariance, prefix_signature
 from crr.train.distributed import barrier, broadcast, gather, gather_one, is_main
@@ -597,7 +597,9 @@ def resume_run(path: Path | str, changes: dict | None = None) -> tuple[CRRConfig
     so, any other that differs from the run's is a CRRError before anything is written. Only the main
     process locks and rewrites the run; the others wait for it."""
     run = RunDir.open(path)
-    cfg = load_config(run.path / "config.yaml")   # (sets up the processes' group, which is_main() asks)
+    saved = read_run_mapping(run.path / "config.yaml", "YAML")
+    # (sets up the processes' group, which is_main() asks)
+    cfg = load_config(run.path / "config.yaml", {k: v for k, v in SAVED_BEFORE_THE_FIELD.items() if k not in saved})
     cfg.output_dir = str(run.path / CHECKPOINTS)   # the run may have moved, or config.yaml holds a relative path
     torn, ckpt, done = [], None, 0
     for step, candidate in reversed(checkpoints(run.path / CHECKPOINTS)):
