@@ -14,7 +14,9 @@ One iteration = one TRL generation batch = one optimizer update:
      what else an iteration collects is the method's row in config.METHODS: for a method that selects
      (crr, search-select) the selector picks up to k steps of every scored trajectory, and each is
      forked K times (crr.train.counterfactual); mc-values plays K on-policy continuations from every
-     state; the branches go to tuples/ as one parquet part. A swapping method (Search-Select) replaces a
+     state. By default a fork starts during the rollout, in the round after its step is realised, and its
+     branch decodes in the rollout's rounds (LiveForks; forks_during_rollout=false: all after it). The
+     branches go to tuples/ as one parquet part. A swapping method (Search-Select) replaces a
      realised row by its verifier-best branch when that branch scores strictly higher. The rows go back
      to TRL with env_mask (observations masked) and, per row, the same credit record (RowCredit) for
      whichever advantage estimator the config names.
