@@ -1,7 +1,7 @@
 """Benchmark for the report (not a timed test): iteration wall time of crr / grpo at k=4, K=1 on the CPU
 preset, and the fork share of a CRR iteration (paper: 1.71x microbatch latency; targets <= 1.6x and <= 5 %);
-CRR twice: its forks started during the rollout (the default, crr.train.counterfactual.LiveForks) and after it
-(forks_during_rollout=false, the schedule of the committed studies).
+CRR twice: its forks after the rollout (the default) and started during it (forks_during_rollout=true,
+crr.train.counterfactual.LiveForks).
 
     .venv/bin/python scripts/train_bench.py --updates 3 [--config PRESET] [key=value overrides...]
 
@@ -34,7 +34,7 @@ def main() -> None:
     out = tempfile.mkdtemp(prefix="crr-train-bench-")
     result = {}
     arms = {"grpo": {"method": "grpo"}, "crr": {"method": "crr"},
-            "crr_forks_after_rollout": {"method": "crr", "forks_during_rollout": False}}
+            "crr_forks_during_rollout": {"method": "crr", "forks_during_rollout": True}}
     for arm, settings in arms.items():
         cfg = load_config(args.config, {**parse_overrides(args.overrides), **settings, "k": 4, "cf_samples": 1,
                                         "max_steps": args.updates, "output_dir": out})
@@ -52,7 +52,7 @@ def main() -> None:
                        "s_per_branch": (sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its)
                                         / max(sum(i["forks"] for i in its), 1))}
     grpo = result["grpo"]
-    for arm in ("crr", "crr_forks_after_rollout"):
+    for arm in ("crr", "crr_forks_during_rollout"):
         crr = result[arm]
         result[arm]["over_grpo"] = crr["iteration_wall_s"] / grpo["iteration_wall_s"]
         result[arm]["over_grpo_without_update"] = ((crr["iteration_wall_s"] - crr["update_s"])

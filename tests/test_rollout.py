@@ -173,7 +173,7 @@ def test_branches_reuse_the_cached_prefix_and_a_failed_round_leaves_no_sandbox(b
 
 
 def test_live_forks_start_in_the_rollout_and_keep_the_selectors_picks(backend, task, tmp_path):
-    """Forks started during the rollout (crr.train.counterfactual.LiveForks, the trainer's default): each
+    """Forks started during the rollout (crr.train.counterfactual.LiveForks, forks_during_rollout=true): each
     realised step the selector picks from its trajectory so far is forked before the next round, and its
     branches play in the rollout's own rounds; after the rollout the final picks keep theirs (each a fork
     of s_t: the parent's prefix, then its own a_t~), the other forks are discarded. A failing round closes

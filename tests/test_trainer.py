@@ -101,14 +101,6 @@ def test_crr_end_to_end_and_resume(ran_tasks_file, tmp_path):
     assert Path(ckpt).name == "checkpoint-2" and not (run / "checkpoints" / "checkpoint-3").exists()
     assert_each_update_once(run, 2)
     assert set(read_tuples(run)["iteration"]) <= {0, 1}
-    assert cfg.forks_during_rollout is True
-    # a run saved before forks could start during the rollout forked after it, and resumes so
-    saved = yaml.safe_load((run / "config.yaml").read_text())
-    del saved["forks_during_rollout"]
-    (run / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
-    cfg, _, _ = resume_run(run)
-    release_locks()
-    assert cfg.forks_during_rollout is False and not cfg.live_forks
 
     result = CliRunner().invoke(app, ["replay", "verify", str(run), "--sample", "3", "--json"])
     assert result.exit_code == 0, result.output

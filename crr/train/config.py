@@ -97,10 +97,10 @@ class CRRConfig(GRPOConfig):
     lambda_type: float = 0.6
     horizon: int | None = None                 # counterfactual horizon h in steps; None: to the end
     zero_contrast: bool = False                # control: selected steps get A = 0, no forks
-    forks_during_rollout: bool = True          # a fork starts in the round after its step is realised, its branch
-    #                                            decoding in the rollout's batches (crr.train.counterfactual.LiveForks);
-    #                                            false, or a selector outside PREFIX_SELECTORS, or replay noise:
-    #                                            every fork after the rollout (the committed studies' schedule)
+    forks_during_rollout: bool = False         # true: a fork starts in the round after its step is realised, its
+    #                                            branch decoding in the rollout's rounds (crr.train.counterfactual.LiveForks;
+    #                                            not with a selector outside PREFIX_SELECTORS or replay noise); no
+    #                                            faster on 2 CPU cores (docs/training.md), so off
     # --- the advantage estimator (crr.train.advantages): None = the method's; a registered name or a
     #     function by dotted path (mypkg.mod:fn), called with advantage_params as keywords
     advantage_estimator: str | None = None
@@ -326,10 +326,6 @@ def parse_overrides(pairs: list[str]) -> dict:
             parsed = float(parsed)
         out[key] = parsed
     return out
-
-
-# Fields added after runs were saved without them: the value that reproduces what such a run did, for its resume.
-SAVED_BEFORE_THE_FIELD = {"forks_during_rollout": False}
 
 
 def load_config(preset: Path | str | None = None, overrides: dict | None = None) -> CRRConfig:

@@ -10,13 +10,15 @@ pool, then a_t~ played. A branch computes only what is new in it: its prompt at 
 realised conversation, whose keys and values the rollout left in the backend's prefix cache
 (crr.policy.prefix_cache; the excluded call's probability is scored on them too). Two schedules:
 
-  LiveForks      (the default, forks_during_rollout) during the rollout: a step is forked before the next
+  LiveForks      (forks_during_rollout=true) during the rollout: a step is forked before the next
                  round when the selector picks it from its trajectory so far, and its branches then decode
                  in the rollout's own rounds, beside the on-policy rows (crr.rollout.drive's `join`). Exact
                  for the selectors whose final pick is among their prefixes' picks (PREFIX_SELECTORS);
                  the forks a later step displaces are discarded.
-  run_branches   after the rollout, every pick at once, driven in rounds of their own (the committed
-                 studies' schedule; any selector; replay noise, which draws from the whole iteration).
+  run_branches   (the default) after the rollout, every pick at once, driven in rounds of their own (any
+                 selector; replay noise, which draws from the whole iteration). On 2 CPU cores the two cost
+                 the same (docs/training.md): a live fork's proposal is a generation call of its own in the
+                 round it starts, which costs what the rounds saved at the end.
 
 The sandbox work runs beside the generation: the restores of s_t while the proposals are sampled, the
 verifier of the branches that ended in a round while the next round is generated. Seconds are charged to

@@ -14,9 +14,9 @@ One iteration = one TRL generation batch = one optimizer update:
      what else an iteration collects is the method's row in config.METHODS: for a method that selects
      (crr, search-select) the selector picks up to k steps of every scored trajectory, and each is
      forked K times (crr.train.counterfactual); mc-values plays K on-policy continuations from every
-     state. By default a fork starts during the rollout, in the round after its step is realised, and its
-     branch decodes in the rollout's rounds (LiveForks; forks_during_rollout=false: all after it). The
-     branches go to tuples/ as one parquet part. A swapping method (Search-Select) replaces a
+     state; with forks_during_rollout=true a fork starts during the rollout, in the round after its step
+     is realised, and its branch decodes in the rollout's rounds (LiveForks). The branches go to tuples/
+     as one parquet part. A swapping method (Search-Select) replaces a
      realised row by its verifier-best branch when that branch scores strictly higher. The rows go back
      to TRL with env_mask (observations masked) and, per row, the same credit record (RowCredit) for
      whichever advantage estimator the config names.
@@ -68,7 +68,7 @@ from crr.policy.model import agent_record, default_policy_dir, load_policy, writ
 from crr.sandbox import engine_spec_of
 from crr.sandbox.checkout import publish
 from crr.rollout import RolloutConfig, RolloutResult, rollout, rollout_pool
-from crr.rundir import RunDir, read_run_mapping
+from crr.rundir import RunDir
 from crr.seeds import derive_seed
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
@@ -81,7 +81,7 @@ from crr.train.advantages import (
     state_keys,
     token_advantages,
 )
-from crr.train.config import SAVED_BEFORE_THE_FIELD, CRRConfig, load_config, paper_loss_settings, parse_overrides
+from crr.train.config import CRRConfig, load_config, paper_loss_settings, parse_overrides
 from crr.train.counterfactual import Branch, LiveForks, continuation_points, continuations, run_branches
 from crr.train.diagnostics import advantage_snr, bucket_covariance, prefix_signature
 from crr.train.distributed import barrier, broadcast, gather, gather_one, is_main
@@ -599,9 +599,7 @@ def resume_run(path: Path | str, changes: dict | None = None) -> tuple[CRRConfig
     so, any other that differs from the run's is a CRRError before anything is written. Only the main
     process locks and rewrites the run; the others wait for it."""
     run = RunDir.open(path)
-    saved = read_run_mapping(run.path / "config.yaml", "YAML")
-    # (sets up the processes' group, which is_main() asks)
-    cfg = load_config(run.path / "config.yaml", {k: v for k, v in SAVED_BEFORE_THE_FIELD.items() if k not in saved})
+    cfg = load_config(run.path / "config.yaml")   # (sets up the processes' group, which is_main() asks)
     cfg.output_dir = str(run.path / CHECKPOINTS)   # the run may have moved, or config.yaml holds a relative path
     torn, ckpt, done = [], None, 0
     for step, candidate in reversed(checkpoints(run.path / CHECKPOINTS)):
