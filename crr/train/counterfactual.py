@@ -270,7 +270,9 @@ class LiveForks:
                 if (row, sel.t) not in self.launched:
                     raise CRRError(f"step {sel.t} of row {row} was picked but not forked during the rollout: the "
                                    f"selector {self.selector!r} is not one of crr.train.selectors.PREFIX_SELECTORS")
-                kept += self.launched[(row, sel.t)]
+                for b in self.launched[(row, sel.t)]:
+                    b.selection = sel   # the pick's record (a continuation's score is 0.0, as after the rollout)
+                    kept.append(b)
         keys = {(row, sel.t) for row in picks for sel in picks[row]}
         self.discarded = [b for key, bs in self.launched.items() if key not in keys for b in bs]
         return kept
