@@ -51,7 +51,7 @@ from crr.rollout import WorkerPool, drive, in_background, sample_seed, timed
 from crr.train.ledger import Ledger
 from crr.train.proposals import get_proposal
 from crr.train.replay_noise import RerunOutputs
-from crr.train.selectors import Selection, SelectorParams, score, select
+from crr.train.selectors import Selection, SelectorParams, select
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,10 @@ class Launch:
     wait_s: float = 0.0         # what the restores added beyond the proposals
     play_s: float = 0.0         # playing a_t~ in the forks
 
+    def add(self, other: Launch) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
 
 def start_branches(branches: list[Branch], parents: list[Trajectory], *, propose: Callable, backend: GenerationBackend,
                    engine: ForkEngine, tokenizer: PreTrainedTokenizerBase, config: EpisodeConfig, cf_temperature: float,
@@ -119,9 +123,7 @@ def start_branches(branches: list[Branch], parents: list[Trajectory], *, propose
         for i, (b, s) in enumerate(zip(branches, samples)):
             b.sample = s
             if s is None:
-                skipped = episodes.pop(i)
-                if skipped.sandbox is not None:
-                    skipped.sandbox.close()
+                close([episodes.pop(i)])
             elif episodes[i].sandbox is None:
                 b.error = episodes.pop(i).traj.infra_error
         _, times.play_s = timed(lambda: pool.map(
@@ -224,12 +226,13 @@ class LiveForks:
         self.discarded: list[Branch] = []
         self.seen: dict[int, int] = {}                             # row -> its steps already considered
 
-    def _picked(self, steps: list) -> bool:
-        """Whether the last of `steps` (just realised) is forked."""
+    def _pick(self, steps: list) -> Selection | None:
+        """The last of `steps` (just realised) as the selector picks it from them (a continuation: every
+        non-terminal step, as `continuation_points`), or None."""
         t = len(steps) - 1
         if self.forks == "continuation":
-            return not steps[t].terminal
-        return any(sel.t == t for sel in select(self.selector, steps, self.params))
+            return None if steps[t].terminal else Selection(t, 0.0)
+        return next((sel for sel in select(self.selector, steps, self.params) if sel.t == t), None)
 
     def join(self, played: dict[int, Episode], ended: dict[int, Episode], gen_s: float, wait_s: float) -> list[Episode]:
         """crr.rollout.Join: the branches' share of the round, then the forks of the states it realised."""
@@ -240,9 +243,9 @@ class LiveForks:
         realised = {row: e.traj for row, e in played.items()   # a step that failed in the sandbox added none
                     if id(e) not in self.episodes and len(e.traj.steps) > self.seen.get(row, 0)}
         self.seen.update({row: len(traj.steps) for row, traj in realised.items()})
-        new = [(Branch(row, len(traj.steps) - 1, k, Selection(len(traj.steps) - 1, score(
-            traj.steps[-1], self.params.lambda_type)), None), traj)
-               for row, traj in realised.items() if self._picked(traj.steps) for k in range(self.cf_samples)]
+        picked = {row: (sel, traj) for row, traj in realised.items() if (sel := self._pick(traj.steps)) is not None}
+        new = [(Branch(row, sel.t, k, sel, None), traj) for row, (sel, traj) in picked.items()
+               for k in range(self.cf_samples)]
         self.rounds += 1
         if not new:
             return []
@@ -253,8 +256,7 @@ class LiveForks:
                                          engine=self.engine, tokenizer=self.tokenizer, config=self.config,
                                          cf_temperature=self.cf_temperature, horizon=self.horizon,
                                          seed=sample_seed(self.seed, self.rounds), pool=self.pool)
-        for name in ("proposal_s", "restore_s", "wait_s", "play_s"):
-            setattr(self.times, name, getattr(self.times, name) + getattr(times, name))
+        self.times.add(times)
         for i, e in episodes.items():
             self.episodes[id(e)] = (branches[i], e)
         return list(episodes.values())
@@ -270,9 +272,7 @@ class LiveForks:
                 if (row, sel.t) not in self.launched:
                     raise CRRError(f"step {sel.t} of row {row} was picked but not forked during the rollout: the "
                                    f"selector {self.selector!r} is not one of crr.train.selectors.PREFIX_SELECTORS")
-                for b in self.launched[(row, sel.t)]:
-                    b.selection = sel   # the pick's record (a continuation's score is 0.0, as after the rollout)
-                    kept.append(b)
+                kept += self.launched[(row, sel.t)]
         keys = {(row, sel.t) for row in picks for sel in picks[row]}
         self.discarded = [b for key, bs in self.launched.items() if key not in keys for b in bs]
         return kept
