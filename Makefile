@@ -8,7 +8,7 @@ TEST_WORKERS ?= 2
 
 main:  ## the main job: CRR from the shipped warm start on its learnable band (experiments/cpu-crr.yaml), held-out pass@1 before and after
 	scripts/setup.sh
-	OMP_NUM_THREADS=1 .venv/bin/crr train --eval nano-test --eval-n 64
+	OMP_NUM_THREADS=1 .venv/bin/crr train --eval nano-test2 --eval-n 64
 
 test:  ## the full test suite, Docker engine included: on two workers, then the tests that must run alone
 	scripts/setup.sh

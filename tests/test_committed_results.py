@@ -104,6 +104,29 @@ def test_the_starting_policys_figures_have_their_per_task_records():
     assert len({r["instance_id"] for r in records}) == 80 and sum(r["reward"] for r in records) == 47
 
 
+def test_the_starting_policys_fresh_test_figures_have_their_per_task_records():
+    """README's figures of the shipped default on nano-test2 (test tasks 64-319, never used to choose anything):
+    greedy 83/256 with its Wilson interval (the first 64 of them, make main's "before", 12/64) and sampled."""
+    runs = {yaml.safe_load((c.parent / "config.yaml").read_text())["samples"]: c.parent
+            for c in (ROOT / "results" / "reference" / "default-test2").glob("*/config.yaml")}
+    records = [json.loads(line) for line in (runs[1] / "results.jsonl").read_text().splitlines()]
+    index = {int(r["instance_id"].rsplit("-", 1)[1]): r["reward"] for r in records}
+    assert sorted(index) == list(range(64, 320)) and sum(index.values()) == 83
+    assert sum(index[i] for i in range(64, 128)) == 12
+    summary = json.loads((runs[1] / "summary.json").read_text())
+    assert summary["dataset"] == "nano-test2" and summary["model"] == "crr/policy/default"
+    assert summary["pass_at_1_ci"] == pytest.approx(list(wilson(83 / 256, 256)))
+    # sampled (4 per task, T = 0.6): 279 of 1,024 samples, 105 tasks solved at least once, 38 by all four
+    solved = {}
+    for line in (runs[4] / "results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        solved.setdefault(r["instance_id"], []).append(r["reward"])
+    assert len(solved) == 256 and all(len(v) == 4 for v in solved.values())
+    assert sum(map(sum, solved.values())) == 279
+    assert sum(any(v) for v in solved.values()) == 105 and sum(all(v) for v in solved.values()) == 38
+    assert json.loads((runs[4] / "summary.json").read_text())["pass_at_k"]["4"] == pytest.approx(105 / 256)
+
+
 def test_the_multi_warm_starts_figures_have_their_per_task_records():
     """README's figures of the shipped multi warm start (crr/policy/multi), from their records: chosen on 13/64 of
     the first 64 multi-val tasks, 18/64 on the first 64 multi-test tasks, each with its Wilson interval; the
