@@ -45,16 +45,22 @@ def test_the_check_sees_the_paths_it_is_for():
 CPU_MAIN = ROOT / "results" / "reference" / "cpu-main"
 
 
+def _rewards_by_task(results: Path) -> dict[str, list[float]]:
+    """An eval run's results.jsonl as each task's rewards, one per sample."""
+    solved: dict[str, list[float]] = {}
+    for line in results.read_text().splitlines():
+        r = json.loads(line)
+        solved.setdefault(r["instance_id"], []).append(r["reward"])
+    return solved
+
+
 def _final_task_rates(arm: str, samples: int) -> list[dict[str, float]]:
     """Per-task success rates of each seed's final model of `arm` in the committed study, from results.jsonl."""
     out = []
     for config in sorted((CPU_MAIN / "evals" / arm).glob("*/config.yaml")):
         cfg = yaml.safe_load(config.read_text())
         if cfg["checkpoint"] is None and cfg["samples"] == samples:
-            records = [json.loads(line) for line in (config.parent / "results.jsonl").read_text().splitlines()]
-            solved = {}
-            for r in records:
-                solved.setdefault(r["instance_id"], []).append(r["reward"])
+            solved = _rewards_by_task(config.parent / "results.jsonl")
             out.append({iid: float(np.mean(v)) for iid, v in solved.items()})
     return out
 
@@ -117,10 +123,7 @@ def test_the_starting_policys_fresh_test_figures_have_their_per_task_records():
     assert summary["dataset"] == "nano-test2" and summary["model"] == "crr/policy/default"
     assert summary["pass_at_1_ci"] == pytest.approx(list(wilson(83 / 256, 256)))
     # sampled (4 per task, T = 0.6): 279 of 1,024 samples, 105 tasks solved at least once, 38 by all four
-    solved = {}
-    for line in (runs[4] / "results.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        solved.setdefault(r["instance_id"], []).append(r["reward"])
+    solved = _rewards_by_task(runs[4] / "results.jsonl")
     assert len(solved) == 256 and all(len(v) == 4 for v in solved.values())
     assert sum(map(sum, solved.values())) == 279
     assert sum(any(v) for v in solved.values()) == 105 and sum(all(v) for v in solved.values()) == 38
