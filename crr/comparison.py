@@ -4,8 +4,8 @@ evaluated, then `crr report`. Resumable: re-running it skips what is complete, r
 
     crr experiment run experiments/cpu-main.comparison.yaml --out results/cpu-main
 
-Layout under `out`: runs/<arm>/ (train run directories), evals/<arm>/ (eval run directories), report/.
-An equal-wall-clock arm (`budget_from: crr`) runs after its source arm, with `budget_hours` set to the
+Layout under `out`: runs/<arm>/ (train run directories), evals/<arm>/ (eval run directories), evals/base/
+(the arms' starting model, with `base: true`), report/. An equal-wall-clock arm (`budget_from: crr`) runs after its source arm, with `budget_hours` set to the
 ledger wall clock of the source's run of the same seed.
 """
 
@@ -99,6 +99,8 @@ def run_comparison(spec: Comparison, out: Path, *, seeds: Sequence[int] | None =
     `out` lacks; returns the report's entries."""
     out.mkdir(parents=True, exist_ok=True)
     lock_run(out, "experiment run")  # one driver per comparison: a second would start the same runs beside it
+    for ev in spec.base_evals:       # first: minutes, and every arm is paired with it
+        _evaluate_base(spec, ev, out, say)
     for arm, seed in schedule(spec, seeds, arms):
         run = _train(spec, arm, seed, out, say)
         for ev in (e for e in spec.evals if e.covers(arm.name)):
@@ -153,14 +155,31 @@ def _train(spec: Comparison, arm: Arm, seed: int, out: Path, say: Callable[[str]
 
 
 def _evaluate(arm: Arm, run: TrainRun, ev: EvalSpec, step: int, out: Path, say: Callable[[str], None]) -> None:
-    # deferred: crr.eval loads swebench (~1.3 s), which planning a comparison need not pay
-    from crr.eval import evaluate, open_eval, resume_eval
-
     final = step == run.updates
     what = f"{arm.name} seed {run.seed} {ev.dataset}{f' x{ev.samples}' if ev.samples > 1 else ''} " \
            f"{'final' if final else f'checkpoint-{step}'}"
     found = [e for e in _eval_runs(out, arm, run)
              if e.dataset == ev.dataset and e.samples == ev.samples and (e.final if final else e.step == step)]
+    folder = out / "evals" / arm.name
+    _run_eval(what, found, ev, folder, say, run_dir=run.path, checkpoint=None if final else str(step),
+              command=ev.command(str(run.path), None if final else step, folder))
+
+
+def _evaluate_base(spec: Comparison, ev: EvalSpec, out: Path, say: Callable[[str], None]) -> None:
+    folder = out / "evals" / "base"
+    found = [e for e in (load_runs([folder]).evals if any(folder.glob("*/manifest.json")) else [])
+             if e.train is None and e.dataset == ev.dataset and e.samples == ev.samples]
+    _run_eval(f"base policy {ev.dataset}{f' x{ev.samples}' if ev.samples > 1 else ''}", found, ev, folder, say,
+              model=spec.base_model, command=ev.command(None, out=folder, model=spec.base_model))
+
+
+def _run_eval(what: str, found: list[EvalRun], ev: EvalSpec, folder: Path, say: Callable[[str], None], *,
+              command: str, **policy) -> None:
+    """Evaluate as `command` says into `folder`, unless one of `found` (the same evaluation) is complete: the
+    latest of them resumed, else a new one; `policy`: open_eval's model, or run_dir and checkpoint."""
+    # deferred: crr.eval loads swebench (~1.3 s), which planning a comparison need not pay
+    from crr.eval import evaluate, open_eval, resume_eval
+
     if any(e.complete for e in found):
         say(f"{what}: done")
         return
@@ -169,8 +188,7 @@ def _evaluate(arm: Arm, run: TrainRun, ev: EvalSpec, step: int, out: Path, say: 
         say(f"{what}: resuming {erun.path.name}")
     else:
         config, erun = open_eval("tasks" if ev.tasks else ev.dataset, str(ev.tasks) if ev.tasks else None,
-                                 run_dir=run.path, checkpoint=None if final else str(step),
-                                 out=out / "evals" / arm.name, **ev.settings)
-        say(f"{what}: {ev.command(str(run.path), None if final else step, out / 'evals' / arm.name)}")
+                                 out=folder, **policy, **ev.settings)
+        say(f"{what}: {command}")
     rate = evaluate(config, erun)["pass_at_1"]
     say(f"{what}: pass@1 {'-' if rate is None else f'{rate:.1%}'}")

@@ -14,6 +14,7 @@ takes from it which runs a table needs and the commands that make them:
 
     name: cpu-main
     seeds: [11, 23, 47]
+    base: true                                        # evaluate the model every arm starts from, too
     eval:                                             # `crr eval DATASET` (or `crr eval tasks FILE`) settings
       - {dataset: micro-test, checkpoint_fractions: [0.25, 0.5, 0.75]}
       - {dataset: micro-test, samples: 8, temperature: 0.6, arms: [grpo, crr]}
@@ -25,7 +26,9 @@ takes from it which runs a table needs and the commands that make them:
 
 `budget_from: ARM` gives the arm `--budget-hours` = the measured ledger wall clock of ARM's run of the same
 seed (the equal-wall-clock comparison, Table supp-wallclock). `checkpoint_fractions` also evaluates the saved
-checkpoints nearest those fractions of each run's wall clock (the sample-efficiency curves).
+checkpoints nearest those fractions of each run's wall clock (the sample-efficiency curves). `base: true`
+evaluates the arms' common starting model with every eval entry's settings (`crr eval DATASET --model M`), so
+that the report can pair each arm with it: what RL gained, with its interval.
 """
 
 from __future__ import annotations
@@ -127,8 +130,11 @@ class EvalSpec:
     def samples(self) -> int:
         return int(self.settings.get("samples", 1))
 
-    def eval_args(self, run: str, checkpoint: int | None = None, out: Path | str = "results/evals") -> list[str]:
-        args = ["eval", *(["tasks", display_path(self.tasks)] if self.tasks else [self.dataset]), "--run", str(run)]
+    def eval_args(self, run: str | None, checkpoint: int | None = None, out: Path | str = "results/evals",
+                  model: str | None = None) -> list[str]:
+        """`crr eval` of a train run's weights, or with run None of `model` (None: the shipped default)."""
+        source = ["--run", str(run)] if run is not None else ["--model", model] if model else []
+        args = ["eval", *(["tasks", display_path(self.tasks)] if self.tasks else [self.dataset]), *source]
         if checkpoint is not None:
             args += ["--checkpoint", str(checkpoint)]
         for key, value in self.settings.items():
@@ -138,8 +144,9 @@ class EvalSpec:
                 args += [f"--{key.replace('_', '-')}", str(value)]
         return args + ["--out", str(out)]
 
-    def command(self, run: str, checkpoint: int | None = None, out: Path | str = "results/evals") -> str:
-        return _join(["crr", *self.eval_args(run, checkpoint, out)])
+    def command(self, run: str | None, checkpoint: int | None = None, out: Path | str = "results/evals",
+                model: str | None = None) -> str:
+        return _join(["crr", *self.eval_args(run, checkpoint, out, model)])
 
 
 @dataclass
@@ -149,6 +156,20 @@ class Comparison:
     arms: dict[str, Arm]
     seeds: tuple[int, ...]
     evals: list[EvalSpec]
+    base: bool = False                  # also evaluate the arms' starting model (base_model) on every entry
+
+    @property
+    def base_model(self) -> str | None:
+        """The model every arm starts from (its preset's `model`; None: the shipped default policy)."""
+        return next(iter(self.arms.values())).settings.get("model")
+
+    @property
+    def base_evals(self) -> list[EvalSpec]:
+        """The evaluations of the base model: one per dataset and sample count (checkpoints and arms do not apply)."""
+        out: dict[tuple[str, int], EvalSpec] = {}
+        for e in self.evals if self.base else ():
+            out.setdefault((e.dataset, e.samples), e)
+        return list(out.values())
 
 
 def _eval_spec(path: Path, entry) -> EvalSpec:
@@ -184,9 +205,11 @@ def load_comparison(path: Path | str) -> Comparison:
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict) or not isinstance(data.get("arms"), dict) or not data["arms"]:
         raise CRRError(f"{path}: a comparison spec is a mapping with `arms:` (name: {{config: PRESET}})")
-    unknown = sorted(set(data) - {"name", "seeds", "eval", "arms"})
+    unknown = sorted(set(data) - {"name", "seeds", "eval", "arms", "base"})
     if unknown:
-        raise CRRError(f"{path}: unknown key(s) {unknown}; a spec has name, seeds, eval and arms")
+        raise CRRError(f"{path}: unknown key(s) {unknown}; a spec has name, seeds, base, eval and arms")
+    if not isinstance(data.get("base", False), bool):
+        raise CRRError(f"{path}: base is true or false (evaluate the arms' starting model too), got {data['base']!r}")
     seeds = tuple(int(s) for s in data.get("seeds", PAPER_SEEDS))
     evals = [_eval_spec(path, e) for e in data.get("eval") or []]
     arms = {}
@@ -212,7 +235,12 @@ def load_comparison(path: Path | str) -> Comparison:
         if arm.budget_from is not None and (arm.budget_from not in arms or arms[arm.budget_from].budget_from):
             raise CRRError(f"{path}: arm {arm.name!r} takes its budget from {arm.budget_from!r}, which is not an "
                            "arm with a budget of its own")
-    return Comparison(str(data.get("name", path.name.removesuffix(".comparison.yaml"))), path, arms, seeds, evals)
+    comparison = Comparison(str(data.get("name", path.name.removesuffix(".comparison.yaml"))), path, arms, seeds,
+                            evals, bool(data.get("base", False)))
+    if comparison.base and len({str(a.settings.get("model")) for a in arms.values()}) > 1:
+        raise CRRError(f"{path}: base: true evaluates the model the arms start from, but its arms start from "
+                       f"different models ({sorted({str(a.settings.get('model')) for a in arms.values()})})")
+    return comparison
 
 
 def comparisons(scale: str) -> list[Comparison]:

@@ -37,7 +37,7 @@ from crr.train.tuples import read_tuples
 TINY = {"base": str(EXPERIMENTS / "cpu-crr.yaml"), "n_tasks": 1, "tasks_per_iteration": 1, "num_generations": 2, "max_turns": 2,
         "max_new_tokens": 32, "eta": 0.0, "workers": 2, "max_steps": 2, "dtype": "float32"}
 EVAL = {"tasks": "eval.jsonl", "max_turns": 2, "max_new_tokens": 32}
-SPEC = {"name": "tiny", "seeds": [11, 23],
+SPEC = {"name": "tiny", "seeds": [11, 23], "base": True,     # the starting model evaluated too
         "eval": [EVAL, {**EVAL, "checkpoint_fractions": [0.5], "arms": ["grpo-equal-wall-clock"]},
                  {**EVAL, "n_tasks": 1, "samples": 2, "temperature": 0.6, "arms": ["crr"]}],
         # GRPO first: the first run in a process pays one-time warm-up costs, which should not inflate the CRR
@@ -71,9 +71,10 @@ def train_dirs(out: Path, arm: str) -> list[Path]:
     return sorted(p.parent for p in (out / "runs" / arm).glob("*/manifest.json"))
 
 
-def eval_dirs(out: Path) -> list[tuple[Path, dict, dict]]:
+def eval_dirs(out: Path, base: bool = False) -> list[tuple[Path, dict, dict]]:
+    """The evaluations of the arms' models (base: of the model they start from, evals/base)."""
     return [(p.parent, yaml.safe_load((p.parent / "config.yaml").read_text()), json.loads((p.parent / "summary.json").read_text()))
-            for p in sorted((out / "evals").glob("*/*/manifest.json"))]
+            for p in sorted((out / "evals").glob("*/*/manifest.json")) if (p.parent.parent.name == "base") == base]
 
 
 def wall(run: Path) -> float:
@@ -107,6 +108,10 @@ def test_comparison_trains_every_arm_evaluates_and_reports(comparison):
     assert all(a == "grpo-equal-wall-clock" and 0 < s < updates for a, s in checkpoints)
     assert bool(checkpoints) == (updates > 1)
     assert sum(s["pass_at_1"] > 0 for _, _, s in evals) >= 1   # e1 is solved: pass rates are not all zero
+    # base: true evaluated the model the arms start from once per kind of evaluation (greedy; 2 samples of one task)
+    base = eval_dirs(comparison, base=True)
+    assert sorted((c["samples"], c["n_tasks"]) for _, c, _ in base) == [(1, None), (2, 1)]
+    assert all(c["train_run"] is None and c["model"] == finals[0]["base_model"] and s["missing"] == 0 for _, c, s in base)
     assert (comparison / "report" / "report.md").is_file() and (comparison / "report" / "main.md").is_file()
 
 
@@ -142,6 +147,15 @@ def test_tables_agree_with_the_run_files(comparison):
     assert (row.ci_tasks_seeds_low, row.ci_tasks_seeds_high, row.mde) == pytest.approx(
         (100 * again.ci_tasks_seeds[0], 100 * again.ci_tasks_seeds[1], 100 * again.mde))
     assert "| CRR - GRPO (equal wall clock) " in (out / "paired.md").read_text()
+    # each arm against the starting model, a fixed model: no seed variance on its side
+    (base_dir, _, base_summary), = [b for b in eval_dirs(comparison, base=True) if b[1]["samples"] == 1]
+    start = pd.DataFrame(read_jsonl(base_dir / "results.jsonl")).set_index("instance_id")["reward"].sort_index()
+    row = paired[(paired.a == "GRPO") & paired.b.str.startswith("base policy") & (paired.samples == 1)].iloc[0]
+    again = compare([r.values for r in per_task["grpo"]], [start.values], fixed_b=True)
+    assert row.fixed_b and row["diff"] == pytest.approx(100 * (grpo_t - start).mean()) == pytest.approx(100 * again.diff)
+    assert (row.mde, row.var_seed_b) == pytest.approx((100 * again.mde, 0.0)) and pd.isna(row.seeds_for_target)
+    base_row = main[main.arm.str.startswith("base policy")].iloc[0]
+    assert base_row.pass_at_1 == pytest.approx(100 * base_summary["pass_at_1"])
 
     accounting = pd.read_csv(out / "accounting.csv")
     for arm, folder in (("CRR", "crr"), ("GRPO", "grpo")):
@@ -180,6 +194,9 @@ def test_tables_agree_with_the_run_files(comparison):
     assert row.pass_at_2 == pytest.approx(100 * final[("crr", 11, 2)]["pass_at_k"]["2"])
     assert row.all_n == pytest.approx(100 * final[("crr", 11, 2)]["all_n"])
     assert row.pass_hat_2 == pytest.approx(100 * final[("crr", 11, 2)]["pass_hat_k"]["2"]) == row.all_n
+    (_, _, start_sampled), = [b for b in eval_dirs(comparison, base=True) if b[1]["samples"] == 2]
+    start_row = passk[passk.arm.str.startswith("base policy")].iloc[0]
+    assert start_row.pass_at_2 == pytest.approx(100 * start_sampled["pass_at_k"]["2"]) and pd.isna(start_row.seed)
     assert (row.pass_at_2_ci_low, row.pass_at_2_ci_high) == pytest.approx(
         tuple(100 * x for x in final[("crr", 11, 2)]["pass_at_k_ci"]["2"]))
 
@@ -247,7 +264,8 @@ def test_missing_runs_are_named_with_their_commands(comparison, tmp_path):
     assert "grpo, seed 47: train run" in main and "crr train --config experiments/cpu-grpo.yaml --seed 47" in main
     assert "crr train --config experiments/cpu-crr.yaml --seed 23" in main
     assert "crr train --config experiments/cpu-search-select.yaml --seed 47" in main
-    assert "crr eval nano-test --run" in main                # the spec's own benchmark was not run here
+    assert "crr eval nano-test2 --run" in main               # the spec's own benchmark was not run here
+    assert "base policy: nano-test2 eval" in main and "crr eval nano-test2 --n-tasks 256" in main
     k = (tmp_path / "cpu" / "ablation_k.md").read_text()
     assert "crr train --config experiments/cpu-crr.yaml --seed 11 k=1" in k
     # the comparison's own report (`crr experiment run`, or --spec) follows its spec alone: nothing is missing
@@ -273,7 +291,7 @@ def test_missing_run_commands_name_runs_relative_to_the_working_directory(compar
     result = invoke("report", "tables", "--runs", "runs", "--out", str(tmp_path))
     assert result.exit_code == 0, result.output
     main = (tmp_path / "main.md").read_text()
-    assert "crr eval nano-test --run runs/" in main and str(comparison) not in main
+    assert "crr eval nano-test2 --run runs/" in main and str(comparison) not in main
 
 
 def test_a_corrupt_run_file_is_named(comparison, tmp_path):
@@ -338,6 +356,11 @@ def test_bad_input_is_a_clear_error(tmp_path):
     assert result.exit_code == 2 and "takes its budget from 'crr'" in result.output
     result = invoke("experiment", "run", str(tmp_path / "none.comparison.yaml"))
     assert result.exit_code == 2 and "no comparison spec" in result.output
+    arms = {"grpo": {"config": str(EXPERIMENTS / "cpu-grpo.yaml")}, "multi": {"config": str(EXPERIMENTS / "multi-crr.yaml")}}
+    for base, message in (("yes", "base is true or false"), (True, "its arms start from different models")):
+        (tmp_path / "base.comparison.yaml").write_text(yaml.safe_dump({"base": base, "arms": arms}))
+        result = invoke("experiment", "run", str(tmp_path / "base.comparison.yaml"), "--dry-run")
+        assert result.exit_code == 2 and message in result.output, result.output
 
 
 def test_presets_and_comparison_specs():

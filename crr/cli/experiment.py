@@ -34,6 +34,11 @@ def experiment_run(
     out = out or Path("results") / comparison.name
     if dry_run:
         console.print(f"[bold]{comparison.name}[/]: {len(comparison.arms)} arms -> {out}", highlight=False)
+        if comparison.base_evals:
+            console.print("first, the model the arms start from:", highlight=False)
+        for e in comparison.base_evals:
+            console.print(f"  {e.command(None, out=out / 'evals' / 'base', model=comparison.base_model)}",
+                          highlight=False, soft_wrap=True, markup=False)
         for s in plan(comparison, out, seed, arm):
             console.print(f"  {s.arm} seed {s.seed} [{s.status}] {s.command or s.path}", highlight=False,
                           soft_wrap=True, markup=False)

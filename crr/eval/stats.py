@@ -92,7 +92,7 @@ def _two_way(x: np.ndarray) -> tuple[float, float] | None:
 
 
 def compare(a, b, *, replicates: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED,
-            confidence: float = CONFIDENCE, power: float = POWER) -> Comparison:
+            confidence: float = CONFIDENCE, power: float = POWER, fixed_b: bool = False) -> Comparison:
     """Paired comparison of arm A with arm B. `a` and `b` are (seeds, tasks) arrays of per-task success rates
     (1/0 for a greedy evaluation, c/n for n samples), one row per seed's model, the same tasks in the same
     columns; the arms' seeds need not match (each arm's seed mean is compared).
@@ -112,7 +112,10 @@ def compare(a, b, *, replicates: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED,
     alpha = 1 - confidence detects with the given power is
         MDE = (z_{1 - alpha/2} + z_power) sqrt(Var(D))        (2.80 standard errors at alpha 0.05, 80 % power).
     For another design, Components.variance(T, S_A, S_B) with sigma_tau^2 = max(0, var_t(d_t) - sigma_e,A^2 /
-    S_A - sigma_e,B^2 / S_B): `minimum_detectable`, `seeds_needed`."""
+    S_A - sigma_e,B^2 / S_B): `minimum_detectable`, `seeds_needed`.
+
+    fixed_b: B is one fixed model, not a draw of a trained arm (the starting policy that every arm trains
+    from), so it has no seed-to-seed variance: sigma_alpha,B^2 = 0 (b holds one row)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or a.shape[1] < 2 or not len(a) or not len(b):
         raise CRRError(f"a paired comparison needs (seeds, tasks) arrays over the same two or more tasks, got "
@@ -126,8 +129,12 @@ def compare(a, b, *, replicates: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED,
     rb = b[rng.integers(0, sb, size=(replicates, sb))].mean(1)
     both = np.take_along_axis(ra - rb, tasks, axis=1).mean(1)
     tail = 100 * (1 - confidence) / 2
+    if fixed_b and sb != 1:
+        raise CRRError(f"a fixed model B is one row of per-task rates, got {sb}")
     ca, cb = _two_way(a), _two_way(b)
     ca, cb = (ca or cb or (0.0, 0.0)), (cb or ca or (0.0, 0.0))
+    if fixed_b:   # its per-task spread (and, sampled, its sampling noise) lies in var_t(d_t) already
+        cb = (0.0, 0.0)
     total = float(d.var(ddof=1))
     comp = Components(task=max(0.0, total - ca[1] / sa - cb[1] / sb), residual_a=ca[1], residual_b=cb[1],
                       seed_a=ca[0], seed_b=cb[0])

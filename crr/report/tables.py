@@ -191,6 +191,19 @@ def _primary(spec: Comparison | None, runs: Runs, *, sampled: bool = False) -> E
     return next((e for e in evals if (e.dataset, sampled) in have), evals[0] if evals else None)
 
 
+def base_evals(runs: Runs, needs: Needs, ev: EvalSpec) -> dict[str, EvalRun]:
+    """The complete evaluations of this kind of untrained models (no train run: the base policy the arms start
+    from), the latest per label; a spec with `base: true` that lacks one has it noted with its command."""
+    found = {}
+    for e in sorted(runs.evals, key=lambda e: e.path.name):
+        if e.complete and e.config.get("train_run") is None and e.dataset == ev.dataset and e.samples == ev.samples:
+            found[e.label] = e
+    spec = needs.spec
+    if not found and spec is not None and any((b.dataset, b.samples) == (ev.dataset, ev.samples) for b in spec.base_evals):
+        needs._note(f"base policy: {_eval_label(ev)} eval", ev.command(None, model=spec.base_model))
+    return found
+
+
 def main_arms(runs: Runs, spec: Comparison | None) -> tuple[list[ArmRef], ArmRef | None]:
     """The arms of the main comparison (no budget: the equal-trajectory endpoints) and the CRR reference: the
     spec's arms without a matched budget, plus any present arm with the same defaults."""
@@ -227,6 +240,8 @@ def main_table(runs: Runs) -> Table:
             m, s, n = stats(pct(e.summary["pass_at_1"]) for e in found)
             rows.append({"arm": _label(ref), "dataset": ev.dataset, "pass_at_1": m, "std": s, "seeds": n,
                          **dict(zip(("ci_low", "ci_high"), rate_ci(found)))})
+    for ev in evals:
+        base_evals(runs, needs, ev)    # notes the spec's base evaluation when it is absent
     base = [e for e in runs.evals if e.complete and e.config.get("train_run") is None and e.samples == 1]
     for label in sorted({e.label for e in base}):
         for ds in sorted({e.dataset for e in base if e.label == label}):
@@ -582,22 +597,26 @@ def passk_table(runs: Runs) -> Table:
                   "Greedy pass@1 and, from n sampled trajectories per instance, sampled pass@1, the unbiased pass@k "
                   "estimate (some of k drawn samples solve the task), pass^k (all k drawn solve it) and all-n (the "
                   "share of instances every sample solves, pass^n); percentages, means over seeds, [95 % Wilson "
-                  "interval over the instances].", missing=needs.missing)
+                  "interval over the instances]. A base policy row is the untrained model the arms start from.",
+                  missing=needs.missing)
     if sampled is None:
         table.notes.append("no comparison spec or run has a sampled (--samples N > 1) evaluation")
         return table
-    rows = []
+
+    def row(arm: str, seed: int | None, g: EvalRun | None, s: EvalRun | None) -> dict:
+        return {"arm": arm, "seed": seed, "greedy_pass_at_1": pct(g.summary["pass_at_1"]) if g else math.nan,
+                "greedy_instances": g.summary["n_instances"] if g else math.nan,
+                **({f"pass_at_{k}": pct(v) for k, v in s.summary["pass_at_k"].items()} if s else {}),
+                **({f"pass_hat_{k}": pct(v) for k, v in (s.summary.get("pass_hat_k") or _pass_hat(s)).items()
+                    if k != "1"} if s else {}),
+                "all_n": pct(s.summary["all_n"]) if s else math.nan, "samples": s.samples if s else math.nan,
+                "instances": s.summary["n_instances"] if s else math.nan}
+
+    base_g, base_s = base_evals(runs, needs, greedy) if greedy else {}, base_evals(runs, needs, sampled)
+    rows = [row(label, None, base_g.get(label), base_s.get(label)) for label in dict.fromkeys([*base_g, *base_s])]
     for ref in arms:
         for run in needs.train(ref):
-            g = needs.eval(run, greedy) if greedy else None
-            s = needs.eval(run, sampled)
-            rows.append({"arm": _label(ref), "seed": run.seed, "greedy_pass_at_1": pct(g.summary["pass_at_1"]) if g else math.nan,
-                         "greedy_instances": g.summary["n_instances"] if g else math.nan,
-                         **({f"pass_at_{k}": pct(v) for k, v in s.summary["pass_at_k"].items()} if s else {}),
-                         **({f"pass_hat_{k}": pct(v) for k, v in (s.summary.get("pass_hat_k") or _pass_hat(s)).items()
-                             if k != "1"} if s else {}),
-                         "all_n": pct(s.summary["all_n"]) if s else math.nan, "samples": s.samples if s else math.nan,
-                         "instances": s.summary["n_instances"] if s else math.nan})
+            rows.append(row(_label(ref), run.seed, needs.eval(run, greedy) if greedy else None, needs.eval(run, sampled)))
     if not rows:
         return table
     data = pd.DataFrame(rows)
@@ -661,34 +680,44 @@ def paired_table(runs: Runs) -> Table:
                   "Var(D) = var_t(d_t) / T + sigma_seed,A^2 / S_A + sigma_seed,B^2 / S_B over the T per-task "
                   "differences d_t and each arm's seed-to-seed variance (two-way ANOVA, tasks x seeds); the last "
                   f"column: the seeds per arm that would resolve {TARGET_POINTS:g} points on {PLAN_TASKS} tasks "
-                  "with the same variance components (crr.eval.stats.compare).",
+                  "with the same variance components (crr.eval.stats.compare). B = base policy: the untrained model "
+                  "every arm starts from, one fixed model without seed-to-seed variance (compare's fixed_b).",
                   missing=needs.missing)
     rows = []
+
+    def arm_rates(ref: ArmRef, ev: EvalSpec) -> list[dict[str, float]]:
+        return [e.task_rates for e in (needs.eval(r, ev) for r in needs.train(ref)) if e]
+
+    def pair(a: str, b: str, ev: EvalSpec, rates: list[list[dict[str, float]]], fixed_b: bool = False) -> None:
+        if not rates[0] or not rates[1]:
+            return
+        common = sorted(set.intersection(*(set(r) for arm in rates for r in arm)))
+        if len(common) < 2:
+            table.notes.append(f"{a} vs {b} on {_eval_label(ev)}: fewer than two tasks with per-task records "
+                               "(results.jsonl) in both")
+            return
+        c = compare(*([[r[t] for t in common] for r in arm] for arm in rates), fixed_b=fixed_b)
+        rows.append({"a": a, "b": b, "fixed_b": fixed_b, "dataset": ev.dataset, "samples": ev.samples,
+                     "tasks": c.tasks, "seeds_a": c.seeds_a, "seeds_b": c.seeds_b, "diff": 100 * c.diff,
+                     "ci_tasks_low": 100 * c.ci_tasks[0], "ci_tasks_high": 100 * c.ci_tasks[1],
+                     "ci_tasks_seeds_low": 100 * c.ci_tasks_seeds[0], "ci_tasks_seeds_high": 100 * c.ci_tasks_seeds[1],
+                     "a_ahead": c.a_ahead, "b_ahead": c.b_ahead, "mde": 100 * c.mde,
+                     **{f"var_{k}": v for k, v in asdict(c.components).items()},
+                     "seeds_for_target": None if fixed_b or min(c.seeds_a, c.seeds_b) < 2 else
+                     seeds_needed(c.components, PLAN_TASKS, TARGET_POINTS / 100)})
+
     for ev in (_primary(spec, runs), _primary(spec, runs, sampled=True)):
         if ev is None:
             continue
         for a, b in _pairs(runs, spec):
-            rates = [[e.task_rates for e in (needs.eval(r, ev) for r in needs.train(ref)) if e] for ref in (a, b)]
-            if not rates[0] or not rates[1]:
-                continue
-            common = sorted(set.intersection(*(set(r) for arm in rates for r in arm)))
-            if len(common) < 2:
-                table.notes.append(f"{_label(a)} vs {_label(b)} on {_eval_label(ev)}: fewer than two tasks with "
-                                   "per-task records (results.jsonl) in both")
-                continue
-            c = compare(*([[r[t] for t in common] for r in arm] for arm in rates))
-            rows.append({"a": _label(a), "b": _label(b), "dataset": ev.dataset, "samples": ev.samples,
-                         "tasks": c.tasks, "seeds_a": c.seeds_a, "seeds_b": c.seeds_b, "diff": 100 * c.diff,
-                         "ci_tasks_low": 100 * c.ci_tasks[0], "ci_tasks_high": 100 * c.ci_tasks[1],
-                         "ci_tasks_seeds_low": 100 * c.ci_tasks_seeds[0], "ci_tasks_seeds_high": 100 * c.ci_tasks_seeds[1],
-                         "a_ahead": c.a_ahead, "b_ahead": c.b_ahead, "mde": 100 * c.mde,
-                         **{f"var_{k}": v for k, v in asdict(c.components).items()},
-                         "seeds_for_target": None if min(c.seeds_a, c.seeds_b) < 2 else
-                         seeds_needed(c.components, PLAN_TASKS, TARGET_POINTS / 100)})
+            pair(_label(a), _label(b), ev, [arm_rates(a, ev), arm_rates(b, ev)])
+        for label, base in base_evals(runs, needs, ev).items():   # what RL gained over the starting model
+            for ref in main_arms(runs, spec)[0]:
+                pair(_label(ref), label, ev, [arm_rates(ref, ev), [base.task_rates]], fixed_b=True)
     if not rows:
         return table
     data = pd.DataFrame(rows)
-    if ((data.seeds_a < 2) | (data.seeds_b < 2)).any():
+    if ((data.seeds_a < 2) | ((data.seeds_b < 2) & ~data.fixed_b)).any():
         table.notes.append("an arm with one seed: its seed-to-seed variance is not estimated (it counts as 0), so its "
                            "rows' intervals are over tasks alone and their seed counts are blank; two seeds per arm "
                            "estimate it")
@@ -697,7 +726,8 @@ def paired_table(runs: Runs) -> Table:
     table.display = pd.DataFrame({
         "A - B": [f"{r.a} - {r.b}" for r in data.itertuples()],
         "Evaluation": [f"{r.dataset} ({'greedy' if r.samples == 1 else f'{r.samples} samples'}), {r.tasks} tasks, "
-                       f"{r.seeds_a} x {r.seeds_b} seeds" for r in data.itertuples()],
+                       f"{r.seeds_a} x {'one fixed model' if r.fixed_b else f'{r.seeds_b} seeds'}"
+                       for r in data.itertuples()],
         "Δ": [f"{x:+.1f}" for x in data["diff"]],
         "95 % CI, tasks": [ci(r.ci_tasks_low, r.ci_tasks_high) for r in data.itertuples()],
         "95 % CI, tasks x seeds": [ci(r.ci_tasks_seeds_low, r.ci_tasks_seeds_high) for r in data.itertuples()],
