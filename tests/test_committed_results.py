@@ -43,6 +43,10 @@ def test_the_check_sees_the_paths_it_is_for():
 
 
 CPU_MAIN = ROOT / "results" / "reference" / "cpu-main"
+# README's paired figures of the CPU study, greedy on nano-test2 (points: difference, 95 % CI over tasks, over tasks
+# and seeds, resolvable at 80 % power)
+README_CRR_GRPO = [-1.4, -2.7, -0.1, -4.0, 1.0, 2.7]
+README_GRPO_START = [3.0, 0.7, 5.5, -0.0, 6.1, 3.9]
 
 
 def _rewards_by_task(results: Path) -> dict[str, list[float]]:
@@ -66,33 +70,42 @@ def _final_task_rates(arm: str, samples: int) -> list[dict[str, float]]:
 
 
 def test_the_committed_report_recomputes_from_its_per_task_records():
-    """The CPU study's report (intervals, pass^k, the paired comparison and its power line) from the committed
-    per-task records alone, with crr.eval.stats: what README's CPU-scale section quotes."""
+    """The CPU study's report (intervals, pass^k, the paired comparisons, against each other and against the
+    starting policy, and their power line) from the committed per-task records alone, with crr.eval.stats: what
+    README's CPU-scale section quotes. Greedy on the 256 nano-test2 tasks, 4 samples on the first 128."""
     main = pd.read_csv(CPU_MAIN / "report" / "main.csv").set_index("arm")
     paired = pd.read_csv(CPU_MAIN / "report" / "paired.csv")
     passk = pd.read_csv(CPU_MAIN / "report" / "passk.csv")
+    base = {yaml.safe_load(c.read_text())["samples"]: _rewards_by_task(c.parent / "results.jsonl")
+            for c in (CPU_MAIN / "evals" / "base").glob("*/config.yaml")}
+    assert sorted(base) == [1, 4] and len(base[1]) == 256 and len(base[4]) == 128
     for label, arm in (("GRPO", "grpo"), ("CRR", "crr")):
         seeds = _final_task_rates(arm, 1)
-        assert len(seeds) == 3 and all(len(s) == 64 for s in seeds)
+        assert len(seeds) == 3 and all(len(s) == 256 for s in seeds)
         rate = np.mean([np.mean(list(s.values())) for s in seeds])
         assert main.at[label, "pass_at_1"] == pytest.approx(100 * rate)
-        assert (main.at[label, "ci_low"], main.at[label, "ci_high"]) == pytest.approx(tuple(100 * x for x in wilson(rate, 64)))
+        assert (main.at[label, "ci_low"], main.at[label, "ci_high"]) == pytest.approx(tuple(100 * x for x in wilson(rate, 256)))
         sampled = _final_task_rates(arm, 4)
+        assert len(sampled) == 3 and all(len(s) == 128 for s in sampled)
         hat = np.mean([np.mean([pass_hat_k(4, round(4 * v), 2) for v in s.values()]) for s in sampled])
         assert passk[passk.arm == label].pass_hat_2.mean() == pytest.approx(100 * hat)
     for samples in (1, 4):
         crr, grpo = _final_task_rates("crr", samples), _final_task_rates("grpo", samples)
         tasks = sorted(crr[0])
-        c = compare([[s[t] for t in tasks] for s in crr], [[s[t] for t in tasks] for s in grpo])
-        row = paired[(paired.a == "CRR") & (paired.b == "GRPO") & (paired.samples == samples)].iloc[0]
-        got = (row["diff"], row.ci_tasks_low, row.ci_tasks_high, row.ci_tasks_seeds_low, row.ci_tasks_seeds_high, row.mde)
-        assert got == pytest.approx(tuple(100 * x for x in (c.diff, *c.ci_tasks, *c.ci_tasks_seeds, c.mde)))
-        assert (row.a_ahead, row.b_ahead) == (c.a_ahead, c.b_ahead)
-    # the figures README quotes: CRR - GRPO, greedy, +0.5 points, [-2.6, +3.6] over tasks, [-4.7, +5.7] over tasks
-    # and seeds, 4.4 points resolvable at 80 % power
-    greedy = paired[(paired.a == "CRR") & (paired.b == "GRPO") & (paired.samples == 1)].iloc[0]
-    assert [round(x, 1) for x in (greedy["diff"], greedy.ci_tasks_low, greedy.ci_tasks_high, greedy.ci_tasks_seeds_low,
-                                  greedy.ci_tasks_seeds_high, greedy.mde)] == [0.5, -2.6, 3.6, -4.7, 5.7, 4.4]
+        start = [float(np.mean(base[samples][t])) for t in tasks]
+        for a, b, c in (("CRR", "GRPO", compare([[s[t] for t in tasks] for s in crr], [[s[t] for t in tasks] for s in grpo])),
+                        ("GRPO", "base policy (default)",
+                         compare([[s[t] for t in tasks] for s in grpo], [start], fixed_b=True))):
+            row = paired[(paired.a == a) & (paired.b == b) & (paired.samples == samples)].iloc[0]
+            got = (row["diff"], row.ci_tasks_low, row.ci_tasks_high, row.ci_tasks_seeds_low, row.ci_tasks_seeds_high, row.mde)
+            assert got == pytest.approx(tuple(100 * x for x in (c.diff, *c.ci_tasks, *c.ci_tasks_seeds, c.mde)))
+            assert (row.a_ahead, row.b_ahead) == (c.a_ahead, c.b_ahead)
+    # the figures README quotes, greedy: CRR - GRPO, and GRPO - the starting policy
+    quoted = {("CRR", "GRPO"): README_CRR_GRPO, ("GRPO", "base policy (default)"): README_GRPO_START}
+    for (a, b), figures in quoted.items():
+        row = paired[(paired.a == a) & (paired.b == b) & (paired.samples == 1)].iloc[0]
+        assert [round(x, 1) for x in (row["diff"], row.ci_tasks_low, row.ci_tasks_high, row.ci_tasks_seeds_low,
+                                      row.ci_tasks_seeds_high, row.mde)] == figures, (a, b)
 
 
 def test_the_starting_policys_figures_have_their_per_task_records():
