@@ -5,8 +5,8 @@ evaluated, then `crr report`. Resumable: re-running it skips what is complete, r
     crr experiment run experiments/cpu-main.comparison.yaml --out results/cpu-main
 
 Layout under `out`: runs/<arm>/ (train run directories), evals/<arm>/ (eval run directories), evals/base/
-(the arms' starting model, with `base: true`), report/. An equal-wall-clock arm (`budget_from: crr`) runs after its source arm, with `budget_hours` set to the
-ledger wall clock of the source's run of the same seed.
+(the arms' starting model, with `base: true`), report/. An equal-wall-clock arm (`budget_from: crr`) runs after
+its source arm, with `budget_hours` set to the ledger wall clock of the source's run of the same seed.
 """
 
 from __future__ import annotations
