@@ -237,9 +237,10 @@ def load_comparison(path: Path | str) -> Comparison:
                            "arm with a budget of its own")
     comparison = Comparison(str(data.get("name", path.name.removesuffix(".comparison.yaml"))), path, arms, seeds,
                             evals, bool(data.get("base", False)))
-    if comparison.base and len({str(a.settings.get("model")) for a in arms.values()}) > 1:
+    models = sorted({str(a.settings.get("model")) for a in arms.values()}) if comparison.base else []
+    if len(models) > 1:
         raise CRRError(f"{path}: base: true evaluates the model the arms start from, but its arms start from "
-                       f"different models ({sorted({str(a.settings.get('model')) for a in arms.values()})})")
+                       f"different models ({models})")
     return comparison
 
 
