@@ -88,7 +88,7 @@ def lock_run(path: Path, command: str) -> None:
         os.close(fd)
         raise _refused(key / LOCK_FILE, e) from None
     _locks[key] = fd
-    for hook in writer_hooks:
+    for hook in list(writer_hooks):  # a hook may remove itself
         hook(key)
 
 

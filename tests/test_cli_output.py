@@ -55,3 +55,35 @@ def test_a_command_without_a_run_directory_prints_its_library_warnings_at_the_en
         warnings.warn("a library warning", UserWarning)
         assert capsys.readouterr().err == ""
     assert "a library warning" in capsys.readouterr().err
+
+
+def test_freed_leftovers_are_said_once_a_run_is_written_and_never_before_a_refused_input(tmp_path, monkeypatch,
+                                                                                         ran_tasks_file):
+    from crr.sandbox.local import reclaim
+    from crr.sandbox.local.common import _PREFIX, OWNER_FILE
+
+    sandboxes = tmp_path / "sandboxes"  # this test's own, so that no other test's command frees its leftovers
+    monkeypatch.setattr(reclaim, "default_workdir", lambda: sandboxes)
+
+    def leftover(name: str):
+        (sandboxes / f"{_PREFIX}{name}").mkdir(parents=True)
+        (sandboxes / f"{_PREFIX}{name}" / OWNER_FILE).write_text('{"pid": 2147483646, "start": 1}')  # no such pid
+        return sandboxes / f"{_PREFIX}{name}"
+
+    dead = leftover("refused")
+    refused = CliRunner().invoke(app, ["filter-tasks", "--tasks", str(ran_tasks_file), "--engine", "local",
+                                       "--ray", "auto", "--out", str(tmp_path / "runs")])
+    release_locks()
+    lines = refused.output.strip().splitlines()
+    assert refused.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), refused.output
+    assert not dead.exists() and not (tmp_path / "runs").exists()  # freed all the same, silently
+
+    dead = leftover("ran")
+    ran = CliRunner().invoke(app, ["filter-tasks", "--tasks", str(ran_tasks_file), "--reruns", "2",
+                                   "--out", str(tmp_path / "runs")])
+    release_locks()
+    assert ran.exit_code == 0, ran.output
+    said = [line for line in ran.output.splitlines() if line.startswith("reclaimed ")]
+    assert not dead.exists() and len(said) == 1, ran.output  # (with any dead process's cgroups on this host)
+    (run,) = (tmp_path / "runs").iterdir()
+    assert str(dead) in (run / RUN_LOG).read_text()

@@ -174,16 +174,27 @@ def friendly(fn: Callable) -> Callable:
 
 def long_command(fn: Callable) -> Callable:
     """`friendly`, after freeing what crr processes that no longer exist left behind (containers, snapshot
-    images, mounts, sandbox directories): a preempted or killed job never accumulates them."""
+    images, mounts, sandbox directories): a preempted or killed job never accumulates them. What was freed
+    is said once the command starts writing its run directory (and logged there), so that input refused
+    before then stays a one-line error."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from crr import rundir
         from crr.sandbox import reclaim_leftovers
 
-        if reclaimed := reclaim_leftovers():
+        def say(_run: Path) -> None:
+            rundir.writer_hooks.remove(say)
             err_console.print(f"reclaimed {len(reclaimed)} leftovers of crr processes that no longer exist "
                               "(`crr sandbox gc --dry-run` lists them)", highlight=False)
-        return fn(*args, **kwargs)
+
+        if reclaimed := reclaim_leftovers():
+            rundir.writer_hooks.append(say)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if say in rundir.writer_hooks:
+                rundir.writer_hooks.remove(say)
 
     return friendly(wrapper)
 
