@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from crr.cli import app
-from crr.credit.audit import RECORDS, estimator_names, load_audit_config
+from crr.credit.audit import RECORDS, estimator_names, load_audit_config, parse_overrides
 from crr.credit.stats import estimator_metrics, values
 from crr.eval.stats import wilson, z
 
@@ -58,12 +58,14 @@ def test_audit_end_to_end_resume_and_report(tmp_path, monkeypatch):
         assert result.exit_code == 0, result.output + repr(result.exception)
         return result.output
 
-    out = run("--config", "experiments/credit-audit-nano.yaml", *TINY, "--out", str(tmp_path), "--engine", "local")
+    variants = "variants={fe: {selector: first_edit_of_failure}, mv: {selector: mid_value, cf_samples: 2}}"
+    out = run("--config", "experiments/credit-audit-nano.yaml", *TINY, variants, "--out", str(tmp_path),
+              "--engine", "local")
     (path,) = tmp_path.glob("*-credit-audit-*")
     records = [json.loads(line) for line in (path / RECORDS).read_text().splitlines()]
     assert len(records) == 2 and "rollouts/s" in out
-    names = estimator_names(load_audit_config("experiments/credit-audit-nano.yaml"))
-    assert {"grpo", "crr", "zero_contrast"} <= set(names)
+    names = estimator_names(load_audit_config("experiments/credit-audit-nano.yaml", parse_overrides([variants])))
+    assert {"grpo", "crr", "zero_contrast", "crr[fe]", "zero_contrast[fe]", "crr[mv]"} <= set(names)
     for rec in records:
         assert rec["reward"] in (0.0, 1.0) and len(rec["truth"]) == rec["steps"] == len(rec["continuations"])
         for t, truth in enumerate(rec["truth"]):
@@ -75,10 +77,21 @@ def test_audit_end_to_end_resume_and_report(tmp_path, monkeypatch):
         for d in rec["draws"]:
             assert set(d["selected"]) <= set(range(rec["steps"])) and len(d["selected"]) <= 1   # k = 1
             assert all(len(v) == 1 for v in d["continuations"].values())                        # K = 1
+            # the variants' budgets: the first edit of a failed trajectory only; mid_value with K = 2
+            assert set(d["variants"]) == {"fe", "mv"}
+            assert len(d["variants"]["fe"]["selected"]) <= (rec["reward"] == 0.0)
+            assert set(d["variants"]["mv"]["selected"]) <= set(range(rec["steps"]))
+            assert all(len(v) <= 2 for v in d["variants"]["mv"]["counterfactuals"].values())
         assert rec["oracle"]["env_steps"] >= 2 * rec["steps"]
     assert sum(d["cost"]["counterfactuals"]["env_steps"] for r in records for d in r["draws"]) > 0   # eta=0: forks
     table = pd.read_csv(path / "credit_audit.csv")
     assert list(table["estimator"])[0] == "grpo" and sorted(table["estimator"]) == sorted(names)   # GRPO first
+    by = table.set_index("estimator")
+    assert by.loc["zero_contrast[fe]", "extra_env_steps_per_traj"] == 0
+    assert by.loc["crr[mv]", "budget"] == "mid_value (eta=0), k=1 picks x K=2 forks"
+    for bad in ("variants={x: {selector: nope}}", "variants={x: {k: 2, omega: 1}}", "variants={'a b': {k: 2}}"):
+        refused = CliRunner().invoke(app, ["credit", "audit", *TINY, bad, "--out", str(tmp_path / "bad")])
+        assert refused.exit_code == 2 and refused.output.startswith("error: variant"), refused.output
     assert (path / "credit_audit.png").is_file() and (path / "credit_audit.md").is_file()
     assert json.loads((path / "summary.json").read_text())["rollouts_per_s"] > 0
 

@@ -21,6 +21,9 @@ is scored from the same records by `crr report`:
     grpo           the rows' rewards and groups
     crr            the selector's picks (k) and K counterfactual branches of each (the `tempered` proposal)
     zero_contrast  the same picks, no forks
+    crr[v], zero_contrast[v]
+                   the same on the fork budget of variant v (`variants`: another selector, gate, k or K),
+                   played on the same trajectories and scored against the same oracle
     gigpo          per-step state keys (the tree digest of s_t and what the agent has observed)
     mc_values      K on-policy continuations of every step
     (any other registered estimator: everything above)
@@ -36,7 +39,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +65,8 @@ NEEDS = {"grpo": set(), "crr": {"selected", "counterfactuals"}, "zero_contrast":
          "gigpo": {"state_keys"}, "mc_values": {"continuations"}}
 EVERYTHING = {"selected", "counterfactuals", "state_keys", "continuations"}
 EXCLUDED = {"search_select"}                  # swaps sequences: not a step advantage on the realised rows
+BUDGET_KEYS = ("k", "cf_samples", "cf_temperature", "selector", "proposal", "eta", "lambda_type")   # CRR's budget
+VARIANT_ESTIMATORS = ("crr", "zero_contrast")   # scored on each variant's budget
 
 
 @dataclass
@@ -95,6 +102,9 @@ class AuditConfig:
     lambda_type: float = 0.6
     mc_samples: int = 2                  # mc_values' K continuations per step
     advantage_params: dict = field(default_factory=dict)   # estimator -> its keyword params (gigpo: {omega: 1.0})
+    # further fork budgets, name -> overrides of the keys above in BUDGET_KEYS; each is played on the same
+    # trajectories and scored as crr[name] and zero_contrast[name] against the same oracle
+    variants: dict = field(default_factory=dict)
     bootstrap: int = 1000                # resamples of trajectories for the correlations' intervals
 
     def __post_init__(self) -> None:
@@ -105,6 +115,15 @@ class AuditConfig:
             raise CRRError(f"k must be >= 0, got {self.k}")
         if self.temperature <= 0 or self.cf_temperature <= 0:
             raise CRRError("temperature and cf_temperature must be > 0 (the continuations sample from pi)")
+        from crr.train.selectors import SELECTORS
+
+        for name, over in self.variants.items():
+            if not isinstance(over, dict) or set(over) - set(BUDGET_KEYS) or not re.fullmatch(r"[\w.=-]+", str(name)):
+                raise CRRError(f"variant {name!r}: expected a name of letters, digits and ._=- mapping to some of "
+                               f"{', '.join(BUDGET_KEYS)}, got {over!r}")
+            if over.get("selector", self.selector) not in SELECTORS:
+                raise CRRError(f"variant {name!r}: unknown selector {over['selector']!r}; choose one of "
+                               f"{', '.join(SELECTORS)}")
 
 
 def load_audit_config(preset: Path | str | None = None, overrides: dict | None = None) -> AuditConfig:
@@ -154,6 +173,18 @@ def resume_audit(path: Path | str) -> tuple[AuditConfig, RunDir]:
     return audit_config(run.config), run
 
 
+def budgets(cfg: AuditConfig) -> dict[str, dict]:
+    """The fork budgets played, by variant: "" (the configured one) first, then each variant's."""
+    base = {key: getattr(cfg, key) for key in BUDGET_KEYS}
+    return {"": base, **{name: {**base, **over} for name, over in cfg.variants.items()}}
+
+
+def variant_of(name: str) -> tuple[str, str]:
+    """A scored row's (estimator, variant): "crr[v]" -> ("crr", "v"), "crr" -> ("crr", "")."""
+    estimator, _, variant = name.partition("[")
+    return estimator, variant.rstrip("]")
+
+
 def needs(name: str) -> set[str]:
     """What of the audit's budgets an estimator's rows are filled with (one not known here: everything)."""
     return NEEDS.get(name, EVERYTHING)
@@ -168,7 +199,8 @@ def estimator_names(cfg: AuditConfig) -> list[str]:
     missing = [n for n in wanted if n not in ESTIMATORS]
     if missing:
         log.warning("estimators not registered in crr.train.advantages, left out: %s", missing)
-    return sorted((n for n in wanted if n in ESTIMATORS), key=lambda n: n != "grpo")
+    names = sorted((n for n in wanted if n in ESTIMATORS), key=lambda n: n != "grpo")
+    return names + [f"{n}[{v}]" for v in cfg.variants for n in VARIANT_ESTIMATORS if n in ESTIMATORS]
 
 
 class _Forks:
@@ -214,7 +246,7 @@ def audit_task(cfg: AuditConfig, task, task_index: int, forks: _Forks) -> list[d
     step, with what each cost): one record per trajectory."""
     from crr.rollout import RolloutConfig, rollout
     from crr.train.advantages import state_keys
-    from crr.train.selectors import Selection, SelectorParams, select
+    from crr.train.selectors import Selection, SelectorParams, select_each, sibling_values
 
     G = cfg.group_size
     wanted = set().union(*(needs(n) for n in cfg.estimators))
@@ -233,24 +265,38 @@ def audit_task(cfg: AuditConfig, task, task_index: int, forks: _Forks) -> list[d
         cont = _returns(oracle, trajs)
         truth = {i: values([cont[i].get(t, []) for t in range(len(trajs[i].steps))], trajs[i].reward)
                  for i in scored}
+        # p(s_t) from the siblings through the same state, for the selectors that read it (as in training)
+        p = sibling_values([state_keys(t.steps) for t in trajs], [t.reward for t in trajs], [0] * len(trajs))
+        none = ([], [0] * G, 0.0)
+
+        def fork_budget(b: dict, play: bool, *key: int):
+            """A budget's picks and their forks' returns, env steps and seconds (the variant's own seeds)."""
+            rng = np.random.default_rng(derive_seed(cfg.seed, task_index, 2, *key))
+            params = SelectorParams(k=b["k"], eta=b["eta"], lambda_type=b["lambda_type"])
+            picks = select_each(b["selector"], trajs, params, rng, p) if play or "selected" in wanted else {}
+            cf, steps, secs = (forks.play(trajs, picks, b["cf_samples"], b["proposal"], b["cf_temperature"],
+                                          derive_seed(cfg.seed, task_index, 3, *key))
+                               if play or "counterfactuals" in wanted else none)
+            return picks, _returns(cf, trajs), steps, secs
+
         draws: list[list[dict]] = [[] for _ in trajs]
         for r in range(cfg.repeats):
-            rng = np.random.default_rng(derive_seed(cfg.seed, task_index, 2, r))
-            params = SelectorParams(k=cfg.k, eta=cfg.eta, lambda_type=cfg.lambda_type)
-            picks = {i: select(cfg.selector, trajs[i].steps, params, rng) for i in scored} if "selected" in wanted else {}
-            none = ([], [0] * G, 0.0)
-            cf, cf_steps, cf_s = (forks.play(trajs, picks, cfg.cf_samples, cfg.proposal, cfg.cf_temperature,
-                                             derive_seed(cfg.seed, task_index, 3, r))
-                                  if "counterfactuals" in wanted else none)
+            played = {v: fork_budget(b, bool(v), r, *([zlib.crc32(v.encode())] if v else []))
+                      for v, b in budgets(cfg).items()}
             mc, mc_steps, mc_s = (forks.play(trajs, every, cfg.mc_samples, "on_policy", cfg.temperature,
                                              derive_seed(cfg.seed, task_index, 4, r))
                                   if "continuations" in wanted else none)
-            cf, mc = _returns(cf, trajs), _returns(mc, trajs)
+            mc = _returns(mc, trajs)
             for i in range(G):
-                draws[i].append({"selected": [p.t for p in picks.get(i, [])],
-                                 "counterfactuals": _scored(cf[i]), "continuations": _scored(mc[i]),
-                                 "cost": {"counterfactuals": {"env_steps": cf_steps[i], "wall_s": cf_s / G},
-                                          "continuations": {"env_steps": mc_steps[i], "wall_s": mc_s / G}}})
+                part = {v: {"selected": [s.t for s in picks.get(i, [])], "counterfactuals": _scored(cf[i]),
+                            "cost": {"env_steps": steps[i], "wall_s": secs / G}}
+                        for v, (picks, cf, steps, secs) in played.items()}
+                base = part.pop("")
+                draws[i].append({"selected": base["selected"], "counterfactuals": base["counterfactuals"],
+                                 "continuations": _scored(mc[i]),
+                                 "cost": {"counterfactuals": base["cost"],
+                                          "continuations": {"env_steps": mc_steps[i], "wall_s": mc_s / G}},
+                                 **({"variants": part} if part else {})})
     finally:
         result.release()
     return [{"task_id": t.task_id, "task_index": task_index, "sibling": i, "reward": t.reward,
@@ -327,12 +373,13 @@ def advantages(records: list[dict], cfg: AuditConfig) -> dict[str, list[list[lis
         groups.setdefault(rec["task_index"], []).append(j)
     out: dict[str, list] = {}
     for name in estimator_names(cfg):
-        need, per = needs(name), [[] for _ in records]
+        estimator, variant = variant_of(name)
+        need, per = needs(estimator), [[] for _ in records]
         for task_index, members in groups.items():
             for r in range(min(len(records[j]["draws"]) for j in members)):
                 rows = []
                 for j in members:
-                    rec, d = records[j], records[j]["draws"][r]
+                    rec, d = records[j], _draw(records[j]["draws"][r], variant)
                     rows.append(RowCredit(
                         group_key=task_index, reward=rec["reward"], spans=[tuple(s) for s in rec["spans"]],
                         selected=d["selected"] if "selected" in need else [],
@@ -341,16 +388,26 @@ def advantages(records: list[dict], cfg: AuditConfig) -> dict[str, list[list[lis
                         state_keys=rec["state_keys"] if "state_keys" in need else [],
                         continuations=({int(t): v for t, v in d["continuations"].items()}
                                        if "continuations" in need else {})))
-                for j, adv in zip(members, estimate(name, rows, **cfg.advantage_params.get(name, {}))):
+                for j, adv in zip(members, estimate(estimator, rows, **cfg.advantage_params.get(estimator, {}))):
                     per[j].append(adv)
         out[name] = per
     return out
 
 
+def _draw(d: dict, variant: str) -> dict:
+    """A recorded draw as the configured budget's: for a variant, its picks, forks and their cost in place."""
+    if not variant:
+        return d
+    v = d["variants"][variant]
+    return {**d, "selected": v["selected"], "counterfactuals": v["counterfactuals"],
+            "cost": {**d["cost"], "counterfactuals": v["cost"]}}
+
+
 def _cost(rec: dict, name: str, key: str) -> float:
-    need = needs(name)
-    return float(np.mean([sum(d["cost"][b][key] for b in ("counterfactuals", "continuations") if b in need)
-                          for d in rec["draws"]])) if rec["draws"] else 0.0
+    estimator, variant = variant_of(name)
+    need = needs(estimator)
+    return float(np.mean([sum(_draw(d, variant)["cost"][b][key] for b in ("counterfactuals", "continuations")
+                              if b in need) for d in rec["draws"]])) if rec["draws"] else 0.0
 
 
 def frames(records: list[dict], cfg: AuditConfig) -> tuple[pd.DataFrame, pd.DataFrame]:

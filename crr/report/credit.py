@@ -11,7 +11,17 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from crr.credit.audit import RECORDS, TABLE, AuditConfig, audit_config, audit_records, is_audit, metrics_frame
+from crr.credit.audit import (
+    RECORDS,
+    TABLE,
+    AuditConfig,
+    audit_config,
+    audit_records,
+    budgets,
+    is_audit,
+    metrics_frame,
+    variant_of,
+)
 from crr.report.output import write_table
 from crr.report.plots import Plot, _save
 from crr.report.tables import DASH, Table
@@ -20,9 +30,12 @@ from crr.train.advantages import ESTIMATORS
 
 
 def _budget(name: str, cfg: AuditConfig) -> str:
-    return {"grpo": "none", "crr": f"k={cfg.k} picks x K={cfg.cf_samples} forks",
-            "zero_contrast": f"k={cfg.k} picks, no forks", "gigpo": "state keys",
-            "mc_values": f"K={cfg.mc_samples} continuations per step"}.get(name, "all of the above")
+    estimator, variant = variant_of(name)
+    b = budgets(cfg)[variant]
+    picks = f"{b['selector']} (eta={b['eta']:g})"
+    return {"grpo": "none", "crr": f"{picks}, k={b['k']} picks x K={b['cf_samples']} forks",
+            "zero_contrast": f"{picks}, k={b['k']} picks, no forks", "gigpo": "state keys",
+            "mc_values": f"K={cfg.mc_samples} continuations per step"}.get(estimator, "all of the above")
 
 
 def _num(x: float, digits: int = 2) -> str:

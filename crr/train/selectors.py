@@ -164,3 +164,11 @@ def select(name: str, steps: Sequence[SelectableStep], params: SelectorParams,
         raise CRRError("the random selector needs a seeded numpy Generator (rng=)")
     chosen = SELECTORS[name](steps, eligible(steps, params.eta), params, rng, context)
     return [Selection(t, score(steps[t], params.lambda_type)) for t in chosen]
+
+
+def select_each(name: str, trajs: Sequence, params: SelectorParams, rng: np.random.Generator | None = None,
+                values: Sequence[Sequence[float | None]] | None = None) -> dict[int, list[Selection]]:
+    """The picks of every scored trajectory (one with a `reward`), by row, from one `rng` in row order, each
+    with its Context: R(tau) and, given `values` (sibling_values by row), p(s_t)."""
+    return {i: select(name, t.steps, params, rng, Context(t.reward, None if values is None else values[i]))
+            for i, t in enumerate(trajs) if t.reward is not None}

@@ -87,7 +87,7 @@ from crr.train.diagnostics import advantage_snr, bucket_covariance, prefix_signa
 from crr.train.distributed import barrier, broadcast, gather, gather_one, is_main
 from crr.train.ledger import Ledger, merge
 from crr.train.replay_noise import RerunOutputs
-from crr.train.selectors import Context, SelectorParams, select, sibling_values
+from crr.train.selectors import SelectorParams, select_each, sibling_values
 from crr.train.tuples import drop_parts_from, write_part
 
 log = logging.getLogger(__name__)
@@ -301,9 +301,7 @@ class CRRTrainer(GRPOTrainer):
         rng = np.random.default_rng(seed)
         values = sibling_values([state_keys(t.steps) for t in trajs], [t.reward for t in trajs],
                                 [t.task_index for t in trajs]) if self.cfg.state_keys else None
-        return {i: select(self.cfg.selector, t.steps, params, rng,
-                          Context(t.reward, None if values is None else values[i]))
-                for i, t in enumerate(trajs) if t.reward is not None}
+        return select_each(self.cfg.selector, trajs, params, rng, values)
 
     def _rows(self, trajs: list[Trajectory], picks: dict, branches: list[Branch], offset: int = 0) -> dict:
         """TRL's rows, each with the same credit record whatever the method: the selected steps and the
