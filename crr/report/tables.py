@@ -240,15 +240,11 @@ def main_table(runs: Runs) -> Table:
             m, s, n = stats(pct(e.summary["pass_at_1"]) for e in found)
             rows.append({"arm": _label(ref), "dataset": ev.dataset, "pass_at_1": m, "std": s, "seeds": n,
                          **dict(zip(("ci_low", "ci_high"), rate_ci(found)))})
-    for ev in evals:
-        base_evals(runs, needs, ev)    # notes the spec's base evaluation when it is absent
-    base = [e for e in runs.evals if e.complete and e.config.get("train_run") is None and e.samples == 1]
-    for label in sorted({e.label for e in base}):
-        for ds in sorted({e.dataset for e in base if e.label == label}):
-            found = [e for e in base if e.label == label and e.dataset == ds]
-            m, s, n = stats(pct(e.summary["pass_at_1"]) for e in found)
-            rows.append({"arm": label, "dataset": ds, "pass_at_1": m, "std": s, "seeds": n,
-                         **dict(zip(("ci_low", "ci_high"), rate_ci(found)))})
+    for ev in evals:   # the starting policies: one fixed model each, no seeds
+        for label, e in sorted(base_evals(runs, needs, ev).items()):
+            m, s, n = stats([pct(e.summary["pass_at_1"])])
+            rows.append({"arm": label, "dataset": ev.dataset, "pass_at_1": m, "std": s, "seeds": n,
+                         **dict(zip(("ci_low", "ci_high"), rate_ci([e])))})
     data = pd.DataFrame(rows, columns=["arm", "dataset", "pass_at_1", "std", "seeds", "ci_low", "ci_high"])
     table = Table("main", "Main results: pass@1 (%)",
                   "Pass@1 (%) of each method's final model; means ± seed standard deviations over training seeds, "
