@@ -317,6 +317,7 @@ def test_interrupted_comparison_resumes_and_complete_runs_are_skipped(comparison
     dry = invoke("experiment", "run", str(spec), "--out", str(comparison), "--dry-run")
     assert dry.exit_code == 0 and "grpo seed 11 [resume] crr train --resume" in dry.output
     assert "grpo seed 23 [done]" in dry.output and "crr seed 11 [done]" in dry.output
+    assert "base eval [done]" in dry.output and "base eval x2 [done]" in dry.output   # the starting model's evals
     only = invoke("experiment", "run", str(spec), "--out", str(comparison), "--dry-run", "--seed", "23")
     assert only.exit_code == 0 and "grpo seed 23 [done]" in only.output and "seed 11" not in only.output
     wrong = invoke("experiment", "run", str(spec), "--out", str(comparison), "--dry-run", "--seed", "5")
