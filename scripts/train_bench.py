@@ -1,9 +1,10 @@
 """Benchmark for the report (not a timed test): iteration wall time of crr / grpo at k=4, K=1 on the CPU
 preset, and the fork share of a CRR iteration (paper: 1.71x microbatch latency; targets <= 1.6x and <= 5 %);
 CRR twice: its forks after the rollout (the default) and started during it (forks_during_rollout=true,
-crr.train.counterfactual.LiveForks).
+crr.train.counterfactual.LiveForks; --no-live leaves it out); --horizon h adds CRR with its branches truncated at
+h steps after a_t (the paper's horizon ablation: the verifier scores the working tree where the branch stops).
 
-    .venv/bin/python scripts/train_bench.py --updates 3 [--config PRESET] [key=value overrides...]
+    .venv/bin/python scripts/train_bench.py --updates 3 [--config PRESET] [--horizon H] [--no-live] [key=value ...]
 
 Runs `crr train` for each method with the same seed and config into a temporary directory and reads the
 ledgers: mean iteration wall_s and phase seconds per method, their ratio, the fork share fork_s / wall_s
@@ -29,12 +30,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--updates", type=int, default=3)
     ap.add_argument("--config", default=None, help="a preset (experiments/*.yaml); default: crr's defaults")
+    ap.add_argument("--horizon", type=int, action="append", default=[],
+                    help="also CRR with its branches truncated at h steps after a_t (repeatable)")
+    ap.add_argument("--no-live", action="store_true", help="leave out the forks-during-rollout arm")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     out = tempfile.mkdtemp(prefix="crr-train-bench-")
     result = {}
     arms = {"grpo": {"method": "grpo"}, "crr": {"method": "crr"},
-            "crr_forks_during_rollout": {"method": "crr", "forks_during_rollout": True}}
+            **({} if args.no_live else {"crr_forks_during_rollout": {"method": "crr", "forks_during_rollout": True}}),
+            **{f"crr_horizon_{h}": {"method": "crr", "horizon": h} for h in args.horizon}}
     for arm, settings in arms.items():
         cfg = load_config(args.config, {**parse_overrides(args.overrides), **settings, "k": 4, "cf_samples": 1,
                                         "max_steps": args.updates, "output_dir": out})
@@ -52,7 +57,7 @@ def main() -> None:
                        "s_per_branch": (sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its)
                                         / max(sum(i["forks"] for i in its), 1))}
     grpo = result["grpo"]
-    for arm in ("crr", "crr_forks_during_rollout"):
+    for arm in (a for a in arms if a != "grpo"):
         crr = result[arm]
         result[arm]["over_grpo"] = crr["iteration_wall_s"] / grpo["iteration_wall_s"]
         result[arm]["over_grpo_without_update"] = ((crr["iteration_wall_s"] - crr["update_s"])

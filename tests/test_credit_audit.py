@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -47,6 +48,13 @@ def test_values_and_metrics_by_hand():
     assert exact["n_significant"] == 2 and exact["differs_from_grpo"] == 0
     biased = estimator_metrics(two.assign(a=two["A"] + 0.5), two["A"], boot=20)
     assert biased["bias2"] == pytest.approx(0.25) and biased["variance"] == 0 and biased["differs_from_grpo"] == 1
+    # against a GRPO that ranks step b/1 wrong: Pearson 1 minus GRPO's, paired over the same resampled trajectories
+    grpo = pd.Series([1.0, 0.0, -1.0, 1.0] * 2)
+    ahead = estimator_metrics(two.assign(a=two["A"]), grpo, boot=200)
+    r_grpo = float(np.corrcoef(grpo, two["A"])[0, 1])
+    assert ahead["pearson_vs_grpo"] == pytest.approx(1 - r_grpo) and ahead["pearson_vs_grpo_lo"] >= 0
+    assert ahead["pearson_vs_grpo_lo"] <= 1 - r_grpo <= ahead["pearson_vs_grpo_hi"] <= 2
+    assert exact["pearson_vs_grpo"] == 0 and exact["pearson_vs_grpo_lo"] == exact["pearson_vs_grpo_hi"] == 0
     noisy = estimator_metrics(two.assign(a=two["A"] + ([0.1] * 4 + [-0.1] * 4)), None, boot=20)
     assert noisy["bias2"] == pytest.approx(0) and noisy["variance"] == pytest.approx(0.01)
     assert noisy["mse"] == pytest.approx(noisy["bias2"] + noisy["variance"]) and math.isnan(noisy["differs_from_grpo"])
@@ -58,7 +66,7 @@ def test_audit_end_to_end_resume_and_report(tmp_path, monkeypatch):
         assert result.exit_code == 0, result.output + repr(result.exception)
         return result.output
 
-    variants = "variants={fe: {selector: first_edit_of_failure}, mv: {selector: mid_value, cf_samples: 2}}"
+    variants = "variants={fe: {selector: first_edit_of_failure, horizon: 1}, mv: {selector: mid_value, cf_samples: 2}}"
     out = run("--config", "experiments/credit-audit-nano.yaml", *TINY, variants, "--out", str(tmp_path),
               "--engine", "local")
     (path,) = tmp_path.glob("*-credit-audit-*")
@@ -80,6 +88,7 @@ def test_audit_end_to_end_resume_and_report(tmp_path, monkeypatch):
             # the variants' budgets: the first edit of a failed trajectory only; mid_value with K = 2
             assert set(d["variants"]) == {"fe", "mv"}
             assert len(d["variants"]["fe"]["selected"]) <= (rec["reward"] == 0.0)
+            assert d["variants"]["fe"]["cost"]["env_steps"] <= 2 * len(d["variants"]["fe"]["selected"])   # h = 1
             assert set(d["variants"]["mv"]["selected"]) <= set(range(rec["steps"]))
             assert all(len(v) <= 2 for v in d["variants"]["mv"]["counterfactuals"].values())
         assert rec["oracle"]["env_steps"] >= 2 * rec["steps"]

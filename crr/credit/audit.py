@@ -65,7 +65,7 @@ NEEDS = {"grpo": set(), "crr": {"selected", "counterfactuals"}, "zero_contrast":
          "gigpo": {"state_keys"}, "mc_values": {"continuations"}}
 EVERYTHING = {"selected", "counterfactuals", "state_keys", "continuations"}
 EXCLUDED = {"search_select"}                  # swaps sequences: not a step advantage on the realised rows
-BUDGET_KEYS = ("k", "cf_samples", "cf_temperature", "selector", "proposal", "eta", "lambda_type")   # CRR's budget
+BUDGET_KEYS = ("k", "cf_samples", "cf_temperature", "selector", "proposal", "eta", "lambda_type", "horizon")  # CRR's
 VARIANT_ESTIMATORS = ("crr", "zero_contrast")   # scored on each variant's budget
 
 
@@ -100,6 +100,7 @@ class AuditConfig:
     proposal: str = "tempered"
     eta: float = 0.4
     lambda_type: float = 0.6
+    horizon: int | None = None           # CRR's counterfactual horizon h in steps after a_t; None: to the end
     mc_samples: int = 2                  # mc_values' K continuations per step
     advantage_params: dict = field(default_factory=dict)   # estimator -> its keyword params (gigpo: {omega: 1.0})
     # further fork budgets, name -> overrides of the keys above in BUDGET_KEYS; each is played on the same
@@ -212,7 +213,8 @@ class _Forks:
             run, backend, engine, tokenizer, episode, pool)
         self.rollouts = 0   # trajectories and branches played
 
-    def play(self, trajs, picks: dict, samples: int, proposal: str, temperature: float, seed: int):
+    def play(self, trajs, picks: dict, samples: int, proposal: str, temperature: float, seed: int,
+             horizon: int | None = None):
         """The branches (crr.train.counterfactual.Branch), their environment steps per row, and seconds."""
         from crr.train.counterfactual import run_branches
         from crr.train.ledger import Ledger
@@ -222,7 +224,7 @@ class _Forks:
         start = time.perf_counter()
         branches = run_branches(trajs, picks, cf_samples=samples, backend=self.backend, engine=self.engine,
                                 tokenizer=self.tokenizer, episode=self.episode, proposal=proposal,
-                                cf_temperature=temperature, seed=seed, horizon=None, pool=self.pool, ledger=ledger)
+                                cf_temperature=temperature, seed=seed, horizon=horizon, pool=self.pool, ledger=ledger)
         seconds = time.perf_counter() - start
         self.rollouts += sum(b.sample is not None for b in branches)
         steps = [0] * len(trajs)
@@ -275,7 +277,7 @@ def audit_task(cfg: AuditConfig, task, task_index: int, forks: _Forks) -> list[d
             params = SelectorParams(k=b["k"], eta=b["eta"], lambda_type=b["lambda_type"])
             picks = select_each(b["selector"], trajs, params, rng, p) if play or "selected" in wanted else {}
             cf, steps, secs = (forks.play(trajs, picks, b["cf_samples"], b["proposal"], b["cf_temperature"],
-                                          derive_seed(cfg.seed, task_index, 3, *key))
+                                          derive_seed(cfg.seed, task_index, 3, *key), b["horizon"])
                                if play or "counterfactuals" in wanted else none)
             return picks, _returns(cf, trajs), steps, secs
 

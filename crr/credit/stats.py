@@ -72,20 +72,29 @@ def estimator_metrics(steps: pd.DataFrame, grpo: pd.Series | None, *, boot: int 
     mse = bias2 + variance   bias2: mean over steps of (mean over repeats of a - A*)^2; variance: mean over
                          steps of the repeats' variance (ddof 0, so that the two add up to the MSE exactly)
     differs_from_grpo    share of (step, repeat) pairs where a != GRPO's advantage (`grpo`, aligned)
+    pearson_vs_grpo      pearson minus GRPO's on the same pairs, with a paired 95 % bootstrap interval (the
+                         same resampled trajectories for both)
     """
     a, star = steps["a"].to_numpy(float), steps["A"].to_numpy(float)
     out = {"steps": int(steps.groupby(["traj", "t"]).ngroups), "pearson": _pearson(a, star), "spearman": _spearman(a, star)}
+    if grpo is not None:
+        steps = steps.assign(grpo=grpo.to_numpy(float))
+        out["pearson_vs_grpo"] = out["pearson"] - _pearson(steps["grpo"].to_numpy(float), star)
     trajs = steps["traj"].unique()
     rng = np.random.default_rng(seed)
     by_traj = {k: g for k, g in steps.groupby("traj")}
-    pear, spear = [], []
+    pear, spear, diff = [], [], []
     for _ in range(boot if len(trajs) > 1 else 0):
         sample = pd.concat([by_traj[k] for k in rng.choice(trajs, size=len(trajs))])
         x, y = sample["a"].to_numpy(float), sample["A"].to_numpy(float)
         pear.append(_pearson(x, y))
         spear.append(_spearman(x, y))
+        if grpo is not None:
+            diff.append(pear[-1] - _pearson(sample["grpo"].to_numpy(float), y))
     out["pearson_lo"], out["pearson_hi"] = _ci(pear)
     out["spearman_lo"], out["spearman_hi"] = _ci(spear)
+    if grpo is not None:
+        out["pearson_vs_grpo_lo"], out["pearson_vs_grpo_hi"] = _ci(diff)
     significant = steps[(steps["A_lo"] > 0) | (steps["A_hi"] < 0)]
     out["n_significant"] = int(significant.groupby(["traj", "t"]).ngroups)
     out["sign_agreement"] = (float((np.sign(significant["a"]) == np.sign(significant["A"])).mean())

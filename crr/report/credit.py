@@ -32,7 +32,7 @@ from crr.train.advantages import ESTIMATORS
 def _budget(name: str, cfg: AuditConfig) -> str:
     estimator, variant = variant_of(name)
     b = budgets(cfg)[variant]
-    picks = f"{b['selector']} (eta={b['eta']:g})"
+    picks = f"{b['selector']} (eta={b['eta']:g}" + (f", h={b['horizon']})" if b["horizon"] is not None else ")")
     return {"grpo": "none", "crr": f"{picks}, k={b['k']} picks x K={b['cf_samples']} forks",
             "zero_contrast": f"{picks}, k={b['k']} picks, no forks", "gigpo": "state keys",
             "mc_values": f"K={cfg.mc_samples} continuations per step"}.get(estimator, "all of the above")
@@ -54,7 +54,8 @@ def audit_table(path: Path, records: list[dict], cfg: AuditConfig, name: str = T
                f"on {cfg.tasks} (G={cfg.group_size}, T={cfg.temperature}), {steps} steps. A*(t) = V(s_t+1) - V(s_t) from "
                f"M={cfg.continuations} on-policy continuations per step (Wilson/Newcombe 95 % intervals); each "
                f"estimator on its own budget, its random draws repeated R={cfg.repeats} times. Correlations over "
-               "(step, repeat) pairs with 95 % bootstrap intervals over trajectories; sign agreement on the steps "
+               "(step, repeat) pairs with 95 % bootstrap intervals over trajectories (against GRPO's: paired, the same "
+               "resampled trajectories for both); sign agreement on the steps "
                "whose A* interval excludes 0; MSE = bias^2 + variance (over the R draws).")
     table = Table(name, "Step credit against the true step advantage A*", caption)
     if data.empty:
@@ -73,6 +74,9 @@ def audit_table(path: Path, records: list[dict], cfg: AuditConfig, name: str = T
         "Estimator": data["estimator"], "Own budget": data["budget"],
         "Pearson [95 % CI]": [_ci(r.pearson, r.pearson_lo, r.pearson_hi) for r in data.itertuples()],
         "Spearman [95 % CI]": [_ci(r.spearman, r.spearman_lo, r.spearman_hi) for r in data.itertuples()],
+        "Pearson - GRPO's [paired 95 % CI]": [DASH if r.estimator == "grpo" else
+                                              _ci(r.pearson_vs_grpo, r.pearson_vs_grpo_lo, r.pearson_vs_grpo_hi)
+                                              for r in data.itertuples()],
         "Sign agr. (n)": [f"{DASH if math.isnan(r.sign_agreement) else f'{100 * r.sign_agreement:.0f} %'} "
                           f"({r.n_significant})" for r in data.itertuples()],
         "MSE": [f"{r.mse:.3f}" for r in data.itertuples()],
