@@ -221,7 +221,8 @@ def main_arms(runs: Runs, spec: Comparison | None) -> tuple[list[ArmRef], ArmRef
 def _label(ref: ArmRef) -> str:
     return {"grpo": "GRPO", "crr": "CRR", "search-select": "Search-Select-GRPO",
             "grpo-equal-wall-clock": "GRPO (equal wall clock)", "crr-k2": "CRR (K = 2)",
-            "zero-contrast": "zero-contrast control", "gigpo": "GiGPO", "mc-values": "Monte-Carlo values"}.get(
+            "zero-contrast": "zero-contrast control", "gigpo": "GiGPO", "mc-values": "Monte-Carlo values",
+            "crr-mid-value": "CRR (mid-value forks)"}.get(
         ref.label, ref.label)
 
 
