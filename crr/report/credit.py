@@ -11,17 +11,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from crr.credit.audit import (
-    RECORDS,
-    TABLE,
-    AuditConfig,
-    audit_config,
-    audit_records,
-    budgets,
-    is_audit,
-    metrics_frame,
-    variant_of,
-)
+from crr.credit.audit import (RECORDS, TABLE, AuditConfig, audit_config, audit_records, budgets, is_audit,
+                              metrics_frame, variant_of)
 from crr.report.output import write_table
 from crr.report.plots import Plot, _save
 from crr.report.tables import DASH, Table

@@ -218,12 +218,14 @@ def main_arms(runs: Runs, spec: Comparison | None) -> tuple[list[ArmRef], ArmRef
     return sorted(refs, key=lambda r: (order.get(r.method, 3), r.label)), crr
 
 
+ARM_LABELS = {"grpo": "GRPO", "crr": "CRR", "search-select": "Search-Select-GRPO",
+              "grpo-equal-wall-clock": "GRPO (equal wall clock)", "crr-k2": "CRR (K = 2)",
+              "zero-contrast": "zero-contrast control", "gigpo": "GiGPO", "mc-values": "Monte-Carlo values",
+              "crr-mid-value": "CRR (mid-value forks)"}   # the specs' arm names as the tables print them
+
+
 def _label(ref: ArmRef) -> str:
-    return {"grpo": "GRPO", "crr": "CRR", "search-select": "Search-Select-GRPO",
-            "grpo-equal-wall-clock": "GRPO (equal wall clock)", "crr-k2": "CRR (K = 2)",
-            "zero-contrast": "zero-contrast control", "gigpo": "GiGPO", "mc-values": "Monte-Carlo values",
-            "crr-mid-value": "CRR (mid-value forks)"}.get(
-        ref.label, ref.label)
+    return ARM_LABELS.get(ref.label, ref.label)
 
 
 # ------------------------------------------------------------------------------------ tables
