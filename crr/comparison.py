@@ -165,15 +165,20 @@ def _evaluate(arm: Arm, run: TrainRun, ev: EvalSpec, step: int, out: Path, say: 
               command=ev.command(str(run.path), None if final else step, folder))
 
 
+def base_folder(out: Path) -> Path:
+    """Where a comparison under `out` keeps the evaluations of the arms' starting model (`base: true`)."""
+    return out / "evals" / "base"
+
+
 def base_found(out: Path, ev: EvalSpec) -> list[EvalRun]:
-    """The evaluations of the arms' starting model in out/evals/base made as the entry `ev` says."""
-    folder = out / "evals" / "base"
+    """The evaluations of the arms' starting model in base_folder(out) made as the entry `ev` says."""
+    folder = base_folder(out)
     return [e for e in (load_runs([folder]).evals if any(folder.glob("*/manifest.json")) else [])
             if e.train is None and e.dataset == ev.dataset and e.samples == ev.samples]
 
 
 def _evaluate_base(spec: Comparison, ev: EvalSpec, out: Path, say: Callable[[str], None]) -> None:
-    folder, found = out / "evals" / "base", base_found(out, ev)
+    folder, found = base_folder(out), base_found(out, ev)
     _run_eval(f"base policy {ev.dataset}{f' x{ev.samples}' if ev.samples > 1 else ''}", found, ev, folder, say,
               model=spec.base_model, command=ev.command(None, out=folder, model=spec.base_model))
 
