@@ -129,6 +129,22 @@ def test_env_and_limits(engine, task):
         assert limits["Max file size"][:2] == [str(1024 << 20)] * 2
 
 
+
+def test_crr_s_own_pytest_plugins_stay_out_of_a_task_run_on_crr_s_interpreter(engine, make_task):
+    """crr's interpreter stands in for a task without an environment; the plugins crr's own dependencies
+    installed (pytest-xdist, -timeout, anyio) load on the host, not in the sandbox, unless a run names one."""
+    task = make_task({"test_a.py": "def test_one():\n    assert True\n"})
+    host = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--co", "test_a.py"],
+                          cwd=task.repo_src, capture_output=True, text=True)
+    assert "plugins:" in host.stdout, "crr's environment installs no pytest plugin: this test would prove nothing"
+    with engine.start(task) as sb:
+        run = sb.exec("python -m pytest -rA -p no:cacheprovider test_a.py")
+        assert run.exit_code == 0 and "1 passed" in run.output
+        assert "plugins:" not in run.output, run.output
+        named = sb.exec("python -m pytest -rA -p no:cacheprovider -p xdist test_a.py")
+        assert "plugins: xdist" in named.output, named.output
+
+
 def test_bad_commands_are_crr_errors(engine, task):
     with engine.start(task) as sb:
         with pytest.raises(CRRError, match="NUL"):

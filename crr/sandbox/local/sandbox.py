@@ -37,7 +37,13 @@ class LocalSandbox(ClosingSandbox):
             "HOME": f"{tmp}/home", "TMPDIR": tmp, "LANG": "C.UTF-8", "TZ": "UTC",
             "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
         }
-        if environment is not None:  # the task's own Python environment replaces crr's
+        if environment is None:
+            # crr's interpreter stands in for the task's environment, and the pytest plugins installed there
+            # (xdist, timeout, anyio, ...) are crr's dependencies, not the task's: loaded at every run they cost
+            # half of it (0.50 -> 0.26 s a run_tests call or verifier run, scripts/pytest_cost.py) and put crr's
+            # dependency versions into the agent's observations. A task that needs one names it (`-p name`).
+            self._env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        else:  # the task's own Python environment replaces crr's, its plugins included
             root = mirror.ENV_ROOT if fixed else str(environment)
             self._env.update(mirror.sandbox_env(root, self.repo_dir, record=engine.record_http))
         self._closed = False
