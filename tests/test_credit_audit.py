@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from crr.cli import app
-from crr.credit.audit import RECORDS, estimator_names, load_audit_config, parse_overrides
+from crr.credit.audit import RECORDS, audit_records, estimator_names, load_audit_config, parse_overrides
 from crr.credit.stats import estimator_metrics, values
 from crr.eval.stats import wilson, z
 
@@ -121,6 +121,31 @@ def test_audit_end_to_end_resume_and_report(tmp_path, monkeypatch):
     # a rerun skips the recorded trajectories (nothing is left to do: no model is loaded, no record added)
     run("--resume", str(path))
     assert (path / RECORDS).read_text().splitlines() == [json.dumps(r, sort_keys=True) for r in records]
+
+    # a variant added to a recorded audit draws what it drew when the audit played it, without the oracle
+    out = run("--config", "experiments/credit-audit-nano.yaml", *TINY, variants.replace(", mv: {selector: mid_value, "
+              "cf_samples: 2}", ""), "--out", str(tmp_path / "later"), "--engine", "local")
+    (later,) = (tmp_path / "later").glob("*-credit-audit-*")
+    oracle = (later / RECORDS).read_text()
+    run("--resume", str(later), "variants={mv: {selector: mid_value, cf_samples: 2}}")
+    assert (later / RECORDS).read_text() == oracle   # nothing played again is recorded again
+
+    def draws(records):
+        return [[{v: {**part, "cost": part["cost"]["env_steps"]} for v, part in d["variants"].items()} for d in r["draws"]]
+                for r in records]
+
+    assert draws(audit_records(later)) == draws(records)
+    assert pd.read_csv(later / "credit_audit.csv").set_index("estimator").loc["crr[mv]", "budget"] == \
+        "mid_value (eta=0), k=1 picks x K=2 forks"
+    run("--resume", str(later), "variants={mv: {selector: mid_value, cf_samples: 2}}")   # nothing left: no model
+    clash = CliRunner().invoke(app, ["credit", "audit", "--resume", str(later), "variants={mv: {k: 3}}"])
+    assert clash.exit_code == 2 and "already in the audit with other settings" in clash.output, clash.output
+    tampered = [json.loads(line) for line in oracle.splitlines()]
+    tampered[0]["spans"][0][1] += 1
+    (later / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in tampered))
+    stale = CliRunner().invoke(app, ["credit", "audit", "--resume", str(later), "variants={h1: {horizon: 1}}"])
+    assert stale.exit_code == 2 and "no longer replays as recorded" in stale.output, stale.output
+    assert "h1" not in RunDir.open(later).config["variants"]   # refused: the audit's config is as it was
 
     report = CliRunner().invoke(app, ["report", "tables", "--runs", str(path), "--out", str(tmp_path / "report")])
     assert report.exit_code == 0, report.output

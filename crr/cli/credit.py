@@ -43,7 +43,8 @@ def audit_command(
     engine_opt: list[str] = engine_opt_option(),
     out: Path = out_option(),
     resume: Path | None = typer.Option(None, "--resume", help="Continue an audit run directory (its recorded "
-                                       "trajectories are skipped)."),
+                                       "trajectories are skipped); with variants=..., add fork budgets to it "
+                                       "(played on its trajectories, without the oracle)."),
     as_json: bool = json_option("the summary"),
 ) -> None:
     """For N tasks x G trajectories of a policy: V(s_t) of every step from M on-policy continuations of a fork,
@@ -55,9 +56,11 @@ def audit_command(
 
     given = engine_settings(engine, engine_opt, ray, mode)
     if resume is not None:
-        if config is not None or overrides or given:
-            raise CRRError("--resume continues a run with its own config; drop --config, overrides and engine options")
-        cfg, run = resume_audit(resume)
+        added = parse_overrides(overrides or [])
+        if config is not None or set(added) - {"variants"} or given:
+            raise CRRError("--resume continues a run with its own config; drop --config, engine options and "
+                           "overrides other than variants=... (fork budgets to add to it)")
+        cfg, run = resume_audit(resume, added.get("variants"))
     else:
         cfg = load_audit_config(config, {**parse_overrides(overrides or []), **given})
         run = start_audit(cfg, out)

@@ -32,6 +32,11 @@ The random draws (branches, continuations, a random selector) are repeated R tim
 estimator's variance is measured. One record per trajectory goes to records.jsonl as soon as its task is
 done (append-only, fsynced); a rerun on the run directory skips the trajectories recorded already, so an
 interrupted audit resumes.
+
+Variants can be added to a recorded audit (`resume_audit(path, variants)`, `crr credit audit --resume RUN
+variants=...`): each task's trajectories are sampled again with the audit's seed, must replay its records
+step for step (else a CRRError: the policy or the code changed), and each new variant's R draws are played with
+the seeds it would have had in the audit itself, into variants.jsonl; the oracle is not played again.
 """
 
 from __future__ import annotations
@@ -53,12 +58,13 @@ import yaml
 from crr.credit.stats import estimator_metrics, values
 from crr.errors import CRRError
 from crr.experiments import read_preset
-from crr.rundir import RunDir
+from crr.rundir import RunDir, read_jsonl
 from crr.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 
 RECORDS = "records.jsonl"
+VARIANTS = "variants.jsonl"   # the draws of variants added to a recorded audit: one record per (trajectory, variant)
 TABLE = "credit_audit"
 DEFAULT_ESTIMATORS = ["grpo", "crr", "zero_contrast", "gigpo", "mc_values"]
 NEEDS = {"grpo": set(), "crr": {"selected", "counterfactuals"}, "zero_contrast": {"selected"},
@@ -145,11 +151,16 @@ def audit_config(data: dict) -> AuditConfig:
     return AuditConfig(**data)
 
 
-def audit_records(records: list[dict]) -> list[dict]:
-    """An audit's records.jsonl as read; `group` (records before the sibling index was named `sibling`) is read
-    as sibling."""
-    return [{**{k: v for k, v in r.items() if k != "group"}, "sibling": r["group"]} if "group" in r else r
-            for r in records]
+def audit_records(path: Path) -> list[dict]:
+    """An audit's records (records.jsonl) with the draws of the variants added to it later (variants.jsonl)
+    in place; `group` (records before the sibling index was named `sibling`) is read as sibling."""
+    records = [{**{k: v for k, v in r.items() if k != "group"}, "sibling": r["group"]} if "group" in r else r
+               for r in read_jsonl(path / RECORDS)]
+    by_key = {(r["task_index"], r["sibling"]): r for r in records}
+    for added in read_jsonl(path / VARIANTS) if (path / VARIANTS).is_file() else ():
+        for d, part in zip(by_key[added["task_index"], added["sibling"]]["draws"], added["draws"]):
+            d.setdefault("variants", {})[added["variant"]] = part
+    return records
 
 
 def parse_overrides(pairs: list[str]) -> dict:
@@ -167,11 +178,23 @@ def start_audit(cfg: AuditConfig, out: Path | str) -> RunDir:
                          root=out, config=dataclasses.asdict(cfg), seeds={"audit": cfg.seed})
 
 
-def resume_audit(path: Path | str) -> tuple[AuditConfig, RunDir]:
+def resume_audit(path: Path | str, variants: dict | None = None) -> tuple[AuditConfig, RunDir]:
+    """The audit at `path`, to go on with; `variants` (name -> budget overrides) are added to the config
+    returned, to be played on the trajectories it has recorded without replaying the oracle (`audit`, which
+    writes them into the run's config once every record has them)."""
     run = RunDir.open(path, write=True)
     if run.manifest.get("command") != "credit-audit":
         raise CRRError(f"{path} is not a `crr credit audit` run directory")
-    return audit_config(run.config), run
+    cfg = audit_config(run.config)
+    if variants is not None and not isinstance(variants, dict):
+        raise CRRError(f"variants must map names to budget overrides (e.g. variants={{mv: {{selector: mid_value}}}}), "
+                       f"got {variants!r}")
+    if variants:
+        clash = [n for n, over in variants.items() if n in cfg.variants and cfg.variants[n] != over]
+        if clash:
+            raise CRRError(f"variant(s) {', '.join(clash)} already in the audit with other settings; choose new names")
+        cfg = dataclasses.replace(cfg, variants={**cfg.variants, **variants})
+    return cfg, run
 
 
 def budgets(cfg: AuditConfig) -> dict[str, dict]:
@@ -242,23 +265,58 @@ def _returns(branches, trajs) -> list[dict[int, list[float | None]]]:
     return out
 
 
+def _trajectories(cfg: AuditConfig, task, task_index: int, forks: _Forks):
+    """The task's G trajectories, sampled as in training (the audit's seed: the same every time), with the
+    rollout's result (release it) and seconds."""
+    from crr.rollout import RolloutConfig, rollout
+
+    start = time.perf_counter()
+    result = rollout([task], forks.backend, forks.engine, forks.tokenizer,
+                     RolloutConfig(group_size=cfg.group_size, seed=derive_seed(cfg.seed, task_index, 0),
+                                   episode=forks.episode), pool=forks.pool)
+    forks.rollouts += len(result.trajectories)
+    return result, time.perf_counter() - start
+
+
+def _budget_draw(cfg: AuditConfig, trajs, task_index: int, forks: _Forks, budget: dict, r: int, variant: str,
+                 play: bool) -> tuple[dict, list, list[int], float]:
+    """Repeat r of one fork budget on the task's trajectories (the variant's own seeds, so that a variant played
+    with the audit or added to it later draws the same): the selector's picks (p(s_t) from the siblings, as in
+    training), their forks' returns, env steps per row and seconds; with play False, only what the configured
+    estimators need of the configured budget."""
+    from crr.train.advantages import state_keys
+    from crr.train.selectors import SelectorParams, select_each, sibling_values
+
+    wanted = set().union(*(needs(n) for n in cfg.estimators))
+    key = (r, *([zlib.crc32(variant.encode())] if variant else []))
+    p = sibling_values([state_keys(t.steps) for t in trajs], [t.reward for t in trajs], [0] * len(trajs))
+    rng = np.random.default_rng(derive_seed(cfg.seed, task_index, 2, *key))
+    params = SelectorParams(k=budget["k"], eta=budget["eta"], lambda_type=budget["lambda_type"])
+    picks = select_each(budget["selector"], trajs, params, rng, p) if play or "selected" in wanted else {}
+    cf, steps, secs = (forks.play(trajs, picks, budget["cf_samples"], budget["proposal"], budget["cf_temperature"],
+                                  derive_seed(cfg.seed, task_index, 3, *key), budget["horizon"])
+                       if play or "counterfactuals" in wanted else ([], [0] * len(trajs), 0.0))
+    return picks, _returns(cf, trajs), steps, secs
+
+
+def _part(played: tuple, i: int, G: int) -> dict:
+    """Row i's share of a `_budget_draw`: its picks, their scored returns and its cost."""
+    picks, cf, steps, secs = played
+    return {"selected": [s.t for s in picks.get(i, [])], "counterfactuals": _scored(cf[i]),
+            "cost": {"env_steps": steps[i], "wall_s": secs / G}}
+
+
 def audit_task(cfg: AuditConfig, task, task_index: int, forks: _Forks) -> list[dict]:
     """One task's G trajectories, the oracle's V and A* of every step, and R draws of each budget the
     configured estimators need (the selector's picks, their K forks' returns, K continuations of every
     step, with what each cost): one record per trajectory."""
-    from crr.rollout import RolloutConfig, rollout
     from crr.train.advantages import state_keys
-    from crr.train.selectors import Selection, SelectorParams, select_each, sibling_values
+    from crr.train.selectors import Selection
 
     G = cfg.group_size
     wanted = set().union(*(needs(n) for n in cfg.estimators))
-    start = time.perf_counter()
-    result = rollout([task], forks.backend, forks.engine, forks.tokenizer,
-                     RolloutConfig(group_size=G, seed=derive_seed(cfg.seed, task_index, 0), episode=forks.episode),
-                     pool=forks.pool)
-    rollout_s = time.perf_counter() - start
+    result, rollout_s = _trajectories(cfg, task, task_index, forks)
     trajs = result.trajectories
-    forks.rollouts += len(trajs)
     try:
         scored = [i for i, t in enumerate(trajs) if t.reward is not None]
         every = {i: [Selection(t, 0.0) for t in range(len(trajs[i].steps))] for i in scored}
@@ -267,32 +325,15 @@ def audit_task(cfg: AuditConfig, task, task_index: int, forks: _Forks) -> list[d
         cont = _returns(oracle, trajs)
         truth = {i: values([cont[i].get(t, []) for t in range(len(trajs[i].steps))], trajs[i].reward)
                  for i in scored}
-        # p(s_t) from the siblings through the same state, for the selectors that read it (as in training)
-        p = sibling_values([state_keys(t.steps) for t in trajs], [t.reward for t in trajs], [0] * len(trajs))
-        none = ([], [0] * G, 0.0)
-
-        def fork_budget(b: dict, play: bool, *key: int):
-            """A budget's picks and their forks' returns, env steps and seconds (the variant's own seeds)."""
-            rng = np.random.default_rng(derive_seed(cfg.seed, task_index, 2, *key))
-            params = SelectorParams(k=b["k"], eta=b["eta"], lambda_type=b["lambda_type"])
-            picks = select_each(b["selector"], trajs, params, rng, p) if play or "selected" in wanted else {}
-            cf, steps, secs = (forks.play(trajs, picks, b["cf_samples"], b["proposal"], b["cf_temperature"],
-                                          derive_seed(cfg.seed, task_index, 3, *key), b["horizon"])
-                               if play or "counterfactuals" in wanted else none)
-            return picks, _returns(cf, trajs), steps, secs
-
         draws: list[list[dict]] = [[] for _ in trajs]
         for r in range(cfg.repeats):
-            played = {v: fork_budget(b, bool(v), r, *([zlib.crc32(v.encode())] if v else []))
-                      for v, b in budgets(cfg).items()}
+            played = {v: _budget_draw(cfg, trajs, task_index, forks, b, r, v, bool(v)) for v, b in budgets(cfg).items()}
             mc, mc_steps, mc_s = (forks.play(trajs, every, cfg.mc_samples, "on_policy", cfg.temperature,
                                              derive_seed(cfg.seed, task_index, 4, r))
-                                  if "continuations" in wanted else none)
+                                  if "continuations" in wanted else ([], [0] * G, 0.0))
             mc = _returns(mc, trajs)
             for i in range(G):
-                part = {v: {"selected": [s.t for s in picks.get(i, [])], "counterfactuals": _scored(cf[i]),
-                            "cost": {"env_steps": steps[i], "wall_s": secs / G}}
-                        for v, (picks, cf, steps, secs) in played.items()}
+                part = {v: _part(budget, i, G) for v, budget in played.items()}
                 base = part.pop("")
                 draws[i].append({"selected": base["selected"], "counterfactuals": base["counterfactuals"],
                                  "continuations": _scored(mc[i]),
@@ -309,6 +350,33 @@ def audit_task(cfg: AuditConfig, task, task_index: int, forks: _Forks) -> list[d
              "oracle": {"env_steps": oracle_steps[i], "wall_s": oracle_s / G,
                         "branches": sum(b.row == i and b.sample is not None for b in oracle)},
              "rollout_s": rollout_s / G, "draws": draws[i]} for i, t in enumerate(trajs)]
+
+
+def added_variants(cfg: AuditConfig, task, task_index: int, forks: _Forks, records: list[dict],
+                   names: list[str]) -> list[dict]:
+    """Variants `names` played on a task already recorded (`records`, its G records) without the oracle: its
+    trajectories sampled again, which must replay the records step for step, then each variant's R draws with
+    the seeds it would have had in the audit itself. One VARIANTS record per (trajectory, variant)."""
+    from crr.train.advantages import state_keys
+
+    G = cfg.group_size
+    result, _ = _trajectories(cfg, task, task_index, forks)
+    trajs = result.trajectories
+    try:
+        by_sibling = {rec["sibling"]: rec for rec in records}
+        for i, t in enumerate(trajs):
+            rec = by_sibling[i]
+            again = json.loads(json.dumps([t.reward, [list(s.span) for s in t.steps], state_keys(t.steps)]))
+            if [rec["reward"], rec["spans"], rec["state_keys"]] != again:
+                raise CRRError(f"task {task_index}'s trajectory {i} no longer replays as recorded (the policy, crr "
+                               f"or the engine changed since the audit): variants can only be added on the audit's "
+                               f"own code and model; start a new audit instead")
+        draws = {v: [_budget_draw(cfg, trajs, task_index, forks, budgets(cfg)[v], r, v, True)
+                     for r in range(cfg.repeats)] for v in names}
+    finally:
+        result.release()
+    return [{"task_index": task_index, "sibling": i, "variant": v, "draws": [_part(d, i, G) for d in draws[v]]}
+            for v in names for i in range(G)]
 
 
 def _scored(returns: dict) -> dict[int, list[float]]:
@@ -331,9 +399,10 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
     tasks = load_tasks(cfg.tasks)[:cfg.n_tasks]
     if not tasks:
         raise CRRError(f"{cfg.tasks} holds no tasks")
-    done = {(r["task_index"], r["sibling"]) for r in audit_records(run.records(RECORDS))}
+    done = {(r["task_index"], r["sibling"]) for r in audit_records(run.path)}
     todo = [i for i in range(len(tasks)) if any((i, g) not in done for g in range(cfg.group_size))]
-    if not todo:   # a finished audit: no model to load
+    if not todo and not _lacking(cfg, run):   # a finished audit: no model to load
+        _save_variants(cfg, run)
         return
     model_dir = cfg.model or str(default_policy_dir())
     record = agent_record(model_dir)
@@ -360,8 +429,39 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
                 run.log_metrics(info)
                 if on_task is not None:
                     on_task(n + 1, len(todo), info)
+            lacking = _lacking(cfg, run)
+            for n, (i, missing) in enumerate(sorted(lacking.items())):
+                t0, before = time.perf_counter(), forks.rollouts
+                recorded = [r for r in audit_records(run.path) if r["task_index"] == i]
+                for added in added_variants(cfg, tasks[i], i, forks, recorded, sorted({v for _, v in missing})):
+                    if (added["sibling"], added["variant"]) in missing:
+                        run.append(VARIANTS, added)
+                info = {"event": "task", "task_index": i, "task_id": tasks[i].instance_id, "variants_added": True,
+                        "wall_s": time.perf_counter() - t0, "rollouts": forks.rollouts - before}
+                run.log_metrics(info)
+                if on_task is not None:
+                    on_task(n + 1, len(lacking), info)
         finally:
             pool.close()
+    _save_variants(cfg, run)
+
+
+def _save_variants(cfg: AuditConfig, run: RunDir) -> None:
+    """The run's config gains the variants added to it, once every record has their draws (until then the
+    report scores what the config names, which every record has)."""
+    if cfg.variants != audit_config(run.config).variants:
+        run.write_text("config.yaml", yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+
+
+def _lacking(cfg: AuditConfig, run: RunDir) -> dict[int, set[tuple[int, str]]]:
+    """task index -> the (sibling, variant) pairs of configured variants its records lack (variants added to a
+    recorded audit)."""
+    out: dict[int, set[tuple[int, str]]] = {}
+    for rec in audit_records(run.path):
+        for v in cfg.variants:
+            if any(v not in d.get("variants", {}) for d in rec["draws"]):
+                out.setdefault(rec["task_index"], set()).add((rec["sibling"], v))
+    return out
 
 
 def advantages(records: list[dict], cfg: AuditConfig) -> dict[str, list[list[list[float] | None]]]:

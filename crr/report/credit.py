@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from crr.credit.audit import (RECORDS, TABLE, AuditConfig, audit_config, audit_records, budgets, is_audit,
+from crr.credit.audit import (TABLE, AuditConfig, audit_config, audit_records, budgets, is_audit,
                               metrics_frame, variant_of)
 from crr.report.output import write_table
 from crr.report.plots import Plot, _save
 from crr.report.tables import DASH, Table
-from crr.rundir import RunDir, read_jsonl
+from crr.rundir import RunDir
 from crr.train.advantages import ESTIMATORS
 
 
@@ -124,7 +124,7 @@ def _audits(paths: list[Path]) -> list[Path]:
 def _load(path: Path) -> tuple[list[dict], AuditConfig]:
     import yaml
 
-    return audit_records(list(read_jsonl(path / RECORDS))), audit_config(yaml.safe_load((path / "config.yaml").read_text()))
+    return audit_records(path), audit_config(yaml.safe_load((path / "config.yaml").read_text()))
 
 
 def _name(path: Path, many: bool) -> str:
@@ -144,7 +144,7 @@ def credit_plots(paths: list[Path], out: Path) -> list[Plot]:
 
 def write_audit(run: RunDir) -> dict:
     """The table (md, csv, tex), the plot and summary.json from the run's records."""
-    records = audit_records(run.records(RECORDS))
+    records = audit_records(run.path)
     cfg = audit_config(run.config)
     table = audit_table(run.path, records, cfg)
     write_table(table, run.path)
