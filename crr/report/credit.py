@@ -85,30 +85,30 @@ def audit_plot(path: Path, out: Path, records: list[dict], cfg: AuditConfig, nam
     data = metrics_frame(records, cfg)
     if data.empty:
         return plot
-    fig = Figure(figsize=(15, 3.8))
-    ax1, ax2, ax3, ax4 = fig.subplots(1, 4)
-    x = np.arange(len(data))
-    for off, col, label in ((-0.18, "pearson", "Pearson"), (0.18, "spearman", "Spearman")):
+    # one row per estimator, read across the four panels (horizontal bars stay legible with many variants)
+    y = np.arange(len(data))[::-1]
+    fig = Figure(figsize=(15, 1.4 + 0.32 * len(data)))
+    ax1, ax2, ax3, ax4 = fig.subplots(1, 4, sharey=True)
+    for off, col, label in ((0.18, "pearson", "Pearson"), (-0.18, "spearman", "Spearman")):
         v = data[col].to_numpy(float)
         err = np.array([v - data[f"{col}_lo"].to_numpy(float), data[f"{col}_hi"].to_numpy(float) - v])
-        ax1.bar(x + off, np.nan_to_num(v), 0.36, yerr=np.nan_to_num(err), capsize=3, label=label)
-    ax1.set(title="correlation with A* (95 % CI)", xticks=x)
-    ax1.set_xticklabels(data["estimator"], rotation=30, ha="right")
-    ax1.axhline(0, color="black", lw=0.5)
-    ax1.legend(fontsize=8)
-    ax2.bar(x, 100 * np.nan_to_num(data["sign_agreement"].to_numpy(float)))
-    ax2.set(title=f"sign agreement where A* != 0 ({int(data['n_significant'].max())} steps)", ylabel="%", xticks=x,
-            ylim=(0, 100))
-    ax2.set_xticklabels(data["estimator"], rotation=30, ha="right")
-    ax3.bar(x, data["bias2"], label="bias^2")
-    ax3.bar(x, data["variance"], bottom=data["bias2"], label="variance")
-    ax3.set(title="MSE against A*", xticks=x)
-    ax3.set_xticklabels(data["estimator"], rotation=30, ha="right")
-    ax3.legend(fontsize=8)
-    ax4.scatter(data["extra_env_steps_per_traj"], data["pearson"])
-    for r in data.itertuples():
-        ax4.annotate(r.estimator, (r.extra_env_steps_per_traj, r.pearson), fontsize=8)
-    ax4.set(title="Pearson r per unit of compute", xlabel="extra environment steps / trajectory", ylabel="Pearson r")
+        ax1.barh(y + off, np.nan_to_num(v), 0.36, xerr=np.nan_to_num(err), capsize=2, label=label)
+    if "grpo" in set(data["estimator"]):
+        ax1.axvline(float(data.set_index("estimator").loc["grpo", "pearson"]), color="gray", ls="--", lw=0.8,
+                    label="GRPO's Pearson")
+    ax1.axvline(0, color="black", lw=0.5)
+    ax1.set(title="correlation with A* (95 % CI)", yticks=y)
+    ax1.set_yticklabels(data["estimator"])
+    ax1.legend(fontsize=7, ncol=3, loc="upper left", bbox_to_anchor=(0.0, -0.1), frameon=False)   # below the bars
+    ax2.barh(y, 100 * np.nan_to_num(data["sign_agreement"].to_numpy(float)))
+    ax2.set(title=f"sign agreement where A* != 0 ({int(data['n_significant'].max())} steps)", xlabel="%",
+            xlim=(0, 100))
+    ax3.barh(y, data["bias2"], label="bias^2")
+    ax3.barh(y, data["variance"], left=data["bias2"], label="variance")
+    ax3.set(title="MSE against A*")
+    ax3.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(0.0, -0.1), frameon=False)
+    ax4.barh(y, data["extra_env_steps_per_traj"])
+    ax4.set(title="cost: extra environment steps / trajectory")
     fig.suptitle(f"{path.name}: M={cfg.continuations}, R={cfg.repeats}", fontsize=9)
     fig.tight_layout()
     plot.files = _save(fig, out, name)
