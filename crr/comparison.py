@@ -26,12 +26,16 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Step:
-    kind: str            # train | eval
-    arm: str
-    seed: int
+    kind: str            # train | eval (the starting model's, `base: true`)
+    arm: str             # "base" for the starting model's evaluations
+    seed: int | None     # None: the starting model
     status: str          # done | resume | todo
     command: str
     path: Path | None = None
+
+    def __str__(self) -> str:
+        who = self.arm if self.seed is None else f"{self.arm} seed {self.seed}"
+        return f"{who} [{self.status}] {self.command or self.path}"
 
 
 def ordered_arms(spec: Comparison) -> list[Arm]:
@@ -79,8 +83,17 @@ def _eval_runs(out: Path, arm: Arm, run: TrainRun) -> list[EvalRun]:
 
 def plan(spec: Comparison, out: Path, seeds: Sequence[int] | None = None,
          arms: Sequence[str] | None = None) -> list[Step]:
-    """The train steps and their state (evaluations follow each finished run)."""
+    """The steps and their state: the starting model's evaluations first (`base: true`), then the train runs (the
+    evaluations of each finished run follow it)."""
     steps = []
+    for ev in spec.base_evals:
+        found = base_found(out, ev)
+        done = next((e for e in found if e.complete), None)
+        what = f"{ev.dataset}{f' x{ev.samples}' if ev.samples > 1 else ''}"
+        command = ev.command(None, out=base_folder(out), model=spec.base_model)
+        steps.append(Step("eval", f"base {what}", None, "done", "", done.path) if done else
+                     Step("eval", f"base {what}", None, "resume" if found else "todo", command,
+                          found[-1].path if found else None))
     for arm, seed in schedule(spec, seeds, arms):
         runs = _train_runs(out, arm, seed)
         if runs and runs[-1].complete:

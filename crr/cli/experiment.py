@@ -27,23 +27,15 @@ def experiment_run(
 ) -> None:
     """Train every arm and seed of the spec (skipping finished runs, resuming interrupted ones), evaluate each
     final model and the checkpoints the spec names, then write `crr report` tables and figures to OUT/report."""
-    from crr.comparison import base_folder, base_found, plan, run_comparison
+    from crr.comparison import plan, run_comparison
     from crr.experiments import load_comparison
 
     comparison = load_comparison(spec)
     out = out or Path("results") / comparison.name
     if dry_run:
         console.print(f"[bold]{comparison.name}[/]: {len(comparison.arms)} arms -> {out}", highlight=False)
-        if comparison.base_evals:
-            console.print("first, the model the arms start from:", highlight=False)
-        for e in comparison.base_evals:
-            done = next((f.path for f in base_found(out, e) if f.complete), None)
-            console.print(f"  base {e.dataset}{f' x{e.samples}' if e.samples > 1 else ''} [done] {done}" if done else
-                          f"  {e.command(None, out=base_folder(out), model=comparison.base_model)}",
-                          highlight=False, soft_wrap=True, markup=False)
         for s in plan(comparison, out, seed, arm):
-            console.print(f"  {s.arm} seed {s.seed} [{s.status}] {s.command or s.path}", highlight=False,
-                          soft_wrap=True, markup=False)
+            console.print(f"  {s}", highlight=False, soft_wrap=True, markup=False)
         console.print("each finished run RUN of arm ARM is then evaluated:", highlight=False)
         for e in comparison.evals:
             at = ", ".join(f"{f:.0%}" for f in e.checkpoint_fractions)

@@ -475,8 +475,8 @@ def ablation_table(runs: Runs, factor: str) -> Table:
     needs = Needs(runs, spec)
     table = Table(f"ablation_{factor}", f"Ablation: {title}",
                   f"{title} varied alone from the CRR preset ('default' marks the preset's value). Pass@1 (%) of the final "
-                  "model [95 % Wilson interval] and mean training reward (%), means ± seed standard deviations; for k also forks per "
-                  "trajectory and the wall clock relative to the default.", missing=needs.missing)
+                  "model [95 % Wilson interval] and mean training reward (%), means ± seed standard deviations; for k and h also "
+                  "forks per trajectory and the wall clock relative to the default.", missing=needs.missing)
     if spec is None or "crr" not in spec.arms:
         table.notes.append(f"no {runs.scale}-ablations comparison spec with a `crr` arm")
         return table
@@ -509,7 +509,7 @@ def ablation_table(runs: Runs, factor: str) -> Table:
                             "Pass@1 (%)": [with_ci(pm(r.pass_at_1, r.std), (r.ci_low, r.ci_high))
                                            for r in data.itertuples()],
                             "Train reward (%)": [pm(r.train_reward, r.train_reward_std) for r in data.itertuples()]})
-    if factor == "k":
+    if factor in ("k", "horizon"):   # what they trade: forks, or a branch's length, against wall clock
         display["Forks / trajectory"] = [pm(x, digits=2) for x in data.forks_per_trajectory]
         display["Relative wall clock"] = [DASH if math.isnan(x) else f"{x:.2f}x" for x in data.relative_wall]
     table.display = display
