@@ -1,6 +1,6 @@
 """Benchmark for the report (not a timed test): what a pytest run costs in a local sandbox of a task without its own
 environment, with crr's installed pytest plugins autoloaded (as before) and without (the engine's default since
-stop 53): the verifier's eval script and the agent's run_tests command, alternating, median of --repeats each.
+2026-11-29): the verifier's eval script and the agent's run_tests command, alternating, median of --repeats each.
 
     .venv/bin/python scripts/pytest_cost.py [--repeats 6] [TASKS ...]     # default: nano-band multi-band
 """
