@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Step:
     kind: str            # train | eval (the starting model's, `base: true`)
-    arm: str             # "base" for the starting model's evaluations
+    arm: str             # "base <dataset>" for the starting model's evaluations
     seed: int | None     # None: the starting model
     status: str          # done | resume | todo
     command: str

@@ -399,9 +399,10 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
     tasks = load_tasks(cfg.tasks)[:cfg.n_tasks]
     if not tasks:
         raise CRRError(f"{cfg.tasks} holds no tasks")
-    done = {(r["task_index"], r["sibling"]) for r in audit_records(run.path)}
+    recorded = audit_records(run.path)
+    done = {(r["task_index"], r["sibling"]) for r in recorded}
     todo = [i for i in range(len(tasks)) if any((i, g) not in done for g in range(cfg.group_size))]
-    if not todo and not _lacking(cfg, run):   # a finished audit: no model to load
+    if not todo and not _lacking(cfg, recorded):   # a finished audit: no model to load
         _save_variants(cfg, run)
         return
     model_dir = cfg.model or str(default_policy_dir())
@@ -429,11 +430,12 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
                 run.log_metrics(info)
                 if on_task is not None:
                     on_task(n + 1, len(todo), info)
-            lacking = _lacking(cfg, run)
+            recorded = audit_records(run.path)
+            lacking = _lacking(cfg, recorded)
             for n, (i, missing) in enumerate(sorted(lacking.items())):
                 t0, before = time.perf_counter(), forks.rollouts
-                recorded = [r for r in audit_records(run.path) if r["task_index"] == i]
-                for added in added_variants(cfg, tasks[i], i, forks, recorded, sorted({v for _, v in missing})):
+                mine = [r for r in recorded if r["task_index"] == i]
+                for added in added_variants(cfg, tasks[i], i, forks, mine, sorted({v for _, v in missing})):
                     if (added["sibling"], added["variant"]) in missing:
                         run.append(VARIANTS, added)
                 info = {"event": "task", "task_index": i, "task_id": tasks[i].instance_id, "variants_added": True,
@@ -453,11 +455,11 @@ def _save_variants(cfg: AuditConfig, run: RunDir) -> None:
         run.write_text("config.yaml", yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
 
 
-def _lacking(cfg: AuditConfig, run: RunDir) -> dict[int, set[tuple[int, str]]]:
-    """task index -> the (sibling, variant) pairs of configured variants its records lack (variants added to a
+def _lacking(cfg: AuditConfig, records: list[dict]) -> dict[int, set[tuple[int, str]]]:
+    """task index -> the (sibling, variant) pairs of configured variants its `records` lack (variants added to a
     recorded audit)."""
     out: dict[int, set[tuple[int, str]]] = {}
-    for rec in audit_records(run.path):
+    for rec in records:
         for v in cfg.variants:
             if any(v not in d.get("variants", {}) for d in rec["draws"]):
                 out.setdefault(rec["task_index"], set()).add((rec["sibling"], v))
