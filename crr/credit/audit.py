@@ -419,17 +419,21 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
         pool = rollout_pool(engine, cfg.workers)
         try:
             forks = _Forks(run, backend, engine, tokenizer, episode, pool)
-            for n, i in enumerate(todo):
-                t0, before = time.perf_counter(), forks.rollouts
-                records = audit_task(cfg, tasks[i], i, forks)
-                for rec in records:
-                    if (i, rec["sibling"]) not in done:
-                        run.append(RECORDS, rec)
-                info = {"event": "task", "task_index": i, "task_id": tasks[i].instance_id,
+
+            def finished(n: int, total: int, i: int, t0: float, before: int, **extra) -> None:
+                """A task's metrics record and progress."""
+                info = {"event": "task", "task_index": i, "task_id": tasks[i].instance_id, **extra,
                         "wall_s": time.perf_counter() - t0, "rollouts": forks.rollouts - before}
                 run.log_metrics(info)
                 if on_task is not None:
-                    on_task(n + 1, len(todo), info)
+                    on_task(n + 1, total, info)
+
+            for n, i in enumerate(todo):
+                t0, before = time.perf_counter(), forks.rollouts
+                for rec in audit_task(cfg, tasks[i], i, forks):
+                    if (i, rec["sibling"]) not in done:
+                        run.append(RECORDS, rec)
+                finished(n, len(todo), i, t0, before)
             recorded = audit_records(run.path)
             lacking = _lacking(cfg, recorded)
             for n, (i, missing) in enumerate(sorted(lacking.items())):
@@ -438,11 +442,7 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
                 for added in added_variants(cfg, tasks[i], i, forks, mine, sorted({v for _, v in missing})):
                     if (added["sibling"], added["variant"]) in missing:
                         run.append(VARIANTS, added)
-                info = {"event": "task", "task_index": i, "task_id": tasks[i].instance_id, "variants_added": True,
-                        "wall_s": time.perf_counter() - t0, "rollouts": forks.rollouts - before}
-                run.log_metrics(info)
-                if on_task is not None:
-                    on_task(n + 1, len(lacking), info)
+                finished(n, len(lacking), i, t0, before, variants_added=True)
         finally:
             pool.close()
     _save_variants(cfg, run)
