@@ -44,6 +44,7 @@ from typing import Protocol, TypeVar
 from transformers import PreTrainedTokenizerBase
 
 from crr.agent.episode import Episode, EpisodeConfig, Trajectory
+from crr.agent.verdicts import Verdicts
 from crr.errors import CRRError
 from crr.policy.backend import GenerationBackend, StepSample, TransformersBackend
 from crr.policy.model import agent_record, load_policy
@@ -123,20 +124,22 @@ def sample_seed(seed: int, round_index: int) -> int:
 
 def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,
             config: RolloutConfig | None = None, *, run: RunDir | None = None, pool: WorkerPool | None = None,
-            on_trajectory: Callable[[Trajectory], None] | None = None, join: Join | None = None) -> RolloutResult:
+            on_trajectory: Callable[[Trajectory], None] | None = None, join: Join | None = None,
+            verdicts: Verdicts | None = None) -> RolloutResult:
     """Run G trajectories of every task; write each to `run` as it finishes; return them and a summary.
 
     The trajectories keep their snapshots (for `fork_at`) until `release()`; the engine and pool are the
     caller's (when none is given, `rollout_pool(engine, config.workers)` is made here and closed). `join`
     adds episodes to the rounds as they run (`drive`; the trainer's forks during the rollout): the result
-    holds the G trajectories per task only.
+    holds the G trajectories per task only. `verdicts` (crr.agent.verdicts): a run's verdicts by final state,
+    which spare the test run of an episode that ends where an earlier one ended.
     """
     config = config or RolloutConfig()
     tasks = list(tasks)
     if not tasks:
         raise CRRError("no tasks to roll out")
     ecfg = config.episode
-    episodes = [Episode(task, engine, tokenizer, ecfg, task_index=i, sibling=g, seed=config.seed)
+    episodes = [Episode(task, engine, tokenizer, ecfg, task_index=i, sibling=g, seed=config.seed, verdicts=verdicts)
                 for i, task in enumerate(tasks) for g in range(config.group_size)]
     # Reused prefixes change a row's numbers by rounding only, but a rollout's trajectories should be a
     # function of its seed and the weights alone, whatever the backend generated before.

@@ -10,7 +10,9 @@ Runs `crr train` for each method with the same seed and config into a temporary 
 ledgers: mean iteration wall_s and phase seconds per method, their ratio, the fork share fork_s / wall_s
 (snapshot, restore and materialisation) and the counterfactual share (fork_s + cf_rollout_s + cf_test_s) / wall_s;
 the seconds per on-policy trajectory (rollout_s / trajectories) and per branch ((fork_s + cf_rollout_s +
-cf_test_s) / forks: the forks the selector kept; the discarded live forks' seconds are in the numerator), and
+cf_test_s) / forks: the forks the selector kept, those a sibling played included (forks_reused); the discarded
+live forks' seconds are in the numerator), the test runs the verdicts by final state spared (verdicts_reused;
+reuse_verdicts=false reuse_played=false measure without either), and
 CRR/GRPO also without the learner update (the same rows in both: on a shared machine its seconds are the
 noisiest part).
 """
@@ -50,6 +52,9 @@ def main() -> None:
         total = sum(i["wall_s"] for i in its)
         result[arm] = {"iteration_wall_s": wall, "forks": sum(i["forks"] for i in its),
                        "forks_discarded": sum(i.get("forks_discarded", 0) for i in its),
+                       "forks_reused": sum(i.get("forks_reused", 0) for i in its),
+                       "verdicts_reused": sum(i.get("verdicts_reused", 0) for i in its),
+                       "trajectories": sum(i["trajectories"] for i in its),
                        **{k: sum(i[k] for i in its) / len(its) for k in PHASES},
                        "fork_share": sum(i["fork_s"] for i in its) / total,
                        "cf_share": sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its) / total,

@@ -246,3 +246,79 @@ def test_live_forks_start_in_the_rollout_and_keep_the_selectors_picks(backend, t
             assert not engine._sandboxes, "a sandbox outlived the failed round"
     finally:
         pool.close()
+
+
+def test_a_branch_a_sibling_played_takes_its_return_unplayed(backend, task, tmp_path):
+    """A branch whose a_t~ a sibling took in the same state (crr.train.counterfactual.played_by, reuse_played)
+    takes the sibling's trajectory and return, with no fork played. Every sibling starts in s_0; the
+    proposal round here returns another sibling's a_0 (the realised tokens), and the real one otherwise."""
+    ledger = Ledger(RunDir.create("train", "played", root=tmp_path), writer=False)
+    ledger.begin(0)
+    pool = ThreadWorkerPool(2)
+
+    class Proposing:   # the backend, its first call (the proposal round) answered with `sources`' a_0
+        def __init__(self, sources):
+            self.sources, self.calls = sources, 0
+
+        def generate(self, *args, **kwargs):
+            out = backend.generate(*args, **kwargs)
+            self.calls += 1
+            if self.calls == 1 and self.sources:
+                out = [dataclasses.replace(s, text=trajs[j].steps[0].action, action_ids=list(trajs[j].steps[0].action_ids))
+                       for s, j in zip(out, self.sources)]
+            return out
+
+        def __getattr__(self, name):
+            return getattr(backend, name)
+
+    try:
+        with get_engine("local") as engine:
+            result = rollout([task], backend, engine, backend.tokenizer,
+                             RolloutConfig(group_size=3, seed=5, workers=2, episode=CONFIG))
+            trajs = result.trajectories
+            rows = [i for i, t in enumerate(trajs) if t.reward is not None and not t.steps[0].terminal]
+            assert rows
+            picks = {i: [Selection(0, 0.0)] for i in rows}
+            sources = [(i + 1) % len(trajs) for i in rows]
+            args = {"cf_samples": 1, "engine": engine, "tokenizer": backend.tokenizer, "episode": CONFIG,
+                    "proposal": "on_policy", "cf_temperature": 1.0, "seed": 3, "horizon": None, "pool": pool,
+                    "ledger": ledger}
+            reused = run_branches(trajs, picks, backend=Proposing(sources), reuse_played=True, **args)
+            assert [b.played_by for b in reused] == sources and [b.traj for b in reused] == [trajs[j] for j in sources]
+            assert [b.reward for b in reused] == [trajs[j].reward for j in sources]
+            assert [b.tokens for b in reused] == [len(trajs[j].steps[0].action_ids) for j in sources]
+            assert not engine._sandboxes
+            # without reuse_played the same proposals are played
+            played = run_branches(trajs, picks, backend=Proposing(sources), **args)
+            assert all(b.played_by is None and b.traj is not trajs[j] and b.reward is not None
+                       for b, j in zip(played, sources))
+            # cut at h = 0 after a_t~: a sibling that went on past a_0 is not such a branch
+            cut = run_branches(trajs, picks, backend=Proposing(sources), reuse_played=True, **{**args, "horizon": 0})
+            assert [b.played_by for b in cut] == [j if len(trajs[j].steps) == 1 else None for j in sources]
+            result.release()
+    finally:
+        pool.close()
+
+
+def test_played_by_needs_the_same_state_and_action():
+    from crr.agent.episode import Step, Trajectory
+    from crr.train.counterfactual import played_by
+
+    def traj(actions, observations="oo", reward=1.0, end="submit", digest=None):
+        steps = [Step(t=t, action="", call=None, parse_error=None, observation=o, is_error=False, terminal=False,
+                      action_ids=list(a), observation_ids=[ord(o)], span=(0, 0), behaviour_logprobs=[],
+                      policy_logprobs=[], entropy=0.0, grammar_rejections=0, truncated=False, tool_type=None,
+                      temperature=1.0, sample_seed=None, context_matches=None, gen_s=0.0, exec_s=0.0, digest=digest)
+                 for t, (a, o) in enumerate(zip(actions, observations))]
+        return Trajectory("task", 0, 0, 0, [], [1, 2], steps, end_reason=end, reward=reward)
+
+    parent = traj([[1], [2]])
+    assert played_by([parent, traj([[1], [3]])], 0, 1, [3], None) == 1
+    assert played_by([parent, traj([[1], [3]])], 0, 1, [4], None) is None                # another action
+    assert played_by([parent, traj([[1], [3]], observations="xo")], 0, 1, [3], None) is None   # another state
+    assert played_by([parent, traj([[5], [3]])], 0, 1, [3], None) is None                # another prefix
+    assert played_by([parent, traj([[1], [3]], reward=None)], 0, 1, [3], None) is None   # no return
+    assert played_by([parent, traj([[1], [3]], end="time_limit")], 0, 1, [3], None) is None
+    assert played_by([parent, traj([[1], [3]], digest="d")], 0, 1, [3], None) is None    # other tree digests
+    assert played_by([parent, traj([[3], [4]])], 0, 0, [3], 0) is None                  # went on past h = 0
+    assert played_by([parent, traj([[3], [4]])], 0, 0, [3], 1) == 1

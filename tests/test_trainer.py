@@ -169,3 +169,19 @@ def test_an_estimator_outside_crr_trains_and_gets_the_state_keys(ran_tasks_file,
     it = next(r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "iteration")
     assert it["gigpo_groups"] >= 1 and 0 < it["gigpo_steps_grouped"] <= 1 and it["adv_mean"] == pytest.approx(
         np.mean([r.reward - 0.25 for r in rows for _ in r.spans]))
+
+
+def test_verdicts_reused_by_final_state_change_no_reward(ran_tasks_file, tmp_path):
+    # the same seed with and without the memo of verdicts (crr.agent.verdicts): the same trajectories and
+    # rewards, and the memo spared test runs (ledger verdicts_reused; mc-values continues from every state)
+    from crr.train.records import read_records
+
+    seen = {}
+    for reuse in ("true", "false"):
+        _, run = run_train(["--method", "mc-values", "--out", str(tmp_path / reuse), "--max-updates", "1",
+                            f"tasks={ran_tasks_file}", *SMALL, "cf_samples=2", f"reuse_verdicts={reuse}"], tmp_path / reuse)
+        records = read_records(run)
+        seen[reuse] = ([(r["kind"], r.get("t"), r["reward"], r.get("model_patch"), [s.get("call") for s in r["steps"]])
+                        for r in records], json.loads((run / "ledger.json").read_text())["cumulative"])
+    assert seen["true"][0] == seen["false"][0] and len(seen["true"][0]) > 3
+    assert seen["true"][1]["verdicts_reused"] > 0 and seen["false"][1]["verdicts_reused"] == 0

@@ -62,6 +62,7 @@ from crr.agent.tools import (
     tool_type_score,
     truncate,
 )
+from crr.agent.verdicts import Verdicts
 from crr.agent.verifier import VERIFY_TIMEOUT_S, verify
 from crr.errors import CRRError, SandboxError
 from crr.policy.backend import StepSample
@@ -208,8 +209,9 @@ class Episode:
     it. Each method runs in a worker thread."""
 
     def __init__(self, task: Task, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase, config: EpisodeConfig,
-                 *, task_index: int = 0, sibling: int = 0, seed: int = 0):
+                 *, task_index: int = 0, sibling: int = 0, seed: int = 0, verdicts: Verdicts | None = None):
         self.task, self.engine, self.tokenizer, self.config = task, engine, tokenizer, config
+        self.verdicts = verdicts   # the run's verdicts by final state (crr.agent.verdicts); None: always test
         self.traj = Trajectory(task.instance_id, task_index, sibling, seed, [], [], task=task, engine=engine,
                                agent_format=config.agent_format)
         self.format = agent_format(config.agent_format)
@@ -223,12 +225,13 @@ class Episode:
 
     @classmethod
     def fork(cls, traj: Trajectory, t: int, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,
-             config: EpisodeConfig) -> Episode:
+             config: EpisodeConfig, verdicts: Verdicts | None = None) -> Episode:
         """An episode standing at s_t of `traj` (a counterfactual branch before its a_t): its trajectory holds the
         prefix a_0..a_{t-1} (so the turn cap H counts from s_0), its conversation is the one before a_t and its
         sandbox a fork of s_t (`fork_at`). A failed fork is an infrastructure failure of this episode (it is
         done, with no sandbox), not a return of 0."""
-        ep = cls(traj.task, engine, tokenizer, config, task_index=traj.task_index, sibling=traj.sibling, seed=traj.seed)
+        ep = cls(traj.task, engine, tokenizer, config, task_index=traj.task_index, sibling=traj.sibling, seed=traj.seed,
+                 verdicts=verdicts)
         ep.traj.messages, ep.traj.prompt_ids = traj.messages, traj.prompt_ids
         ep.traj.steps = list(traj.steps[:t])
         ep.conversation = traj.conversation(tokenizer, t)
@@ -319,7 +322,8 @@ class Episode:
         if traj.end_reason is None:
             raise CRRError("finish() called on an episode that is still running")
         if traj.infra_error is None:
-            result = verify(self.sandbox, self.task, timeout=self.config.verify_timeout_s)
+            result = (verify(self.sandbox, self.task, timeout=self.config.verify_timeout_s) if self.verdicts is None
+                      else self.verdicts.verify(self.sandbox, self.task, traj.steps, self.config.verify_timeout_s))
             traj.reward, traj.infra_error = result.reward, result.infra_error
             traj.resolution, traj.verifier_note, traj.model_patch = result.resolution, result.note, result.model_patch
             traj.test_report, traj.harness_files = result.report, result.harness_files

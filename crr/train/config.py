@@ -78,6 +78,8 @@ class CRRConfig(GRPOConfig):
     max_new_tokens: int = 512
     rollout_temperature: float = 0.6           # sampling; TRL's `temperature` stays 1 (the loss is on pi_theta)
     episode_time_limit_s: float = 3600.0
+    reuse_verdicts: bool = True                # an episode ending in a state an earlier one of the run ended in
+    #                                            takes its verdict instead of a test run (crr.agent.verdicts)
     agent_format: str | None = None            # crr.agent.prompt.FORMATS; None: the model's recorded one, else "paper"
     backend: str = "transformers"              # generation: transformers | vllm (in-process vLLM) | vllm-server
     #                                            (a vLLM server, TRL's vllm_mode="server"; CUDA); vLLM's weights
@@ -97,6 +99,9 @@ class CRRConfig(GRPOConfig):
     lambda_type: float = 0.6
     horizon: int | None = None                 # counterfactual horizon h in steps; None: to the end
     zero_contrast: bool = False                # control: selected steps get A = 0, no forks
+    reuse_played: bool = True                  # a fork whose a_t~ a sibling took in the same state takes the
+    #                                            sibling's return, unplayed (crr.train.counterfactual.played_by;
+    #                                            not for a method that swaps sequences: a duplicate row)
     forks_during_rollout: bool = False         # true: a fork starts in the round after its step is realised, its
     #                                            branch decoding in the rollout's rounds (crr.train.counterfactual.LiveForks;
     #                                            not with a selector outside PREFIX_SELECTORS or replay noise); no

@@ -27,6 +27,15 @@ cf_rollout_s (during the rollout: the branches' share of each round's rows), the
 the proposals to fork_s (plus the fork-cost surcharge of their measured seconds), the verifier's seconds
 beyond the generation to cf_test_s.
 
+A branch whose alternative action a sibling already took in the same state is not played (`played_by`; the
+trainer's `reuse_played`): the sibling stood where the branch would stand after a_t~ and went on with the same
+policy, so its return is a draw of the branch's return, and the fork, its continuation and its test run are
+spared. Same state: the same task, prompt and recorded tokens of every earlier action and observation (and
+the same tree digests where recorded), which fix the sandbox as verified replay assumes (deterministic tools);
+the sibling must have ended on its own (not at the wall-clock limit) within the branch's horizon. The branch
+then holds the sibling's trajectory and index (`Branch.played_by`). Not with replay noise (a branch reads
+resampled outputs, the sibling did not) or forks during the rollout (the siblings are still running).
+
 `continuations` is the same machinery for Monte-Carlo values (VinePPO, arXiv 2410.01679): K on-policy
 continuations from a fork of every non-terminal s_t of every scored trajectory, their first action drawn
 from pi at the rollout temperature (the `on_policy` proposal) instead of from an alternative-action
@@ -44,6 +53,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from crr.agent.episode import Episode, EpisodeConfig, Trajectory
+from crr.agent.verdicts import Verdicts
 from crr.errors import CRRError
 from crr.policy.backend import GenerationBackend, StepSample
 from crr.sandbox.base import ForkEngine
@@ -65,6 +75,7 @@ class Branch:
     sample: StepSample | None        # the counterfactual action; None: the proposal skipped this index
     traj: Trajectory | None = None   # prefix + branch; None when skipped or the fork failed
     error: str | None = None
+    played_by: int | None = None     # the sibling (row) that took a_t~ in the same state: traj is its trajectory
 
     @property
     def reward(self) -> float | None:
@@ -72,10 +83,12 @@ class Branch:
 
     @property
     def tokens(self) -> int:
-        """The tokens it generated: a_t~ and its on-policy suffix."""
+        """The tokens it generated: a_t~ and its on-policy suffix (a_t~ only where a sibling played it)."""
         if self.sample is None:
             return 0
-        return len(self.sample.action_ids) if self.traj is None else sum(len(s.action_ids) for s in self.traj.steps[self.t:])
+        if self.traj is None or self.played_by is not None:
+            return len(self.sample.action_ids)
+        return sum(len(s.action_ids) for s in self.traj.steps[self.t:])
 
 
 @dataclass
@@ -91,14 +104,32 @@ class Launch:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
+def played_by(trajs: list[Trajectory], row: int, t: int, action_ids: list[int], horizon: int | None) -> int | None:
+    """The first sibling of trajs[row] that stood in its state s_t and took `action_ids` there, with a return
+    that is a draw of such a branch's (module doc), or None."""
+    parent = trajs[row]
+    for j, other in enumerate(trajs):
+        if (j == row or other.task_id != parent.task_id or other.reward is None or len(other.steps) <= t
+                or other.end_reason == "time_limit" or (horizon is not None and len(other.steps) > t + 1 + horizon)
+                or other.prompt_ids != parent.prompt_ids or other.steps[t].action_ids != list(action_ids)):
+            continue
+        if all((a.action_ids, a.observation_ids, a.digest) == (b.action_ids, b.observation_ids, b.digest)
+               for a, b in zip(other.steps[:t], parent.steps[:t])):
+            return j
+    return None
+
+
 def start_branches(branches: list[Branch], parents: list[Trajectory], *, propose: Callable, backend: GenerationBackend,
                    engine: ForkEngine, tokenizer: PreTrainedTokenizerBase, config: EpisodeConfig, cf_temperature: float,
                    horizon: int | None, seed: int, pool: WorkerPool, noise: RerunOutputs | None = None,
+                   verdicts: Verdicts | None = None, siblings: list[Trajectory] | None = None,
                    ) -> tuple[dict[int, Episode], Launch]:
     """Branch i forked at s_t of parents[i] with its proposal a_t~ played: the proposal round, with every s_t
     restored in the worker pool while the proposals are generated (they need no sandbox; a branch whose
     proposal is skipped loses its restore, which is rare: the policy always picked a_t). Sets each branch's
-    sample (None: skipped) and error (a failed fork); returns the episodes of the others by branch index."""
+    sample (None: skipped) and error (a failed fork), and, given the rows' `siblings` (branch.row indexes
+    them), the trajectory of a branch a sibling played (`played_by`); returns the episodes of the others by
+    branch index."""
     episodes: dict[int, Episode] = {}
     times = Launch()
 
@@ -106,7 +137,7 @@ def start_branches(branches: list[Branch], parents: list[Trajectory], *, propose
         b = branches[i]
         # the horizon h shortens a branch's turn cap to h steps after a_t
         cap = config if horizon is None else dataclasses.replace(config, max_turns=min(config.max_turns, b.t + 1 + horizon))
-        episodes[i] = Episode.fork(parents[i], b.t, engine, tokenizer, cap)
+        episodes[i] = Episode.fork(parents[i], b.t, engine, tokenizer, cap, verdicts)
         if noise is not None:
             episodes[i].observe = noise.for_branch(parents[i].task_id, (b.row, b.t, b.k_index))
 
@@ -123,6 +154,9 @@ def start_branches(branches: list[Branch], parents: list[Trajectory], *, propose
         for i, (b, s) in enumerate(zip(branches, samples)):
             b.sample = s
             if s is None:
+                close([episodes.pop(i)])
+            elif siblings is not None and (j := played_by(siblings, b.row, b.t, s.action_ids, horizon)) is not None:
+                b.played_by, b.traj = j, siblings[j]
                 close([episodes.pop(i)])
             elif episodes[i].sandbox is None:
                 b.error = episodes.pop(i).traj.infra_error
@@ -145,9 +179,11 @@ def close(episodes: Iterable[Episode]) -> None:
 def run_branches(trajs: list[Trajectory], picks: dict[int, list[Selection]], *, cf_samples: int,
                  backend: GenerationBackend, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,
                  episode: EpisodeConfig, proposal: str, cf_temperature: float, seed: int, horizon: int | None,
-                 pool: WorkerPool, ledger: Ledger, noise: RerunOutputs | None = None) -> list[Branch]:
+                 pool: WorkerPool, ledger: Ledger, noise: RerunOutputs | None = None,
+                 verdicts: Verdicts | None = None, reuse_played: bool = False) -> list[Branch]:
     """The branches of every pick after the rollout: started together (`start_branches`), then driven to
-    their ends in rounds of their own."""
+    their ends in rounds of their own; with `reuse_played` (not with replay noise) a branch that a sibling
+    played takes its trajectory (`played_by`)."""
     branches = [Branch(row, sel.t, k, sel, None) for row in sorted(picks) for sel in picks[row]
                 for k in range(cf_samples)]
     if not branches:
@@ -157,7 +193,8 @@ def run_branches(trajs: list[Trajectory], picks: dict[int, list[Selection]], *, 
         episodes, times = start_branches(branches, [trajs[b.row] for b in branches], propose=get_proposal(proposal),
                                          backend=backend, engine=engine, tokenizer=tokenizer, config=config,
                                          cf_temperature=cf_temperature, horizon=horizon, seed=sample_seed(seed, 0),
-                                         pool=pool, noise=noise)
+                                         pool=pool, noise=noise, verdicts=verdicts,
+                                         siblings=trajs if reuse_played and noise is None else None)
     ledger.move(times.wait_s, "cf_rollout_s", "fork_s")   # what the restores add to the wall clock
     ledger.charge_fork_cost(times.restore_s + sum((s.snapshot_ms or 0.0) / 1e3 for t in trajs for s in t.steps))
     playing = sorted(episodes)   # the branches on policy from a_t~ on, in branch order
@@ -184,11 +221,13 @@ def continuation_points(trajs: list[Trajectory]) -> dict[int, list[Selection]]:
 
 def continuations(trajs: list[Trajectory], *, samples: int, backend: GenerationBackend, engine: ForkEngine,
                   tokenizer: PreTrainedTokenizerBase, episode: EpisodeConfig, seed: int, pool: WorkerPool,
-                  ledger: Ledger, noise: RerunOutputs | None = None) -> list[Branch]:
+                  ledger: Ledger, noise: RerunOutputs | None = None, verdicts: Verdicts | None = None,
+                  reuse_played: bool = False) -> list[Branch]:
     """`samples` on-policy continuations from every non-terminal state of every scored trajectory."""
     return run_branches(trajs, continuation_points(trajs), cf_samples=samples, backend=backend, engine=engine,
                         tokenizer=tokenizer, episode=episode, proposal="on_policy", cf_temperature=episode.temperature,
-                        seed=seed, horizon=None, pool=pool, ledger=ledger, noise=noise)
+                        seed=seed, horizon=None, pool=pool, ledger=ledger, noise=noise, verdicts=verdicts,
+                        reuse_played=reuse_played)
 
 
 class LiveForks:
@@ -211,12 +250,14 @@ class LiveForks:
 
     def __init__(self, *, forks: str, selector: str, params: SelectorParams, cf_samples: int, proposal: str,
                  cf_temperature: float, horizon: int | None, backend: GenerationBackend, engine: ForkEngine,
-                 tokenizer: PreTrainedTokenizerBase, episode: EpisodeConfig, seed: int, pool: WorkerPool):
+                 tokenizer: PreTrainedTokenizerBase, episode: EpisodeConfig, seed: int, pool: WorkerPool,
+                 verdicts: Verdicts | None = None):
         self.forks, self.selector, self.params, self.cf_samples = forks, selector, params, cf_samples
         self.propose = get_proposal("on_policy" if forks == "continuation" else proposal)
         self.cf_temperature = episode.temperature if forks == "continuation" else cf_temperature
         self.horizon = None if forks == "continuation" else horizon
         self.backend, self.engine, self.tokenizer, self.pool, self.seed = backend, engine, tokenizer, pool, seed
+        self.verdicts = verdicts
         self.config = dataclasses.replace(episode, snapshots=False, digests=False)
         self.launched: dict[tuple[int, int], list[Branch]] = {}   # (row, t) -> its K branches
         self.episodes: dict[int, tuple[Branch, Episode]] = {}     # id(episode) -> its branch
@@ -255,7 +296,8 @@ class LiveForks:
         episodes, times = start_branches(branches, [p for _, p in new], propose=self.propose, backend=self.backend,
                                          engine=self.engine, tokenizer=self.tokenizer, config=self.config,
                                          cf_temperature=self.cf_temperature, horizon=self.horizon,
-                                         seed=sample_seed(self.seed, self.rounds), pool=self.pool)
+                                         seed=sample_seed(self.seed, self.rounds), pool=self.pool,
+                                         verdicts=self.verdicts)
         self.times.add(times)
         for i, e in episodes.items():
             self.episodes[id(e)] = (branches[i], e)

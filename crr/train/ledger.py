@@ -17,9 +17,13 @@ iteration in `metrics.jsonl`:
   wall clock, which also holds what no phase claims), on-policy trajectories, updates, generated tokens
   on-policy and all (with counterfactual suffixes), effective tokens (loss-masked on-policy action tokens
   of the rows trained on), forks, forks_discarded (forks started during the rollout whose step the selector
-  did not pick in the end: crr.train.counterfactual.LiveForks; their tokens are in generated_tokens_all), and
+  did not pick in the end: crr.train.counterfactual.LiveForks; their tokens are in generated_tokens_all),
+  forks_reused (forks, counted in `forks`, whose alternative action a sibling had taken in the same state: the
+  sibling's return is theirs and nothing was played, crr.train.counterfactual.played_by),
   harness_tampered (on-policy trajectories the verifier's harness audit
-  scored 0 for changing the test harness: crr.agent.verifier.audit).
+  scored 0 for changing the test harness: crr.agent.verifier.audit), and verdicts_reused (episodes, on-policy
+  or forked, that ended in a state an earlier episode of the run ended in and took its verdict instead of a
+  test run: crr.agent.verdicts).
 
 On resume the ledger is cut back to the iterations the checkpoint holds (`truncate`).
 
@@ -45,7 +49,7 @@ log = logging.getLogger(__name__)
 LEDGER_FILE = "ledger.json"
 PHASES = ("rollout_s", "fork_s", "cf_rollout_s", "cf_test_s", "update_s")
 COUNTS = ("trajectories", "updates", "generated_tokens_on_policy", "generated_tokens_all", "effective_tokens", "forks",
-          "forks_discarded", "harness_tampered")
+          "forks_discarded", "forks_reused", "harness_tampered", "verdicts_reused")
 
 
 class Ledger:

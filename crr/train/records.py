@@ -68,7 +68,7 @@ def collect(trajs: list[Trajectory], branches: list[Branch], rows: dict, picks: 
                     "proposal": None if b.sample is None else b.sample.text,
                     "proposal_logprob": None if b.sample is None else b.sample.proposal_logprob,
                     "steps": steps, "reward": b.reward, "end_reason": None if b.traj is None else b.traj.end_reason,
-                    "infra_error": b.error if b.traj is None else b.traj.infra_error})
+                    "infra_error": b.error if b.traj is None else b.traj.infra_error, "played_by": b.played_by})
     return {"rows": len(trajs), "records": out}
 
 

@@ -61,6 +61,7 @@ from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
 from crr.agent.episode import EpisodeConfig, Trajectory
+from crr.agent.verdicts import Verdicts
 from crr.errors import CRRError
 from crr.policy import SERVER_BACKEND
 from crr.policy.backend import TransformersBackend
@@ -128,6 +129,7 @@ class CRRTrainer(GRPOTrainer):
         self.cfg, self.run, self.engine, self.tasks = cfg, run, engine, {t.instance_id: t for t in tasks}
         self.ledger = Ledger(run, cfg.fork_cost_multiplier, writer=is_main())
         self.pool = rollout_pool(engine, cfg.workers)  # rollouts and forks; unset: a Ray engine's slots
+        self.verdicts = Verdicts() if cfg.reuse_verdicts else None   # the run's verdicts by final state
         self.episode = EpisodeConfig(max_turns=cfg.max_turns, temperature=cfg.rollout_temperature,
                                      max_new_tokens=cfg.max_new_tokens, time_limit_s=cfg.episode_time_limit_s,
                                      snapshots=cfg.forks is not None, digests=cfg.state_keys,
@@ -155,11 +157,14 @@ class CRRTrainer(GRPOTrainer):
         _generate_and_score_completions and TRL's optimizer step."""
         step, seed, tasks, offset = self._batch(prompts)
         self.ledger.begin(step)
+        reused = self.verdicts.reused if self.verdicts is not None else 0
         with self._generating():
             result = self._sample(tasks, seed, step)                            # G on-policy trajectories per task
             trajs = result.trajectories
             picks = self._select(trajs, seed) if self.cfg.row.selects else {}  # the steps to fork
             branches = self._branch(trajs, picks, seed)                         # K branches from each
+        if self.verdicts is not None:
+            self.ledger.add("verdicts_reused", self.verdicts.reused - reused)
         out = self._rows(trajs, picks, branches, offset)                        # TRL's rows, credit records
         self._keep(step, offset, result, picks, branches, out)
         self._update_start = time.perf_counter()
@@ -206,7 +211,7 @@ class CRRTrainer(GRPOTrainer):
             result = rollout(tasks, self.backend, self.engine, self.processing_class,
                              RolloutConfig(group_size=self.num_generations, seed=seed, workers=cfg.workers,
                                            episode=self.episode), pool=self.pool,
-                             join=None if self.live is None else self.live.join)
+                             join=None if self.live is None else self.live.join, verdicts=self.verdicts)
         snapshot_s = sum((s.snapshot_ms or 0.0) for t in result.trajectories for s in t.steps) / 1e3
         self.ledger.move(snapshot_s, "rollout_s", "fork_s")
         if self.live is not None:
@@ -217,7 +222,7 @@ class CRRTrainer(GRPOTrainer):
         """What every fork of an iteration runs on; seed + 1 (and + 2, replay noise) are offsets, kept for the
         committed runs' draws (crr.seeds says why)."""
         return {"backend": self.backend, "engine": self.engine, "tokenizer": self.processing_class,
-                "episode": self.episode, "seed": seed + 1, "pool": self.pool}
+                "episode": self.episode, "seed": seed + 1, "pool": self.pool, "verdicts": self.verdicts}
 
     def _branch(self, trajs: list[Trajectory], picks: dict, seed: int) -> list[Branch]:
         """Algorithm 1, lines 5-9, the method's forks: K counterfactual branches of every picked step, or K
@@ -228,7 +233,8 @@ class CRRTrainer(GRPOTrainer):
             return self.live.branches(continuation_points(trajs) if cfg.forks == "continuation" else picks)
         # injected replay noise rho draws from this iteration's realised outputs (none to gather at rho = 0)
         noise = RerunOutputs(trajs, cfg.replay_noise, seed + 2) if cfg.replay_noise else None
-        forking = {**self._forking(seed), "ledger": self.ledger, "noise": noise}
+        forking = {**self._forking(seed), "ledger": self.ledger, "noise": noise,
+                   "reuse_played": cfg.reuse_played and not cfg.row.swaps}
         if cfg.forks == "counterfactual":
             return run_branches(trajs, picks, cf_samples=cfg.cf_samples, proposal=cfg.proposal,
                                 cf_temperature=cfg.cf_temperature, horizon=cfg.horizon, **forking)
@@ -360,6 +366,7 @@ class CRRTrainer(GRPOTrainer):
         led.add("effective_tokens", sum(t.generated_tokens for t in trajs if t.reward is not None))
         led.add("forks", sum(b.sample is not None for b in branches))
         led.add("forks_discarded", sum(b.sample is not None for b in discarded))
+        led.add("forks_reused", sum(b.played_by is not None for b in branches))
         led.add("harness_tampered", sum(bool(t.harness_files) for t in trajs))
         mine = {"trajs": [(t.task_id, t.reward, len(t.steps)) for t in trajs],
                 "picks": [len(v) for v in picks.values()],
