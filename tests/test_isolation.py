@@ -194,9 +194,10 @@ def test_docker_writes_outside_tmp_and_testbed_are_capped(host, mode):
             res = sb.exec(WRITER.format(where=where, n=3 * cap * 32), timeout=120)
             assert "No space left on device" in res.output and len(res.output) < 1000, res.output
             held = int(sb.exec(f"du -sm {where}").output.split()[0])
-            # commit: the watch overshoots by what is written between two walks of the layer, up to about 2x with
-            # small files on a loaded machine (docs/sandboxes.md); overlay: a hard tmpfs cap
-            assert cap * 0.8 <= held <= cap * (2 if mode == "commit" else 1), f"{mode}: {held} MB held"
+            # commit: the watch overshoots by what is written between two walks of the layer, a little over 2x with
+            # small files on a loaded machine (docs/sandboxes.md: 137 MB at a 64 MB cap; the suite on two workers saw
+            # 68 MB here); overlay: a hard tmpfs cap
+            assert cap * 0.8 <= held <= cap * (2.5 if mode == "commit" else 1), f"{mode}: {held} MB held"
             if mode == "commit":  # still over the cap: a write fails as on a full disk, and says so
                 res = sb.exec("echo more > /opt/more")
                 assert "File too large" in res.output and "No space left on device" in res.output, res.output

@@ -250,8 +250,8 @@ def test_live_forks_start_in_the_rollout_and_keep_the_selectors_picks(backend, t
 
 def test_a_branch_a_sibling_played_takes_its_return_unplayed(backend, task, tmp_path):
     """A branch whose a_t~ a sibling took in the same state (crr.train.counterfactual.played_by, reuse_played)
-    takes the sibling's trajectory and return, with no fork played. Every sibling starts in s_0; the
-    proposal round here returns another sibling's a_0 (the realised tokens), and the real one otherwise."""
+    takes the sibling's trajectory and return, with no fork played; a sibling stands for one branch at most. Every
+    sibling starts in s_0; the proposal round here returns another sibling's a_0 (its realised tokens)."""
     ledger = Ledger(RunDir.create("train", "played", root=tmp_path), writer=False)
     ledger.begin(0)
     pool = ThreadWorkerPool(2)
@@ -292,6 +292,17 @@ def test_a_branch_a_sibling_played_takes_its_return_unplayed(backend, task, tmp_
             played = run_branches(trajs, picks, backend=Proposing(sources), **args)
             assert all(b.played_by is None and b.traj is not trajs[j] and b.reward is not None
                        for b, j in zip(played, sources))
+            # K = 3 drawing one sibling's action thrice: a sibling stands for one branch (of two siblings at most)
+            twice = run_branches(trajs, picks, backend=Proposing([j for j in sources for _ in range(3)]), reuse_played=True,
+                                 **{**args, "cf_samples": 3})
+            taken, expected = set(), []
+            for i, j in zip(rows, sources):
+                for _ in range(3):   # the first free sibling that took the proposed a_0, else played
+                    free = [m for m, other in enumerate(trajs) if m != i and m not in taken and other.reward is not None
+                            and other.steps[0].action_ids == trajs[j].steps[0].action_ids]
+                    expected.append(free[0] if free else None)
+                    taken.update(free[:1])
+            assert [b.played_by for b in twice] == expected and None in expected
             # cut at h = 0 after a_t~: a sibling that went on past a_0 is not such a branch
             cut = run_branches(trajs, picks, backend=Proposing(sources), reuse_played=True, **{**args, "horizon": 0})
             assert [b.played_by for b in cut] == [j if len(trajs[j].steps) == 1 else None for j in sources]
@@ -322,3 +333,4 @@ def test_played_by_needs_the_same_state_and_action():
     assert played_by([parent, traj([[1], [3]], digest="d")], 0, 1, [3], None) is None    # other tree digests
     assert played_by([parent, traj([[3], [4]])], 0, 0, [3], 0) is None                  # went on past h = 0
     assert played_by([parent, traj([[3], [4]])], 0, 0, [3], 1) == 1
+    assert played_by([parent, traj([[1], [3]])], 0, 1, [3], None, taken={1}) is None     # it stands for another

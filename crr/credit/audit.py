@@ -232,12 +232,17 @@ class _Forks:
     batched generation per round, the tool calls in the worker pool) and counts their cost."""
 
     def __init__(self, run: RunDir, backend, engine, tokenizer, episode, pool):
+        from crr.agent.verdicts import Verdicts
+
         self.run, self.backend, self.engine, self.tokenizer, self.episode, self.pool = (
             run, backend, engine, tokenizer, episode, pool)
         self.rollouts = 0   # trajectories and branches played
+        # the oracle's verdicts by final state (crr.agent.verdicts): its M continuations of a state often end
+        # alike; the estimators' draws test every branch, so their costs are what a run without the memo pays
+        self.oracle_verdicts = Verdicts()
 
     def play(self, trajs, picks: dict, samples: int, proposal: str, temperature: float, seed: int,
-             horizon: int | None = None):
+             horizon: int | None = None, verdicts=None):
         """The branches (crr.train.counterfactual.Branch), their environment steps per row, and seconds."""
         from crr.train.counterfactual import run_branches
         from crr.train.ledger import Ledger
@@ -247,7 +252,8 @@ class _Forks:
         start = time.perf_counter()
         branches = run_branches(trajs, picks, cf_samples=samples, backend=self.backend, engine=self.engine,
                                 tokenizer=self.tokenizer, episode=self.episode, proposal=proposal,
-                                cf_temperature=temperature, seed=seed, horizon=horizon, pool=self.pool, ledger=ledger)
+                                cf_temperature=temperature, seed=seed, horizon=horizon, pool=self.pool, ledger=ledger,
+                                verdicts=verdicts)
         seconds = time.perf_counter() - start
         self.rollouts += sum(b.sample is not None for b in branches)
         steps = [0] * len(trajs)
@@ -321,7 +327,7 @@ def audit_task(cfg: AuditConfig, task, task_index: int, forks: _Forks) -> list[d
         scored = [i for i, t in enumerate(trajs) if t.reward is not None]
         every = {i: [Selection(t, 0.0) for t in range(len(trajs[i].steps))] for i in scored}
         oracle, oracle_steps, oracle_s = forks.play(trajs, every, cfg.continuations, "on_policy", cfg.temperature,
-                                                    derive_seed(cfg.seed, task_index, 1))
+                                                    derive_seed(cfg.seed, task_index, 1), verdicts=forks.oracle_verdicts)
         cont = _returns(oracle, trajs)
         truth = {i: values([cont[i].get(t, []) for t in range(len(trajs[i].steps))], trajs[i].reward)
                  for i in scored}
@@ -423,7 +429,8 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
             def finished(n: int, total: int, i: int, t0: float, before: int, **extra) -> None:
                 """A task's metrics record and progress."""
                 info = {"event": "task", "task_index": i, "task_id": tasks[i].instance_id, **extra,
-                        "wall_s": time.perf_counter() - t0, "rollouts": forks.rollouts - before}
+                        "wall_s": time.perf_counter() - t0, "rollouts": forks.rollouts - before,
+                        "oracle_verdicts_reused": forks.oracle_verdicts.reused}   # so far, all tasks
                 run.log_metrics(info)
                 if on_task is not None:
                     on_task(n + 1, total, info)

@@ -33,7 +33,8 @@ policy, so its return is a draw of the branch's return, and the fork, its contin
 spared. Same state: the same task, prompt and recorded tokens of every earlier action and observation (and
 the same tree digests where recorded), which fix the sandbox as verified replay assumes (deterministic tools);
 the sibling must have ended on its own (not at the wall-clock limit) within the branch's horizon. The branch
-then holds the sibling's trajectory and index (`Branch.played_by`). Not with replay noise (a branch reads
+then holds the sibling's trajectory and index (`Branch.played_by`). A sibling stands for one branch of a batch at
+most, so that two branches (K >= 2, or two rows forked in one state) never share one draw. Not with replay noise (a branch reads
 resampled outputs, the sibling did not) or forks during the rollout (the siblings are still running).
 
 `continuations` is the same machinery for Monte-Carlo values (VinePPO, arXiv 2410.01679): K on-policy
@@ -104,12 +105,13 @@ class Launch:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
-def played_by(trajs: list[Trajectory], row: int, t: int, action_ids: list[int], horizon: int | None) -> int | None:
-    """The first sibling of trajs[row] that stood in its state s_t and took `action_ids` there, with a return
-    that is a draw of such a branch's (module doc), or None."""
+def played_by(trajs: list[Trajectory], row: int, t: int, action_ids: list[int], horizon: int | None,
+              taken: set[int] = frozenset()) -> int | None:
+    """The first sibling of trajs[row], outside `taken`, that stood in its state s_t and took `action_ids` there,
+    with a return that is a draw of such a branch's (module doc), or None."""
     parent = trajs[row]
     for j, other in enumerate(trajs):
-        if (j == row or other.task_id != parent.task_id or other.reward is None or len(other.steps) <= t
+        if (j == row or j in taken or other.task_id != parent.task_id or other.reward is None or len(other.steps) <= t
                 or other.end_reason == "time_limit" or (horizon is not None and len(other.steps) > t + 1 + horizon)
                 or other.prompt_ids != parent.prompt_ids or other.steps[t].action_ids != list(action_ids)):
             continue
@@ -132,6 +134,7 @@ def start_branches(branches: list[Branch], parents: list[Trajectory], *, propose
     branch index."""
     episodes: dict[int, Episode] = {}
     times = Launch()
+    taken: set[int] = set()   # siblings already standing for a branch: each stands for one, so draws stay independent
 
     def fork(i: int) -> None:
         b = branches[i]
@@ -155,8 +158,9 @@ def start_branches(branches: list[Branch], parents: list[Trajectory], *, propose
             b.sample = s
             if s is None:
                 close([episodes.pop(i)])
-            elif siblings is not None and (j := played_by(siblings, b.row, b.t, s.action_ids, horizon)) is not None:
+            elif siblings is not None and (j := played_by(siblings, b.row, b.t, s.action_ids, horizon, taken)) is not None:
                 b.played_by, b.traj = j, siblings[j]
+                taken.add(j)
                 close([episodes.pop(i)])
             elif episodes[i].sandbox is None:
                 b.error = episodes.pop(i).traj.infra_error
