@@ -160,6 +160,23 @@ def make_task(tmp_path: Path) -> Callable[..., Task]:
     return make
 
 
+@pytest.fixture
+def task(make_task):
+    """The calc task of tests/agent_tasks.py (a module may define its own `task`)."""
+    from agent_tasks import calc_task
+
+    return calc_task(make_task)
+
+
+@pytest.fixture
+def engine():
+    """A local engine (a module may define its own `engine`, e.g. over several engines)."""
+    from crr.sandbox import get_engine
+
+    with get_engine("local") as eng:
+        yield eng
+
+
 def crr_process(*args: str, **popen_kw) -> subprocess.Popen:
     """`crr ARGS` as a child process running this source tree (not whichever crr is installed)."""
     import sys

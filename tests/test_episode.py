@@ -8,7 +8,6 @@ import json
 import types
 
 import pytest
-from agent_tasks import calc_task
 from trl import GRPOTrainer
 
 from crr.agent.conversation import (
@@ -27,7 +26,6 @@ from crr.policy.backend import TransformersBackend
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import default_model_dir, load_policy
 from crr.policy.scripted import ScriptedBackend
-from crr.sandbox import get_engine
 from crr.sandbox.base import tree_digest
 from crr.rollout import run_episode, summarise
 
@@ -47,17 +45,6 @@ def tokenizer(policy):
 @pytest.fixture(scope="module")
 def backend(policy):
     return TransformersBackend(*policy, max_value_chars=4)  # short strings: complete calls from an untrained model
-
-
-@pytest.fixture
-def engine():
-    with get_engine("local") as eng:
-        yield eng
-
-
-@pytest.fixture
-def task(make_task):
-    return calc_task(make_task)
 
 
 def expert_calls(task) -> list[str]:

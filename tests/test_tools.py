@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from agent_tasks import CALC, CALC_FIXED, TESTS, calc_task
+from agent_tasks import CALC, CALC_FIXED, TESTS
 from crr.agent.prompt import SYSTEM_PROMPT, TOOL_SCHEMAS, system_prompt, user_prompt
 from crr.agent.tools import (OBS_KEEP_CHARS, ToolCall, ToolCallError, execute, model_patch, parse_tool_call,
                              tool_type_score, truncate)
@@ -20,11 +20,6 @@ def engine(request):
     eng = get_engine(request.param)
     yield eng
     eng.close()
-
-
-@pytest.fixture
-def task(make_task):
-    return calc_task(make_task)
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import crr.agent.verdicts as verdicts_module
 from crr.agent.tools import ToolCall, execute
 from crr.agent.verdicts import Verdicts, state_key
 from crr.agent.verifier import verify
-from crr.sandbox import get_engine
 
 FIX = {"path": "calc.py", "start": 2, "end": 2, "replacement": "    return a + b"}
 WRONG = {"path": "calc.py", "start": 2, "end": 2, "replacement": "    return a * b"}
@@ -21,18 +20,6 @@ WRONG = {"path": "calc.py", "start": 2, "end": 2, "replacement": "    return a *
 
 def step(name: str, **arguments) -> SimpleNamespace:
     return SimpleNamespace(call={"name": name, "arguments": arguments})
-
-
-@pytest.fixture
-def engine():
-    eng = get_engine("local")
-    yield eng
-    eng.close()
-
-
-@pytest.fixture
-def task(make_task):
-    return calc_task(make_task)
 
 
 @pytest.fixture

@@ -19,18 +19,6 @@ def pytest_runtest_makereport(item, call):
 """
 
 
-@pytest.fixture
-def engine():
-    eng = get_engine("local")
-    yield eng
-    eng.close()
-
-
-@pytest.fixture
-def task(make_task):
-    return calc_task(make_task)
-
-
 def run(sb, name: str, **arguments) -> str:
     obs = execute(sb, ToolCall(name, arguments))
     assert not obs.is_error, obs.text
