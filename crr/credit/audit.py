@@ -238,7 +238,8 @@ class _Forks:
             run, backend, engine, tokenizer, episode, pool)
         self.rollouts = 0   # trajectories and branches played
         # the oracle's verdicts by final state (crr.agent.verdicts): its M continuations of a state often end
-        # alike; the estimators' draws test every branch, so their costs are what a run without the memo pays
+        # alike; the estimators' draws play and test every branch, so their costs are a run's without the savings
+        # (reuse_verdicts=false reuse_played=false)
         self.oracle_verdicts = Verdicts()
 
     def play(self, trajs, picks: dict, samples: int, proposal: str, temperature: float, seed: int,

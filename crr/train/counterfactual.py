@@ -33,9 +33,10 @@ policy, so its return is a draw of the branch's return, and the fork, its contin
 spared. Same state: the same task, prompt and recorded tokens of every earlier action and observation (and
 the same tree digests where recorded), which fix the sandbox as verified replay assumes (deterministic tools);
 the sibling must have ended on its own (not at the wall-clock limit) within the branch's horizon. The branch
-then holds the sibling's trajectory and index (`Branch.played_by`). A sibling stands for one branch of a batch at
-most, so that two branches (K >= 2, or two rows forked in one state) never share one draw. Not with replay noise (a branch reads
-resampled outputs, the sibling did not) or forks during the rollout (the siblings are still running).
+then holds the sibling's trajectory and index (`Branch.played_by`). A sibling stands for one branch of a batch
+at most, so that two branches (K >= 2, or two rows forked in one state) never share one draw. Not with replay
+noise (a branch reads resampled outputs, the sibling did not) or forks during the rollout (the siblings are
+still running).
 
 `continuations` is the same machinery for Monte-Carlo values (VinePPO, arXiv 2410.01679): K on-policy
 continuations from a fork of every non-terminal s_t of every scored trajectory, their first action drawn
