@@ -4,7 +4,8 @@ CRR twice: its forks after the rollout (the default) and started during it (fork
 crr.train.counterfactual.LiveForks; --no-live leaves it out); --horizon h adds CRR with its branches truncated at
 h steps after a_t (the paper's horizon ablation: the verifier scores the working tree where the branch stops).
 
-    .venv/bin/python scripts/train_bench.py --updates 3 [--config PRESET] [--horizon H] [--no-live] [key=value ...]
+    .venv/bin/python scripts/train_bench.py --updates 3 [--config PRESET] [--horizon H] [--no-live] [--fixed-policy]
+        [key=value ...]
 
 Runs `crr train` for each method with the same seed and config into a temporary directory and reads the
 ledgers: mean iteration wall_s and phase seconds per method, their ratio, the fork share fork_s / wall_s
@@ -14,7 +15,10 @@ cf_test_s) / forks: the forks the selector kept, those a sibling played included
 live forks' seconds are in the numerator), the test runs the verdicts by final state spared (verdicts_reused;
 reuse_verdicts=false reuse_played=false measure without either), and
 CRR/GRPO also without the learner update (the same rows in both: on a shared machine its seconds are the
-noisiest part).
+noisiest part) and by the counterfactual share, 1 / (1 - cf_share): CRR's iteration over the same iteration
+without its counterfactual work, which is GRPO's iteration when both play the same trajectories. They do with
+--fixed-policy (learning_rate=1e-12: the policy stays as it starts), so that the ratio measures what CRR adds
+and not where two trained policies drift (longer or shorter episodes).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ def main() -> None:
     ap.add_argument("--horizon", type=int, action="append", default=[],
                     help="also CRR with its branches truncated at h steps after a_t (repeatable)")
     ap.add_argument("--no-live", action="store_true", help="leave out the forks-during-rollout arm")
+    ap.add_argument("--fixed-policy", action="store_true",
+                    help="learning_rate=1e-12: the policy stays as it starts, so every arm plays the same trajectories")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     out = tempfile.mkdtemp(prefix="crr-train-bench-")
@@ -43,7 +49,8 @@ def main() -> None:
             **({} if args.no_live else {"crr_forks_during_rollout": {"method": "crr", "forks_during_rollout": True}}),
             **{f"crr_horizon_{h}": {"method": "crr", "horizon": h} for h in args.horizon}}
     for arm, settings in arms.items():
-        cfg = load_config(args.config, {**parse_overrides(args.overrides), **settings, "k": 4, "cf_samples": 1,
+        fixed = {"learning_rate": 1e-12} if args.fixed_policy else {}
+        cfg = load_config(args.config, {**parse_overrides(args.overrides), **fixed, **settings, "k": 4, "cf_samples": 1,
                                         "max_steps": args.updates, "output_dir": out})
         run = start_run(cfg, out)
         train(cfg, run)
@@ -68,6 +75,7 @@ def main() -> None:
         result[arm]["over_grpo_without_update"] = ((crr["iteration_wall_s"] - crr["update_s"])
                                                    / (grpo["iteration_wall_s"] - grpo["update_s"]))
         result[arm]["branch_over_trajectory"] = crr["s_per_branch"] / crr["s_per_trajectory"]
+        result[arm]["over_grpo_by_share"] = 1 / (1 - crr["cf_share"])
     print(json.dumps(result, indent=2))
 
 
