@@ -11,7 +11,8 @@ import shutil
 import pytest
 from test_trainer import SMALL, run_train
 
-from crr.train.records import RECORDS_DIR, part_path, read_records
+from crr.train.advantages import RowCredit
+from crr.train.records import RECORDS_DIR, part_path, read_records, write_update
 from crr.train.tuples import read_tuples
 
 
@@ -71,3 +72,16 @@ def test_records_tensorboard_and_resume(ran_tasks_file, tmp_path):
     assert read_records(run) == recs
     resume = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "resume"]
     assert resume[-1]["dropped_record_parts"] == 2
+
+
+def test_a_branch_a_sibling_played_names_its_row_across_processes(tmp_path):
+    # two processes' parts: the second's branch was played by its own row 0, which is the batch's row 2
+    def part(played_by):
+        traj = {"kind": "trajectory", "task_id": "t", "sibling": 0, "reward": 1.0, "steps": [{"t": 0}]}
+        return {"rows": 2, "records": [{**traj, "local": 0}, {**traj, "local": 1},
+                                       {"kind": "branch", "local": 1, "t": 0, "played_by": played_by, "steps": []}]}
+
+    rows = [RowCredit(g, 1.0, [(0, 1)]) for g in (0, 0, 1, 1)]
+    write_update(tmp_path, 0, [part(None), part(0)], rows, [[0.0]] * 4)
+    branches = [r for r in read_records(tmp_path) if r["kind"] == "branch"]
+    assert [(b["row"], b["played_by"]) for b in branches] == [(1, None), (3, 2)]

@@ -14,7 +14,9 @@ back to its checkpoint with the same `drop_parts_from`). Config switch: `keep_tr
     {"kind": "branch", "update", "row" (the trajectory it forked), "task_id", "sibling", "t" (the step it forked
      at), "k_index", "selector_score", "proposal" (the counterfactual action; None: the proposal skipped it),
      "proposal_logprob", "steps" (the branch's actions from t on, the proposal first), "reward" (its return;
-     None: the fork or its sandbox failed), "end_reason", "infra_error"}
+     None: the fork or its sandbox failed), "end_reason", "infra_error", "played_by" (the row of a sibling that
+     took the proposal in the same state: its steps and return are the branch's, nothing was forked; None:
+     played, crr.train.counterfactual.played_by; absent in runs before 2026-11-29)}
 
 Scalars for trackers: `tracker_scalars` flattens an iteration's record (metrics.jsonl) into the "crr/..."
 numbers the trainer hands to TRL's log, so every `report_to` integration (TensorBoard, W&B) gets them.
@@ -84,6 +86,8 @@ def write_update(run_path: Path | str, update: int, parts: list[dict], rows: lis
         for r in part["records"]:
             row = offset + r.pop("local")
             r = {"update": update, "row": row, **r}
+            if r.get("played_by") is not None:   # a row of this process, like "local"
+                r["played_by"] += offset
             if r["kind"] == "trajectory":
                 adv, base = advantages[row], grpo[row]
                 for s in r["steps"]:   # a replaced row's (constant, GRPO-like) advantage is its branch's

@@ -96,7 +96,8 @@ function showTrajectory(run, u, traj, row) {
     for (const b of branches.filter(b => b.t === s.t)) {
       const head = el("div", {class: "head",
         text: `↳ fork ${b.k_index} at step ${b.t} → return ${b.proposal === null ? "(proposal skipped)" : fmt(b.reward)}` +
-              (b.infra_error ? ` (failed: ${b.infra_error})` : "")});
+              (b.infra_error ? ` (failed: ${b.infra_error})` : "") +
+              (b.played_by != null ? ` (a sibling, row ${b.played_by}, played this action here: its steps and return, not forked)` : "")});
       const fork = el("div", {class: "fork", "data-t": b.t}, head,
         el("div", {class: "branch-steps"},
            el("div", {class: "meta", text: `proposal (log q ${fmt(b.proposal_logprob)}, selector score ${fmt(b.selector_score)}), then ${Math.max(0, b.steps.length - 1)} more steps, end: ${b.end_reason}`}),
