@@ -21,8 +21,8 @@ a third of a nano test run) and still sees only the repository.
 In one round of the episode driver several episodes end together and are verified in parallel: the first to
 reach a key runs the tests, the others with that key wait for its verdict.
 
-On the committed multi-main runs' records, 38-44 % of the on-policy trajectories and 22-26 % of CRR's branches
-end in a state an earlier episode of their run had ended in (docs/training.md).
+On the committed multi-main CRR runs' records, 39-45 % of the on-policy trajectories and 36-42 % of the branches
+end in a state an earlier episode of their run had ended in (scripts/reuse_rates.py, docs/training.md).
 """
 
 from __future__ import annotations
