@@ -18,7 +18,9 @@ CRR/GRPO also without the learner update (the same rows in both: on a shared mac
 noisiest part) and by the counterfactual share, 1 / (1 - cf_share): CRR's iteration over the same iteration
 without its counterfactual work, which is GRPO's iteration when both play the same trajectories. They do with
 --fixed-policy (learning_rate=1e-12: the policy stays as it starts), so that the ratio measures what CRR adds
-and not where two trained policies drift (longer or shorter episodes).
+and not where two trained policies drift (longer or shorter episodes). Each ratio carries a 95 % bootstrap interval
+over the run's updates (`*_ci95`; the arms' iterations paired by update, which with --fixed-policy play the same
+trajectories): how far the one run's figure moves with its updates' noise, mostly the learner update's.
 """
 
 from __future__ import annotations
@@ -27,9 +29,21 @@ import argparse
 import json
 import tempfile
 
+import numpy as np
+
+from crr.eval.stats import BOOTSTRAP, BOOTSTRAP_SEED, CONFIDENCE
 from crr.train.config import load_config, parse_overrides
 from crr.train.ledger import PHASES
 from crr.train.trainer import start_run, train
+
+
+def interval(statistic, *series: list[float]) -> list[float]:
+    """A 95 % bootstrap interval of statistic(*series) over updates: the same resampled updates for every series."""
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    arrays = [np.asarray(x, dtype=float) for x in series]
+    draws = rng.integers(0, len(arrays[0]), size=(BOOTSTRAP, len(arrays[0])))
+    values = statistic(*(a[draws].sum(axis=1) for a in arrays))
+    return np.quantile(values, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2]).round(3).tolist()
 
 
 def main() -> None:
@@ -58,6 +72,8 @@ def main() -> None:
         wall = sum(i["wall_s"] for i in its) / len(its)
         total = sum(i["wall_s"] for i in its)
         result[arm] = {"iteration_wall_s": wall, "forks": sum(i["forks"] for i in its),
+                       "walls": [i["wall_s"] for i in its], "updates_s": [i["update_s"] for i in its],
+                       "cfs": [i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its],
                        "forks_discarded": sum(i.get("forks_discarded", 0) for i in its),
                        "forks_reused": sum(i.get("forks_reused", 0) for i in its),
                        "verdicts_reused": sum(i.get("verdicts_reused", 0) for i in its),
@@ -76,6 +92,13 @@ def main() -> None:
                                                    / (grpo["iteration_wall_s"] - grpo["update_s"]))
         result[arm]["branch_over_trajectory"] = crr["s_per_branch"] / crr["s_per_trajectory"]
         result[arm]["over_grpo_by_share"] = 1 / (1 - crr["cf_share"])
+        result[arm]["over_grpo_ci95"] = interval(lambda c, g: c / g, crr["walls"], grpo["walls"])
+        result[arm]["over_grpo_without_update_ci95"] = interval(lambda c, cu, g, gu: (c - cu) / (g - gu), crr["walls"],
+                                                                crr["updates_s"], grpo["walls"], grpo["updates_s"])
+        result[arm]["over_grpo_by_share_ci95"] = interval(lambda cf, w: 1 / (1 - cf / w), crr["cfs"], crr["walls"])
+    for arm in result.values():
+        for key in ("walls", "updates_s", "cfs"):
+            arm.pop(key)
     print(json.dumps(result, indent=2))
 
 
