@@ -38,7 +38,8 @@ from crr.train.trainer import start_run, train
 
 
 def interval(statistic, *series: list[float]) -> list[float]:
-    """A 95 % bootstrap interval of statistic(*series) over updates: the same resampled updates for every series."""
+    """The bootstrap interval (CONFIDENCE) of statistic(*sums) over the updates, each series summed over the same
+    resampled updates."""
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     arrays = [np.asarray(x, dtype=float) for x in series]
     draws = rng.integers(0, len(arrays[0]), size=(BOOTSTRAP, len(arrays[0])))
@@ -58,7 +59,7 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     out = tempfile.mkdtemp(prefix="crr-train-bench-")
-    result = {}
+    result, series = {}, {}   # series: each arm's per-update seconds, for the intervals
     arms = {"grpo": {"method": "grpo"}, "crr": {"method": "crr"},
             **({} if args.no_live else {"crr_forks_during_rollout": {"method": "crr", "forks_during_rollout": True}}),
             **{f"crr_horizon_{h}": {"method": "crr", "horizon": h} for h in args.horizon}}
@@ -71,9 +72,9 @@ def main() -> None:
         its = json.loads((run.path / "ledger.json").read_text())["iterations"]
         wall = sum(i["wall_s"] for i in its) / len(its)
         total = sum(i["wall_s"] for i in its)
+        series[arm] = {"wall": [i["wall_s"] for i in its], "update": [i["update_s"] for i in its],
+                       "cf": [i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its]}
         result[arm] = {"iteration_wall_s": wall, "forks": sum(i["forks"] for i in its),
-                       "walls": [i["wall_s"] for i in its], "updates_s": [i["update_s"] for i in its],
-                       "cfs": [i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its],
                        "forks_discarded": sum(i.get("forks_discarded", 0) for i in its),
                        "forks_reused": sum(i.get("forks_reused", 0) for i in its),
                        "verdicts_reused": sum(i.get("verdicts_reused", 0) for i in its),
@@ -92,13 +93,11 @@ def main() -> None:
                                                    / (grpo["iteration_wall_s"] - grpo["update_s"]))
         result[arm]["branch_over_trajectory"] = crr["s_per_branch"] / crr["s_per_trajectory"]
         result[arm]["over_grpo_by_share"] = 1 / (1 - crr["cf_share"])
-        result[arm]["over_grpo_ci95"] = interval(lambda c, g: c / g, crr["walls"], grpo["walls"])
-        result[arm]["over_grpo_without_update_ci95"] = interval(lambda c, cu, g, gu: (c - cu) / (g - gu), crr["walls"],
-                                                                crr["updates_s"], grpo["walls"], grpo["updates_s"])
-        result[arm]["over_grpo_by_share_ci95"] = interval(lambda cf, w: 1 / (1 - cf / w), crr["cfs"], crr["walls"])
-    for arm in result.values():
-        for key in ("walls", "updates_s", "cfs"):
-            arm.pop(key)
+        c, g = series[arm], series["grpo"]
+        result[arm]["over_grpo_ci95"] = interval(lambda cw, gw: cw / gw, c["wall"], g["wall"])
+        result[arm]["over_grpo_without_update_ci95"] = interval(lambda cw, cu, gw, gu: (cw - cu) / (gw - gu),
+                                                                c["wall"], c["update"], g["wall"], g["update"])
+        result[arm]["over_grpo_by_share_ci95"] = interval(lambda cf, cw: 1 / (1 - cf / cw), c["cf"], c["wall"])
     print(json.dumps(result, indent=2))
 
 
