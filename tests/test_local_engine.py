@@ -145,6 +145,34 @@ def test_crr_s_own_pytest_plugins_stay_out_of_a_task_run_on_crr_s_interpreter(en
         assert "plugins: xdist" in named.output, named.output
 
 
+def test_a_checkout_under_tmp_runs_crr_s_interpreter_in_its_sandboxes(tmp_path):
+    """crr's interpreter is bound into every sandbox root at its path, and the sandbox's private /tmp is bound
+    there too: an interpreter under /tmp (a clone in /tmp, as CI may make) must be bound on top of that /tmp, or
+    the sandbox's commands find the root filesystem's own python3 and pytest (another version, in the agent's
+    observations and the verifier's runs) instead of crr's. Here crr runs from a virtual environment made under
+    tmp_path (crr's dependencies reached by a .pth file)."""
+    import site
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    deps = [*site.getsitepackages(), sysconfig.get_paths()["purelib"], str(Path(__file__).resolve().parents[1])]
+    Path(purelib, "crr-deps.pth").write_text("\n".join(dict.fromkeys(deps)) + "\n")
+    probe = textwrap.dedent("""
+        from crr.sandbox import get_engine
+        from crr.tasks.loaders import load_tasks
+        with get_engine("local") as engine, engine.start(load_tasks("nano-band")[0]) as sb:
+            print(sb.exec("python -c 'import sys; print(sys.prefix)'").output.strip())
+    """)
+    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": ""})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == str(venv), out.stdout
+
+
 def test_bad_commands_are_crr_errors(engine, task):
     with engine.start(task) as sb:
         with pytest.raises(CRRError, match="NUL"):

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 
 from crr.sandbox.base import BoundedOutput
@@ -152,11 +153,28 @@ def _check(ret: int) -> None:
         raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
 
 
-def _root_plan(rootfs: Path) -> list[tuple[str, str, str]]:
-    """The engine's part of every sandbox root, as (kind, source, path in the root) steps for _new_root:
-    the root filesystem's top-level entries (its symlinks, its dirs bound read-only, empty ones made),
-    then crr's interpreter and venv read-only at their paths (a venv known by a symlinked path there too).
-    A top-level dir that would have to hold such a path it lacks (the root's empty /root) is left out."""
+Step = tuple[str, str, str]   # (kind, source, path in the root): a step of _new_root's plan
+
+
+@dataclass(frozen=True)
+class RootPlan:
+    """The engine's part of every sandbox root: the root filesystem's top-level entries, and crr's interpreter
+    and venv read-only at their paths."""
+    entries: list[Step]
+    interpreter: list[Step]
+
+    def with_binds(self, binds: list[Step]) -> list[Step]:
+        """A sandbox's whole plan: the entries, the sandbox's own binds (its /testbed, its private /tmp), then
+        the interpreter, so that an interpreter under one of those paths (a checkout under /tmp) is bound on
+        top of the sandbox's dir, not hidden by it: else its commands would find the root's own python3."""
+        return [*self.entries, *binds, *self.interpreter]
+
+
+def _root_plan(rootfs: Path) -> RootPlan:
+    """The engine's part of every sandbox root, as steps for _new_root: the root filesystem's top-level
+    entries (its symlinks, its dirs bound read-only, empty ones made), and crr's interpreter and venv read-only
+    at their paths (a venv known by a symlinked path there too). A top-level dir that would have to hold such a
+    path it lacks (the root's empty /root) is left out."""
     interpreter = []
     for prefix in dict.fromkeys((sys.base_prefix, sys.prefix)):
         real = os.path.realpath(prefix)
@@ -170,10 +188,10 @@ def _root_plan(rootfs: Path) -> list[tuple[str, str, str]]:
                 at.startswith(f"/{entry.name}/") and not os.path.isdir(rootfs / at.lstrip("/"))
                 for _, _, at in interpreter):
             plan.append(("ro", entry.path, f"/{entry.name}") if os.listdir(entry.path) else ("dir", "", f"/{entry.name}"))
-    return plan + interpreter
+    return RootPlan(plan, interpreter)
 
 
-def _new_root(host: int, plan: list[tuple[str, str, str]], stage: str) -> int:
+def _new_root(host: int, plan: list[Step], stage: str) -> int:
     """On the spawner thread: a mount namespace whose root is `plan` over a read-only tmpfs (mounted on
     the empty dir `stage`), with a minimal /dev and a /proc mount point; an fd on it.
 

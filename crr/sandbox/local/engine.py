@@ -29,7 +29,7 @@ from crr.sandbox.local.common import (_CLONE_NEWNET, _CLONE_NEWNS, _ENTER, _PREF
                                       _SYSTEM_PATH, DEFAULT_ROOTFS, FIXED_REPO_DIR, OWNER_FILE, _warn_once,
                                       default_workdir, own_task)
 from crr.sandbox.local.containment import (_host_netns, _kill_spawned, _new_netns, _new_root, _own_fs_context,
-                                           _pid_namespace, _root_plan, _spawn)
+                                           _pid_namespace, _root_plan, _spawn, RootPlan)
 from crr.sandbox.local.reclaim import _dispose
 from crr.sandbox.local.sandbox import LocalSandbox
 from crr.sandbox.overlay import (CopyWorkspace, Layer, OverlayWorkspace, mount_tmpfs, overlay_unavailable,
@@ -181,7 +181,7 @@ class LocalEngine:
                     binds.append(("ro", "/etc/resolv.conf", "/etc/resolv.conf"))
                 (sb_dir / "root").mkdir()
                 namespaces[_CLONE_NEWNS] = self._spawner.submit(
-                    _new_root, self._host_mntns, [*self._root, *binds], str(sb_dir / "root")).result()
+                    _new_root, self._host_mntns, self._root.with_binds(binds), str(sb_dir / "root")).result()
         except BaseException:
             _dispose(sb_dir, workspace, namespaces, memcg, mounted)
             raise
@@ -233,7 +233,7 @@ class LocalEngine:
             future.add_done_callback(functools.partial(_kill_spawned, pid_namespace=self.enforced["pid_namespace"]))
             raise
 
-    def _sandbox_root(self, rootfs: Path) -> tuple[list[tuple[str, str, str]] | None, int | None]:
+    def _sandbox_root(self, rootfs: Path) -> tuple[RootPlan | None, int | None]:
         """The engine's part of every sandbox root (_root_plan) and an fd on the host's mount namespace,
         once a sandbox root was built and ran a command here; (None, None), with a warning, where not."""
         why = (f"no root filesystem at {rootfs} (scripts/build-base-image.sh)" if not (rootfs / "bin" / "sh").exists()
@@ -251,7 +251,7 @@ class LocalEngine:
             for d in (probe / "tb", probe / "tmp", probe / "root"):
                 d.mkdir(parents=True)
             binds = [("rw", str(probe / "tb"), FIXED_REPO_DIR), ("rw", str(probe / "tmp"), "/tmp")]
-            ns = self._spawner.submit(_new_root, host, [*plan, *binds], str(probe / "root")).result()
+            ns = self._spawner.submit(_new_root, host, plan.with_binds(binds), str(probe / "root")).result()
             try:
                 ran = self._spawner.submit(_spawn, {_CLONE_NEWNS: ns}, host, None, None,
                                            [*_ENTER, "/bin/sh", "-c", "test -w / || echo ok"], cwd=FIXED_REPO_DIR,
