@@ -18,7 +18,8 @@ CRR/GRPO also without the learner update (the same rows in both: on a shared mac
 noisiest part) and by the counterfactual share, 1 / (1 - cf_share): CRR's iteration over the same iteration
 without its counterfactual work, which is GRPO's iteration when both play the same trajectories. They do with
 --fixed-policy (learning_rate=1e-12: the policy stays as it starts), so that the ratio measures what CRR adds
-and not where two trained policies drift (longer or shorter episodes). Each ratio carries a 95 % bootstrap interval
+and not where two trained policies drift (longer or shorter episodes); all but the forks-during-rollout arm, whose
+branches share the rollout's generation calls and so change its rows' draws (the same distribution, other samples). Each ratio carries a 95 % bootstrap interval
 over the run's updates (`*_ci95`; the arms' iterations paired by update, which with --fixed-policy play the same
 trajectories): how far the one run's figure moves with its updates' noise, mostly the learner update's.
 """
@@ -55,7 +56,8 @@ def main() -> None:
                     help="also CRR with its branches truncated at h steps after a_t (repeatable)")
     ap.add_argument("--no-live", action="store_true", help="leave out the forks-during-rollout arm")
     ap.add_argument("--fixed-policy", action="store_true",
-                    help="learning_rate=1e-12: the policy stays as it starts, so every arm plays the same trajectories")
+                    help="learning_rate=1e-12: the policy stays as it starts, so the arms play the same "
+                         "trajectories (the forks-during-rollout arm other draws of them)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     out = tempfile.mkdtemp(prefix="crr-train-bench-")
