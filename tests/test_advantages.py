@@ -130,6 +130,25 @@ def test_mc_values_is_the_difference_of_successive_monte_carlo_values():
     assert adv[1] == pytest.approx([-1.0, 0.0]) and adv[2] is None
 
 
+def test_resets_is_grpo_within_the_rows_of_one_reset_state_on_the_steps_each_sampled():
+    # task 0: two on-policy rows (1, 0) and two restart rows reset to step 1 of a failed sibling (1, 0);
+    # task 1: both on-policy rows failed, two restart rows from step 2 (0 and an infra failure); task 2: nothing
+    # failed, so its "restart" rows are fresh samples from s_0 (reset 0) and join its on-policy group
+    rows = [RowCredit(0, 1.0, [(0, 1)] * 3), RowCredit(0, 0.0, [(0, 1)] * 3),
+            RowCredit(0, 1.0, [(0, 1)] * 3, reset=1), RowCredit(0, 0.0, [(0, 1)] * 4, reset=1),
+            RowCredit(1, 0.0, [(0, 1)] * 3), RowCredit(1, 0.0, [(0, 1)] * 3),
+            RowCredit(1, 0.0, [(0, 1)] * 4, reset=2), RowCredit(1, None, [(0, 1)] * 3, reset=2),
+            RowCredit(2, 1.0, [(0, 1)] * 2), RowCredit(2, 1.0, [(0, 1)] * 2), RowCredit(2, 0.0, [(0, 1)] * 2)]
+    adv = estimate("resets", rows)
+    assert adv[0] == pytest.approx([0.5] * 3) and adv[1] == pytest.approx([-0.5] * 3)      # GRPO among the on-policy
+    assert adv[2] == pytest.approx([0.0, 0.5, 0.5]) and adv[3] == pytest.approx([0.0, -0.5, -0.5, -0.5])
+    assert adv[4:7] == [[0.0] * 3, [0.0] * 3, [0.0] * 4] and adv[7] is None     # all-fail groups: no signal
+    assert adv[8:] == [pytest.approx([1 / 3] * 2)] * 2 + [pytest.approx([-2 / 3] * 2)]  # one group from s_0
+    # on rows that were all sampled from s_0 it is GRPO
+    plain = [RowCredit(r.group_key, r.reward, r.spans) for r in rows]
+    assert estimate("resets", plain) == estimate("grpo", plain)
+
+
 def test_estimators_register_by_decorator_or_dotted_path_and_check_their_params(tmp_path, monkeypatch):
     @estimator("toy")
     def toy(rows, scale: float = 1.0):

@@ -141,6 +141,8 @@ def test_bad_input_is_a_clear_error(tmp_path):
     assert result.exit_code == 2 and "unknown config key" in result.output
     result = CliRunner().invoke(app, ["train", "--method", "ppo", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "unknown method" in result.output
+    result = CliRunner().invoke(app, ["train", "--config", "experiments/cpu-resets.yaml", "--out", str(tmp_path), "cf_samples=1"])
+    assert result.exit_code == 2 and "take 2 <= cf_samples < num_generations" in result.output
 
 
 def test_overrides_parse_numbers_as_yaml_and_python_write_them():
@@ -185,3 +187,50 @@ def test_verdicts_reused_by_final_state_change_no_reward(ran_tasks_file, tmp_pat
                         for r in records], json.loads((run / "ledger.json").read_text())["cumulative"])
     assert seen["true"][0] == seen["false"][0] and len(seen["true"][0]) > 3
     assert seen["true"][1]["verdicts_reused"] > 0 and seen["false"][1]["verdicts_reused"] == 0
+
+
+def test_resets_train_restart_rows_on_their_own_steps(tmp_path, monkeypatch):
+    # The preset (SRPO's reset at the first erroneous step, located by rule: a failure's first edit) on the
+    # shipped warm start, whose nano failures edit: G = 4 rows per task, 2 on-policy trajectories and M = 2
+    # restart rows, on-policy continuations from the state of a failed one; TRL gets a restart row's prefix
+    # (the failed sibling's steps) masked out of the loss
+    from crr.train.records import read_records
+    from crr.train.trainer import CRRTrainer
+
+    seen = []
+    rows = CRRTrainer._rows
+
+    def spy(self, batch, *args, **kwargs):
+        out = rows(self, batch, *args, **kwargs)
+        seen.append((batch, out))
+        return out
+
+    monkeypatch.setattr(CRRTrainer, "_rows", spy)
+    out, run = run_train(["--config", "experiments/cpu-resets.yaml", "--out", str(tmp_path), "--max-updates", "2",
+                          "max_turns=4", "workers=2"], tmp_path)
+    assert "2/2 R" in out and lora_b_norm(run / "model") > 0
+    ledger = json.loads((run / "ledger.json").read_text())["cumulative"]
+    assert ledger["trajectories"] == 8 and ledger["forks"] == 8       # per task: 2 on-policy + 2 restarts
+    assert ledger["cf_rollout_s"] > 0 and ledger["generated_tokens_all"] > ledger["generated_tokens_on_policy"]
+    records = read_records(run)
+    assert [(r["update"], r["row"], r["sibling"]) for r in records] == [(u, i, i % 4) for u in (0, 1) for i in range(8)]
+    assert len(seen) == 2 and any(t > 0 for batch, _ in seen for _, _, t in batch), "no task reset past s_0"
+    for (batch, rows_out), update in zip(seen, (records[:8], records[8:])):
+        assert [i for i, _, _ in batch] == [0, 1, None, None, 2, 3, None, None]
+        check_restart_rows(batch, rows_out, update)
+
+
+def check_restart_rows(batch, rows_out, records):
+    """A restart row (reset t > 0) stands in the state of a failed sibling's first edit, its prefix copied and masked
+    from the loss; every other row trains on every action token."""
+    for r, t in [(r, t) for r, (_, _, t) in enumerate(batch) if t > 0]:
+        restart = batch[r][1]
+        parent = next(traj for _, traj, _ in batch[r - r % 4:r - r % 4 + 2] if traj.steps[:t] == restart.steps[:t])
+        assert parent.reward == 0.0 and parent.steps[t].call["name"] == "edit_file" and restart.reward is not None
+        start = restart.steps[t].span[0]
+        assert start > 0 and rows_out["env_mask"][r] == [0] * start + restart.env_mask[start:]
+        assert rows_out["crr_credit"][r]["reset"] == t == records[r]["reset"]
+        assert all(s["advantage"] == 0.0 for s in records[r]["steps"][:t])
+    for r, (_, traj, t) in enumerate(batch):
+        if t == 0:
+            assert rows_out["env_mask"][r] == traj.env_mask

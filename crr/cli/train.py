@@ -18,7 +18,7 @@ from crr.cli.common import (_resume_with, console, emit_json, err_console, frien
 def train_command(
     overrides: list[str] = typer.Argument(None, help="Config overrides key=value (e.g. k=2 "
                                   "crr.cf_temperature=0.5; engine=ray:local ray=auto: sandboxes on a Ray cluster)."),
-    method: str | None = typer.Option(None, "--method", help="A row of crr.train.config.METHODS: grpo | crr | search-select | gigpo | mc-values (default: the config's)."),
+    method: str | None = typer.Option(None, "--method", help="A row of crr.train.config.METHODS: grpo | crr | search-select | gigpo | mc-values | resets (default: the config's)."),
     config: Path | None = typer.Option(None, "--config", help="A preset YAML (default: experiments/cpu-crr.yaml)."),
     seed: int | None = seed_option(None, help="Drives rollouts, selector, proposals and the learner."),
     out: Path = out_option(),

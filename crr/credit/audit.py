@@ -70,7 +70,8 @@ DEFAULT_ESTIMATORS = ["grpo", "crr", "zero_contrast", "gigpo", "mc_values"]
 NEEDS = {"grpo": set(), "crr": {"selected", "counterfactuals"}, "zero_contrast": {"selected"},
          "gigpo": {"state_keys"}, "mc_values": {"continuations"}}
 EVERYTHING = {"selected", "counterfactuals", "state_keys", "continuations"}
-EXCLUDED = {"search_select"}                  # swaps sequences: not a step advantage on the realised rows
+EXCLUDED = {"search_select", "resets"}        # train on rows other than the realised ones (swapped
+#                                               sequences, restart rows): not a step advantage on the realised rows
 BUDGET_KEYS = ("k", "cf_samples", "cf_temperature", "selector", "proposal", "eta", "lambda_type", "horizon")  # CRR's
 VARIANT_ESTIMATORS = ("crr", "zero_contrast")   # scored on each variant's budget
 

@@ -15,6 +15,8 @@ collects for it (selected steps, forks, state keys) is its row in `crr.train.con
     search_select  grpo over the rows after `search_select_choice` swapped in fork-derived sequences
     gigpo          GiGPO: the episode advantage + omega x a step advantage within groups of equal states
     mc_values      VinePPO-style: A_t = V(s_{t+1}) - V(s_t), V from on-policy continuations of a fork of s_t
+    resets         SRPO/RRPO: GRPO within the rows that share a task and a reset state, on the steps each row
+                   sampled itself (a restart row's prefix, a failed sibling's, gets 0)
 
 A researcher adds one with `@estimator("name")` in any module, or names a function by dotted path in the
 config (`advantage_estimator: mypkg.mod:fn` or `mypkg.mod.fn`, imported when the config is read); its keyword
@@ -51,6 +53,7 @@ class RowCredit:
     counterfactuals: dict[int, list[float]] = field(default_factory=dict)  # t -> scored R(tilde tau_t), K of them
     state_keys: list[str] = field(default_factory=list)                 # per step t: a key of s_t (tree digest before a_t + what the agent has observed); [] if unknown
     continuations: dict[int, list[float]] = field(default_factory=dict)  # t -> scored R of on-policy continuations from s_t (a_t resampled from pi, then on policy)
+    reset: int = 0                               # the first step this row sampled: 0, or (method resets) the state a failed sibling was reset to
 
 
 def state_keys(steps: Sequence) -> list[str]:
@@ -184,6 +187,30 @@ def mc_values(rows: Sequence[RowCredit]) -> list[list[float] | None]:
             cont = r.continuations.get(t)
             v[t] = sum(cont) / len(cont) if cont else v[t + 1]
         out.append([v[t + 1] - v[t] for t in range(len(r.spans))])
+    return out
+
+
+@estimator("resets")
+def resets(rows: Sequence[RowCredit]) -> list[list[float] | None]:
+    """Resets (Samanta et al., arXiv 2605.25507, RRPO and SRPO): M suffixes are resampled on policy from a
+    state s_t of a failed trajectory, and the policy gradient is applied to the suffix tokens only, with the
+    group-relative advantage A = R - mean R over the suffixes of that state (a GRPO group of shared-prefix
+    rollouts). A row here is one of a task's on-policy trajectories (reset = 0) or a restart row (reset =
+    t > 0): its group is the rows of its task with the same reset (crr resets one state per task and update,
+    and a task with no failure to reset from gets fresh rows from s_0, which join its on-policy group). The
+    steps before a row's reset are a sibling's, not sampled by it: A = 0 there (the trainer also masks them)."""
+    scored: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for r in rows:
+        if r.reward is not None:
+            scored[(r.group_key, r.reset)].append(r.reward)
+    out: list[list[float] | None] = []
+    for r in rows:
+        if r.reward is None:
+            out.append(None)
+            continue
+        suffixes = scored[(r.group_key, r.reset)]
+        a = r.reward - sum(suffixes) / len(suffixes)
+        out.append([0.0 if t < r.reset else a for t in range(len(r.spans))])
     return out
 
 

@@ -42,7 +42,9 @@ class Method:
     selects: bool = False          # the selector picks up to k steps of every scored trajectory (RowCredit.selected)
     forks: str | None = None       # None; "counterfactual": K alternative actions a~_t != a_t at each selected
     #                                step, each run forward (RowCredit.counterfactuals); "continuation": K
-    #                                on-policy continuations from every non-terminal s_t (RowCredit.continuations)
+    #                                on-policy continuations from every non-terminal s_t (RowCredit.continuations);
+    #                                "reset": M = cf_samples on-policy continuations from one picked state of a
+    #                                failed trajectory per task, trained as M of its G rows (RowCredit.reset)
     swaps: bool = False            # Search-Select: a row is replaced by its verifier-best branch, and the
     #                                ratio is taken against the behaviour policy that generated each row
     state_keys: bool = False       # record tree digests: RowCredit.state_keys
@@ -55,6 +57,7 @@ METHODS = {
     "search-select": Method("search_select", selects=True, forks="counterfactual", swaps=True),
     "gigpo": Method("gigpo", state_keys=True),
     "mc-values": Method("mc_values", forks="continuation"),
+    "resets": Method("resets", selects=True, forks="reset"),
 }
 _PREFIXES = ("crr.", "trl.")
 
@@ -93,7 +96,8 @@ class CRRConfig(GRPOConfig):
     selector: str = "entropy_type"
     proposal: str = "tempered"
     k: int = 4                                 # fork budget per trajectory
-    cf_samples: int = 1                        # K counterfactuals per selected step (mc-values: continuations per state)
+    cf_samples: int = 1                        # K counterfactuals per selected step (mc-values: continuations per
+    #                                            state; resets: M restart rows per task, of its G)
     cf_temperature: float = 0.7                # T_cf
     eta: float = 0.4                           # entropy threshold
     lambda_type: float = 0.6
@@ -132,6 +136,10 @@ class CRRConfig(GRPOConfig):
         if not isinstance(self.advantage_params, dict):
             raise CRRError(f"advantage_params must be a mapping of keyword parameters, got {self.advantage_params!r}")
         check_estimator(self.estimator, self.advantage_params)
+        if self.row.forks == "reset" and not 2 <= self.cf_samples < self.num_generations:
+            raise CRRError(f"method {self.method}: cf_samples={self.cf_samples} restart rows per task of num_generations="
+                           f"{self.num_generations}; take 2 <= cf_samples < num_generations (the restart rows' advantage "
+                           "is taken among them, and the on-policy rows are what they reset from)")
         engine_spec_of(self)  # an option the engine does not take fails here
         check_backend(self.backend, self.vllm_server)
         # One generation batch = one update: tasks_per_iteration x G rows, no gradient accumulation. Across
@@ -171,15 +179,20 @@ class CRRConfig(GRPOConfig):
 
     @property
     def forks(self) -> str | None:
-        """What iterations fork: "counterfactual", "continuation" or None."""
+        """What iterations fork: "counterfactual", "continuation", "reset" or None."""
         if self.row.forks == "counterfactual" and (self.control or self.k == 0):
             return None
         return self.row.forks
 
     @property
+    def on_policy_group(self) -> int:
+        """The on-policy trajectories of a task per update: G, less the M restart rows of method resets."""
+        return self.num_generations - (self.cf_samples if self.forks == "reset" else 0)
+
+    @property
     def live_forks(self) -> bool:
         """Whether forks start during the rollout (forks_during_rollout, where the selector and replay noise allow)."""
-        return (self.forks_during_rollout and self.forks is not None and not self.replay_noise
+        return (self.forks_during_rollout and self.forks in ("counterfactual", "continuation") and not self.replay_noise
                 and (self.forks == "continuation" or self.selector in PREFIX_SELECTORS))
 
     @property

@@ -38,10 +38,11 @@ at most, so that two branches (K >= 2, or two rows forked in one state) never sh
 noise (a branch reads resampled outputs, the sibling did not) or forks during the rollout (the siblings are
 still running).
 
-`continuations` is the same machinery for Monte-Carlo values (VinePPO, arXiv 2410.01679): K on-policy
-continuations from a fork of every non-terminal s_t of every scored trajectory, their first action drawn
-from pi at the rollout temperature (the `on_policy` proposal) instead of from an alternative-action
-proposal; their seconds and tokens go to the same ledger phases and counts.
+`continuations` is the same machinery for on-policy continuations, their first action drawn from pi at the
+rollout temperature (the `on_policy` proposal) instead of from an alternative-action proposal; their seconds
+and tokens go to the same ledger phases and counts. Monte-Carlo values (VinePPO, arXiv 2410.01679) continue K
+times from every non-terminal s_t of every scored trajectory (`continuation_points`); resets (SRPO/RRPO, arXiv
+2605.25507) M times from one state of a failed trajectory per task (`reset_points`).
 """
 
 from __future__ import annotations
@@ -224,12 +225,31 @@ def continuation_points(trajs: list[Trajectory]) -> dict[int, list[Selection]]:
             if t.reward is not None}
 
 
-def continuations(trajs: list[Trajectory], *, samples: int, backend: GenerationBackend, engine: ForkEngine,
-                  tokenizer: PreTrainedTokenizerBase, episode: EpisodeConfig, seed: int, pool: WorkerPool,
-                  ledger: Ledger, noise: RerunOutputs | None = None, verdicts: Verdicts | None = None,
+def reset_points(trajs: list[Trajectory], picks: dict[int, list[Selection]]) -> tuple[dict, dict]:
+    """Where resets fork, one state per task: (resets, fresh). resets: the first pick of the task's first failed
+    trajectory (R = 0) that has one (the siblings are i.i.d., so the first is a uniformly drawn one); fresh:
+    s_0 of the first trajectory with a snapshot of it, for a task with no failure to reset from (its restart rows
+    are then fresh on-policy trajectories). A task none of whose trajectories has one (each submitted at once or
+    failed to start) has neither."""
+    resets: dict[int, list[Selection]] = {}
+    fresh: dict[int, list[Selection]] = {}
+    for task in dict.fromkeys(t.task_index for t in trajs):
+        rows = [i for i, t in enumerate(trajs) if t.task_index == task]
+        failed = next((i for i in rows if trajs[i].reward == 0.0 and picks.get(i)), None)
+        if failed is not None:
+            resets[failed] = picks[failed][:1]
+        elif (first := next((i for i in rows if 0 in trajs[i].snapshots), None)) is not None:
+            fresh[first] = [Selection(0, 0.0)]
+    return resets, fresh
+
+
+def continuations(trajs: list[Trajectory], points: dict[int, list[Selection]], *, samples: int,
+                  backend: GenerationBackend, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,
+                  episode: EpisodeConfig, seed: int, pool: WorkerPool, ledger: Ledger,
+                  noise: RerunOutputs | None = None, verdicts: Verdicts | None = None,
                   reuse_played: bool = False) -> list[Branch]:
-    """`samples` on-policy continuations from every non-terminal state of every scored trajectory."""
-    return run_branches(trajs, continuation_points(trajs), cf_samples=samples, backend=backend, engine=engine,
+    """`samples` on-policy continuations from each of `points` (row -> the states s_t to continue from)."""
+    return run_branches(trajs, points, cf_samples=samples, backend=backend, engine=engine,
                         tokenizer=tokenizer, episode=episode, proposal="on_policy", cf_temperature=episode.temperature,
                         seed=seed, horizon=None, pool=pool, ledger=ledger, noise=noise, verdicts=verdicts,
                         reuse_played=reuse_played)

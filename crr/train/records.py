@@ -8,7 +8,9 @@ back to its checkpoint with the same `drop_parts_from`). Config switch: `keep_tr
     {"kind": "trajectory", "update", "row", "task_id", "sibling" (which of the task's G; "group" in
      runs before 2026-11-27, read as "sibling"), "reward" (None: an
      infrastructure failure), "infra_error", "end_reason", "resolution", "model_patch", "replaced"
-     (Search-Select trained on a branch's sequence instead), "steps": [{"t", "call" | "action", "observation"
+     (Search-Select trained on a branch's sequence instead), "reset" (the first step the row sampled: 0, or for
+     a restart row of method resets the state its prefix, a failed sibling's, was reset to; absent in runs
+     before 2026-11-29), "steps": [{"t", "call" | "action", "observation"
      (capped as in the prompt: crr.agent.tools.truncate), "is_error", "entropy" (H_t), "selected",
      "advantage" (the run's estimator), "grpo_advantage"}]}
     {"kind": "branch", "update", "row" (the trajectory it forked), "task_id", "sibling", "t" (the step it forked
@@ -51,13 +53,16 @@ def _step(s: Step) -> dict:
     return {**out, "call": s.call} if s.call is not None else {**out, "action": s.action}
 
 
-def collect(trajs: list[Trajectory], branches: list[Branch], rows: dict, picks: dict) -> dict:
+def collect(trajs: list[Trajectory], branches: list[Branch], rows: dict, picks: dict,
+            resets: list[int] | None = None) -> dict:
     """This process's records of one update, before the advantages are known (`rows`: the rollout's TRL
-    rows, whose completion ids tell a Search-Select replacement from the realised sequence)."""
+    rows, whose completion ids tell a Search-Select replacement from the realised sequence; `resets`: each
+    row's reset step, None: all 0)."""
     out = []
     for i, traj in enumerate(trajs):
         selected = {s.t for s in picks.get(i, [])}
         out.append({"kind": "trajectory", "local": i, "task_id": traj.task_id, "sibling": traj.sibling,
+                    "reset": resets[i] if resets is not None else 0,
                     "reward": traj.reward, "infra_error": traj.infra_error, "end_reason": traj.end_reason,
                     "resolution": traj.resolution, "model_patch": traj.model_patch,
                     "replaced": rows["completion_ids"][i] != traj.completion_ids,

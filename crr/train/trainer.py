@@ -14,7 +14,8 @@ One iteration = one TRL generation batch = one optimizer update:
      what else an iteration collects is the method's row in config.METHODS: for a method that selects
      (crr, search-select) the selector picks up to k steps of every scored trajectory, and each is
      forked K times (crr.train.counterfactual); mc-values plays K on-policy continuations from every
-     state; with forks_during_rollout=true a fork starts during the rollout, in the round after its step
+     state; resets plays G - M on-policy trajectories per task and M on-policy continuations from one state of
+     a failed one (the first pick of the selector, e.g. its first edit), which are the task's other M rows; with forks_during_rollout=true a fork starts during the rollout, in the round after its step
      is realised, and its branch decodes in the rollout's rounds (LiveForks). The branches go to tuples/
      as one parquet part. A swapping method (Search-Select) replaces a
      realised row by its verifier-best branch when that branch scores strictly higher. The rows go back
@@ -83,7 +84,14 @@ from crr.train.advantages import (
     token_advantages,
 )
 from crr.train.config import CRRConfig, load_config, paper_loss_settings, parse_overrides
-from crr.train.counterfactual import Branch, LiveForks, continuation_points, continuations, run_branches
+from crr.train.counterfactual import (
+    Branch,
+    LiveForks,
+    continuation_points,
+    continuations,
+    reset_points,
+    run_branches,
+)
 from crr.train.diagnostics import advantage_snr, bucket_covariance, prefix_signature
 from crr.train.distributed import barrier, broadcast, gather, gather_one, is_main
 from crr.train.ledger import Ledger, merge
@@ -162,11 +170,15 @@ class CRRTrainer(GRPOTrainer):
             result = self._sample(tasks, seed, step)                            # G on-policy trajectories per task
             trajs = result.trajectories
             picks = self._select(trajs, seed) if self.cfg.row.selects else {}  # the steps to fork
-            branches = self._branch(trajs, picks, seed)                         # K branches from each
+            fresh = {}
+            if self.cfg.forks == "reset":                                       # one state per task
+                picks, fresh = reset_points(trajs, picks)
+            branches = self._branch(trajs, {**picks, **fresh}, seed)            # K branches from each
         if self.verdicts is not None:
             self.ledger.add("verdicts_reused", self.verdicts.reused - reused)
-        out = self._rows(trajs, picks, branches, offset)                        # TRL's rows, credit records
-        self._keep(step, offset, result, picks, branches, out)
+        batch = self._batch_rows(trajs, branches)
+        out = self._rows(batch, picks, branches, offset)                        # TRL's rows, credit records
+        self._keep(step, offset, result, picks, branches, batch, out)
         self._update_start = time.perf_counter()
         return out
 
@@ -209,7 +221,7 @@ class CRRTrainer(GRPOTrainer):
             if cfg.backend != "transformers":   # on-policy: vLLM samples from the last update's weights
                 self._sync_weights(step)
             result = rollout(tasks, self.backend, self.engine, self.processing_class,
-                             RolloutConfig(group_size=self.num_generations, seed=seed, workers=cfg.workers,
+                             RolloutConfig(group_size=cfg.on_policy_group, seed=seed, workers=cfg.workers,
                                            episode=self.episode), pool=self.pool,
                              join=None if self.live is None else self.live.join, verdicts=self.verdicts)
         snapshot_s = sum((s.snapshot_ms or 0.0) for t in result.trajectories for s in t.steps) / 1e3
@@ -226,29 +238,37 @@ class CRRTrainer(GRPOTrainer):
 
     def _branch(self, trajs: list[Trajectory], picks: dict, seed: int) -> list[Branch]:
         """Algorithm 1, lines 5-9, the method's forks: K counterfactual branches of every picked step, or K
-        on-policy continuations from every state (mc-values), or none; those the rollout started (live forks)
-        or, after it, all of them."""
+        on-policy continuations from every state (mc-values) or from the picked states (resets), or none; those
+        the rollout started (live forks) or, after it, all of them."""
         cfg = self.cfg
         if self.live is not None:
             return self.live.branches(continuation_points(trajs) if cfg.forks == "continuation" else picks)
         # injected replay noise rho draws from this iteration's realised outputs (none to gather at rho = 0)
         noise = RerunOutputs(trajs, cfg.replay_noise, seed + 2) if cfg.replay_noise else None
+        # a branch a sibling played is that sibling's row: no row of its own for a method that trains on branches
         forking = {**self._forking(seed), "ledger": self.ledger, "noise": noise,
-                   "reuse_played": cfg.reuse_played and not cfg.row.swaps}
+                   "reuse_played": cfg.reuse_played and not cfg.row.swaps and cfg.forks != "reset"}
         if cfg.forks == "counterfactual":
             return run_branches(trajs, picks, cf_samples=cfg.cf_samples, proposal=cfg.proposal,
                                 cf_temperature=cfg.cf_temperature, horizon=cfg.horizon, **forking)
-        if cfg.forks == "continuation":
-            return continuations(trajs, samples=cfg.cf_samples, **forking)
+        if cfg.forks in ("continuation", "reset"):
+            points = continuation_points(trajs) if cfg.forks == "continuation" else picks
+            return continuations(trajs, points, samples=cfg.cf_samples, **forking)
         return []
 
     def _keep(self, step: int, offset: int, result: RolloutResult, picks: dict, branches: list[Branch],
-              out: dict) -> None:
+              batch: list[tuple[int | None, Trajectory, int]], out: dict) -> None:
         """What an iteration leaves: its tuples/ part, its trajectory records (keep_trajectories; written with
-        the advantages) and its statistics; the snapshots are freed."""
+        the advantages; a resets method's records are its rows, the restart rows among them) and its
+        statistics; the snapshots are freed."""
         trajs = result.trajectories
         tuples = [self._tuple(trajs[b.row], b, step, offset) for b in branches if b.sample is not None]
-        self.records = records.collect(trajs, branches, out, picks) if self.cfg.keep_trajectories else None
+        if self.cfg.keep_trajectories and self.cfg.forks == "reset":
+            row_picks = {r: picks[i] for r, (i, _, _) in enumerate(batch) if i in picks}
+            self.records = records.collect([traj for _, traj, _ in batch], [], out, row_picks,
+                                           [start for _, _, start in batch])
+        else:
+            self.records = records.collect(trajs, branches, out, picks) if self.cfg.keep_trajectories else None
         result.release()
         shared = self._gather_iteration(trajs, picks, branches, tuples)
         if self.accelerator.is_main_process:
@@ -309,20 +329,49 @@ class CRRTrainer(GRPOTrainer):
                                 [t.task_index for t in trajs]) if self.cfg.state_keys else None
         return select_each(self.cfg.selector, trajs, params, rng, values)
 
-    def _rows(self, trajs: list[Trajectory], picks: dict, branches: list[Branch], offset: int = 0) -> dict:
-        """TRL's rows, each with the same credit record whatever the method: the selected steps and the
-        scored returns of its forks (counterfactuals or continuations), its state keys. A row swapped for
-        a branch (Search-Select) is that branch's trajectory: the realised one's picks and forks are not its."""
+    def _batch_rows(self, trajs: list[Trajectory], branches: list[Branch]) -> list[tuple[int | None, Trajectory, int]]:
+        """The batch's rows in TRL's order as (on-policy index or None, trajectory, the first step it sampled): the
+        on-policy trajectories, and for method resets, after each task's, its M restart rows: the continuations of
+        its reset state, numbered as the task's next siblings. A restart that was not played (its fork failed,
+        or the task had no state to reset from) is an excluded row: a copy of the task's first trajectory with no
+        return."""
+        if self.cfg.forks != "reset":
+            return [(i, traj, 0) for i, traj in enumerate(trajs)]
+        out: list[tuple[int | None, Trajectory, int]] = []
+        for task in dict.fromkeys(t.task_index for t in trajs):
+            mine = [i for i, t in enumerate(trajs) if t.task_index == task]
+            restarts = [b for b in branches if trajs[b.row].task_index == task]
+            out += [(i, trajs[i], 0) for i in mine]
+            for j in range(self.cfg.cf_samples):
+                b = restarts[j] if j < len(restarts) else None
+                if b is None or b.traj is None:
+                    error = b.error if b is not None else "no state to reset from"
+                    row = dataclasses.replace(trajs[mine[0]], reward=None, infra_error=f"restart: {error}")
+                else:
+                    row = b.traj
+                out.append((None, dataclasses.replace(row, sibling=len(mine) + j), 0 if b is None else b.t))
+        return out
+
+    def _rows(self, batch: list[tuple[int | None, Trajectory, int]], picks: dict, branches: list[Branch],
+              offset: int = 0) -> dict:
+        """TRL's rows (`_batch_rows`), each with the same credit record whatever the method: the selected steps
+        and the scored returns of its forks (counterfactuals or continuations), its state keys, the step it was
+        reset to. A row swapped for a branch (Search-Select) is that branch's trajectory: the realised one's picks
+        and forks are not its. A restart row's steps before its reset (a failed sibling's) are masked from the
+        loss, as observations are (env_mask)."""
         cfg = self.cfg
         out = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward", "policy_logprobs",
                                "crr_credit")}
         self.replaced = 0
-        for i, traj in enumerate(trajs):
-            mine = [b for b in branches if b.row == i]
+        for i, traj, reset in batch:
+            mine = [b for b in branches if b.row == i] if cfg.forks != "reset" else []
             j = search_select_choice(traj.reward, [b.reward for b in mine]) if cfg.row.swaps else None
             if j is not None:
                 traj, self.replaced, mine = mine[j].traj, self.replaced + 1, []
             row = traj.trl_row()
+            if reset:
+                start = row["step_spans"][reset][0]
+                row["env_mask"] = [0] * start + row["env_mask"][start:]
             returns: dict[int, list[float]] = {}
             for b in mine:
                 if b.reward is not None:
@@ -331,7 +380,7 @@ class CRRTrainer(GRPOTrainer):
                                selected=[s.t for s in picks.get(i, [])] if j is None else [],
                                counterfactuals=returns if cfg.forks == "counterfactual" else {},
                                state_keys=state_keys(traj.steps),
-                               continuations=returns if cfg.forks == "continuation" else {})
+                               continuations=returns if cfg.forks == "continuation" else {}, reset=reset)
             for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward"):
                 out[key].append(row[key])
             out["policy_logprobs"].append([lp for s in traj.steps for lp in s.policy_logprobs + [0.0] * len(s.observation_ids)])
