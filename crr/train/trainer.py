@@ -9,14 +9,15 @@ Checkpoints (checkpoints/checkpoint-N) are published whole (`CRRTrainer._save_ch
 the newest complete one and cuts metrics.jsonl, the ledger and tuples/ back to it (`resume_run`).
 
 One iteration = one TRL generation batch = one optimizer update:
-  1. rollout_func (`_rollout`, five calls: `_sample`, `_select`, `_branch`, `_rows`, `_keep`): G trajectories
+  1. rollout_func (`_rollout`: `_sample`, `_select`, `_branch`, `_batch_rows`, `_rows`, `_keep`): G trajectories
      per task in sandboxes (crr.rollout, the prompts TRL repeats G times);
      what else an iteration collects is the method's row in config.METHODS: for a method that selects
-     (crr, search-select) the selector picks up to k steps of every scored trajectory, and each is
+     (crr, search-select, resets) the selector picks up to k steps of every scored trajectory, and each is
      forked K times (crr.train.counterfactual); mc-values plays K on-policy continuations from every
-     state; resets plays G - M on-policy trajectories per task and M on-policy continuations from one state of
-     a failed one (the first pick of the selector, e.g. its first edit), which are the task's other M rows; with forks_during_rollout=true a fork starts during the rollout, in the round after its step
-     is realised, and its branch decodes in the rollout's rounds (LiveForks). The branches go to tuples/
+     state; resets plays G - M on-policy trajectories per task and M on-policy continuations from one state
+     of a failed one (the selector's first pick, e.g. its first edit), which are the task's other M rows;
+     with forks_during_rollout=true a fork starts during the rollout, in the round after its step is
+     realised, and its branch decodes in the rollout's rounds (LiveForks). The branches go to tuples/
      as one parquet part. A swapping method (Search-Select) replaces a
      realised row by its verifier-best branch when that branch scores strictly higher. The rows go back
      to TRL with env_mask (observations masked) and, per row, the same credit record (RowCredit) for
@@ -344,12 +345,12 @@ class CRRTrainer(GRPOTrainer):
             out += [(i, trajs[i], 0) for i in mine]
             for j in range(self.cfg.cf_samples):
                 b = restarts[j] if j < len(restarts) else None
-                if b is None or b.traj is None:
-                    error = b.error if b is not None else "no state to reset from"
-                    row = dataclasses.replace(trajs[mine[0]], reward=None, infra_error=f"restart: {error}")
+                if b is None or b.traj is None or len(b.traj.steps) <= b.t:   # (a_t~ not played: an infra failure)
+                    error = "no state to reset from" if b is None else b.error or getattr(b.traj, "infra_error", None)
+                    row, start = dataclasses.replace(trajs[mine[0]], reward=None, infra_error=f"restart: {error}"), 0
                 else:
-                    row = b.traj
-                out.append((None, dataclasses.replace(row, sibling=len(mine) + j), 0 if b is None else b.t))
+                    row, start = b.traj, b.t
+                out.append((None, dataclasses.replace(row, sibling=len(mine) + j), start))
         return out
 
     def _rows(self, batch: list[tuple[int | None, Trajectory, int]], picks: dict, branches: list[Branch],
