@@ -221,7 +221,7 @@ def main_arms(runs: Runs, spec: Comparison | None) -> tuple[list[ArmRef], ArmRef
 ARM_LABELS = {"grpo": "GRPO", "crr": "CRR", "search-select": "Search-Select-GRPO",
               "grpo-equal-wall-clock": "GRPO (equal wall clock)", "crr-k2": "CRR (K = 2)",
               "zero-contrast": "zero-contrast control", "gigpo": "GiGPO", "mc-values": "Monte-Carlo values",
-              "crr-mid-value": "CRR (mid-value forks)", "crr-h2": "CRR (h = 2)"}   # the specs' arm names as the tables print them
+              "crr-mid-value": "CRR (mid-value forks)", "crr-h2": "CRR (h = 2)", "resets": "resets (SRPO-style)"}   # the specs' arm names as the tables print them
 
 
 def _label(ref: ArmRef) -> str:

@@ -89,6 +89,7 @@ function showTrajectory(run, u, traj, row) {
        el("span", {class: "tag", text: `end: ${traj.end_reason}`}),
        traj.infra_error ? el("span", {class: "tag", text: `infrastructure failure: ${traj.infra_error}`}) : null,
        traj.replaced ? el("span", {class: "tag", text: "replaced by a branch (Search-Select)"}) : null,
+       traj.reset ? el("span", {class: "tag", text: `restart row: steps 0-${traj.reset - 1} are a failed sibling's, masked from the loss (resets)`}) : null,
        el("span", {class: "tag", text: `${branches.length} forks`})));
   for (const s of traj.steps) {
     if (onlyDiff && !differs(s)) continue;
