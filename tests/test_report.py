@@ -400,8 +400,8 @@ def test_a_comparison_runs_seed_by_seed_with_the_matched_arm_after_its_source(tm
 
     spec = load_comparison(EXPERIMENTS / "cpu-main.comparison.yaml")
     order = [(arm.name, seed) for arm, seed in schedule(spec)]
-    assert [seed for _, seed in order] == [11] * 4 + [23] * 4 + [47] * 4
-    assert order[:4] == [("grpo", 11), ("crr", 11), ("search-select", 11), ("grpo-equal-wall-clock", 11)]
+    assert [seed for _, seed in order] == [11] * 5 + [23] * 5 + [47] * 5
+    assert order[:5] == [("grpo", 11), ("crr", 11), ("search-select", 11), ("grpo-equal-wall-clock", 11), ("resets", 11)]
     multi = [arm.name for arm, seed in schedule(load_comparison(EXPERIMENTS / "multi-main.comparison.yaml"))][:3]
     assert multi == ["grpo", "crr", "grpo-equal-wall-clock"]   # the spec's order: the matched arm third
     first = tmp_path / "first.comparison.yaml"
