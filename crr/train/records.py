@@ -53,16 +53,15 @@ def _step(s: Step) -> dict:
     return {**out, "call": s.call} if s.call is not None else {**out, "action": s.action}
 
 
-def collect(trajs: list[Trajectory], branches: list[Branch], rows: dict, picks: dict,
-            resets: list[int] | None = None) -> dict:
-    """This process's records of one update, before the advantages are known (`rows`: the rollout's TRL
-    rows, whose completion ids tell a Search-Select replacement from the realised sequence; `resets`: each
-    row's reset step, None: all 0)."""
+def collect(trajs: list[Trajectory], branches: list[Branch], rows: dict, picks: dict, resets: list[int]) -> dict:
+    """This process's records of one update, before the advantages are known: `trajs` by row (`rows`: the
+    rollout's TRL rows, whose completion ids tell a Search-Select replacement from the realised sequence;
+    `resets`: each row's reset step)."""
     out = []
     for i, traj in enumerate(trajs):
         selected = {s.t for s in picks.get(i, [])}
         out.append({"kind": "trajectory", "local": i, "task_id": traj.task_id, "sibling": traj.sibling,
-                    "reset": resets[i] if resets is not None else 0,
+                    "reset": resets[i],
                     "reward": traj.reward, "infra_error": traj.infra_error, "end_reason": traj.end_reason,
                     "resolution": traj.resolution, "model_patch": traj.model_patch,
                     "replaced": rows["completion_ids"][i] != traj.completion_ids,

@@ -264,12 +264,12 @@ class CRRTrainer(GRPOTrainer):
         statistics; the snapshots are freed."""
         trajs = result.trajectories
         tuples = [self._tuple(trajs[b.row], b, step, offset) for b in branches if b.sample is not None]
-        if self.cfg.keep_trajectories and self.cfg.forks == "reset":
+        self.records = None
+        if self.cfg.keep_trajectories:   # by row: a resets method's restarts are rows, not branches of one
             row_picks = {r: picks[i] for r, (i, _, _) in enumerate(batch) if i in picks}
-            self.records = records.collect([traj for _, traj, _ in batch], [], out, row_picks,
+            forked = [] if self.cfg.forks == "reset" else branches
+            self.records = records.collect([traj for _, traj, _ in batch], forked, out, row_picks,
                                            [start for _, _, start in batch])
-        else:
-            self.records = records.collect(trajs, branches, out, picks) if self.cfg.keep_trajectories else None
         result.release()
         shared = self._gather_iteration(trajs, picks, branches, tuples)
         if self.accelerator.is_main_process:
@@ -365,7 +365,7 @@ class CRRTrainer(GRPOTrainer):
                                "crr_credit")}
         self.replaced = 0
         for i, traj, reset in batch:
-            mine = [b for b in branches if b.row == i] if cfg.forks != "reset" else []
+            mine = [b for b in branches if b.row == i]
             j = search_select_choice(traj.reward, [b.reward for b in mine]) if cfg.row.swaps else None
             if j is not None:
                 traj, self.replaced, mine = mine[j].traj, self.replaced + 1, []
