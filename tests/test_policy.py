@@ -352,6 +352,39 @@ def test_prefix_reuse_across_turns_matches_a_fresh_prefill(policy):
                          reuse.generate(prompts, temperature=0.0, seed=0, max_new_tokens=BUDGET))
 
 
+def test_a_float32_lora_policy_decodes_from_its_merged_weights_and_their_updates(tiny_dir, batch):
+    """A float32 LoRA policy decodes from a merged copy (no adapter layers in it), which computes the adapter's
+    function: every sample's log-probabilities are the LoRA model's own (a teacher-forced pass through the
+    adapter), before and after the adapter's weights change in place (an optimizer step). A bf16 one decodes
+    through its adapter."""
+    from peft import LoraConfig, get_peft_model
+    from peft.tuners.lora import LoraLayer
+
+    base, tokenizer = load_policy(tiny_dir)   # (not a copy of the session's: TRL may have patched its forward)
+    assert base.dtype == torch.float32
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM",
+                                            init_lora_weights=False))   # B != 0: the adapter changes the policy
+    merged = TransformersBackend(model, tokenizer, tools=COMPACT_TOOLS, max_value_chars=MAX_VALUE_CHARS)
+    for update in range(2):
+        samples = merged.generate(batch[:3], temperature=0.7, seed=update, max_new_tokens=BUDGET)
+        for s in samples:
+            behaviour, policy_lp, entropy = teacher_forced(model, merged.grammar, s.prompt_ids, s.action_ids, 0.7)
+            assert s.behaviour_logprobs == pytest.approx(behaviour, abs=1e-4)
+            assert s.policy_logprobs == pytest.approx(policy_lp, abs=1e-4)
+            assert s.entropies == pytest.approx(entropy, abs=1e-4)
+        with torch.no_grad():   # what an optimizer step does to the adapter
+            for module in model.modules():
+                if isinstance(module, LoraLayer):
+                    module.lora_B["default"].weight.add_(0.05)
+    assert merged._merged is not None and not any(isinstance(m, LoraLayer) for m in merged._merged.modules())
+
+    bf16 = get_peft_model(load_policy(tiny_dir, dtype=torch.bfloat16)[0],
+                          LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    adapter = TransformersBackend(bf16, tokenizer, tools=COMPACT_TOOLS, max_value_chars=MAX_VALUE_CHARS)
+    adapter.generate(batch[:1], temperature=0.7, seed=0, max_new_tokens=8)
+    assert adapter._merged is None
+
+
 def test_no_prefix_reuse_for_sliding_window_layers(policy):
     # a sliding-window cache keeps only the window: nothing to reuse, generation unaffected
     tokenizer = policy[1]
@@ -390,16 +423,27 @@ def reference_sample(model, grammar, prompts, temperature, seed, max_new_tokens)
     return actions
 
 
+def _passes(grammar, action: list[int]) -> int:
+    """The decoding passes after the prefill that a row of `action` takes part in under jump-forward: one after
+    each token it samples (a free one) that more tokens follow."""
+    matcher, free = grammar.matcher(), []
+    for token in action:
+        free.append(matcher.forced_token is None)
+        matcher.advance(token)
+    return sum(free) - free[-1]
+
+
 def test_rows_leave_the_batch_as_they_finish_and_sample_as_if_they_had_stayed(policy, batch):
     """A row whose call is complete leaves the decoding batch (and the columns only it needed leave the
-    cache): each decoding step feeds only the rows still generating, and every row samples the tokens it
-    samples alone, with its own noise. Also with rows cut off at max_new_tokens."""
+    cache): each decoding pass feeds only the rows still generating, a row's forced tokens ride in the pass
+    of the token before them (jump-forward), and every row samples the tokens it samples alone, one token a
+    forward pass, with its own noise. Also with rows cut off at max_new_tokens."""
     model, tokenizer = policy
     backend = TransformersBackend(model, tokenizer, tools=COMPACT_TOOLS, max_value_chars=MAX_VALUE_CHARS)
     prompts = [backend.prompt_ids(c) for c in batch[:4]]
     steps = []
 
-    def count(module, args, kwargs):  # rows fed per forward call: the prefill, then one per decoding step
+    def count(module, args, kwargs):  # rows fed per forward call: the prefill, then one per decoding pass
         mask = kwargs.get("attention_mask")
         if mask is None:  # the reference's calls
             return
@@ -414,8 +458,10 @@ def test_rows_leave_the_batch_as_they_finish_and_sample_as_if_they_had_stayed(po
             samples = backend.generate(prompts, temperature=1.0, seed=3, max_new_tokens=max_new_tokens)
             actions = [s.action_ids for s in samples]
             assert actions == reference_sample(model, backend.grammar, prompts, 1.0, 3, max_new_tokens)
-            longest = max(map(len, actions))
-            assert steps == [len(prompts)] + [sum(len(a) > k for a in actions) for k in range(1, longest)]
+            # a pass samples each of its rows' next free token, the tokens the grammar forces after it fed with it
+            passes = [_passes(backend.grammar, a) for a in actions]
+            assert steps == [len(prompts)] + [sum(n >= k for n in passes) for k in range(1, max(passes) + 1)]
+            assert max(passes) < max(map(len, actions)) / 2   # forced tokens ride along
             lengths = sorted(map(len, actions))
             assert lengths[0] < lengths[-1]  # rows did finish at different steps
             max_new_tokens = lengths[len(lengths) // 2]  # then: some rows complete, the others are cut off

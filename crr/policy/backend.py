@@ -44,7 +44,7 @@ from crr.agent.tools import ToolCallError, parse_tool_call
 from crr.errors import CRRError
 from crr.policy import BACKENDS  # noqa: F401  (the backends' names, re-exported)
 from crr.policy.grammar import ToolCallGrammar, ToolCallMatcher, apply_bitmask
-from crr.policy.prefix_cache import PrefixCache, batch_past, keep_rows, reusable, row_kv
+from crr.policy.prefix_cache import PrefixCache, batch_past, full_attention, keep_rows, reusable, row_kv
 
 DEFAULT_MAX_EXCLUSION_TRIES = 8
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30  # reused keys/values (the tiny model: ~3 KB a token, so ~350k tokens)
@@ -188,6 +188,12 @@ class TransformersBackend:
     Prompts are left-padded and the KV cache is kept across steps, and across calls: a prompt that
     extends an earlier one (the next turn, a branch of a trajectory) reuses its keys and values
     (crr.policy.prefix_cache; `prefix_cache_bytes` bounds it, 0 turns it off).
+
+    A LoRA policy in float32 decodes from a merged copy of itself (`served_weights`: W + scale * B @ A, refreshed
+    whenever the policy's weights change), the function the adapter computes up to float32 rounding: PEFT runs
+    three linear layers and its Python per adapted layer, about a third of a decoding step on a tiny model (the
+    step is per-call overhead on a CPU). In bf16 the merge would round W + B @ A to bf16, another policy than the
+    one the loss trains, so a bf16 policy decodes through its adapter.
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, device: str = "cpu",
@@ -197,6 +203,7 @@ class TransformersBackend:
         if tokenizer.pad_token_id is None:
             raise CRRError("the tokenizer has no pad token; load the model with crr.policy.load_policy")
         self.model = model.to(device).eval()
+        self._merged: PreTrainedModel | None = None   # the merged copy the decoder runs (_decoder)
         self.tokenizer = tokenizer
         self.device = device
         self.tools = TOOL_SCHEMAS if tools is None else tools
@@ -304,91 +311,161 @@ class TransformersBackend:
         """One call per prompt; a row with an `avoid`ed call samples q restricted to token sequences other than
         that call's tokens (_sample_excluding)."""
         start = time.perf_counter()
-        # Row i: its cached prefix (n_i tokens, right-aligned in the first `reused` columns), then the
-        # rest of its prompt (right-aligned in the next `width`); padding is masked out, and positions
-        # count a row's own tokens, so every token sits where a fresh left-padded prefill puts it.
-        self._invalidate_stale_prefixes()
+        model = self._decoder()
         cached = [self.prefix_cache.lookup(p) for p in prompts] if self.prefix_cache.max_bytes > 0 else \
             [(0, None)] * len(prompts)
         rows, reused = len(prompts), max(n for n, _ in cached)
-        width = max(len(p) - n for p, (n, _) in zip(prompts, cached))
+        matchers = [self.grammar.matcher() for _ in range(rows)]
+        record: list[dict[str, list]] = [{"action_ids": [], "behaviour_logprobs": [], "policy_logprobs": [],
+                                          "entropies": [], "semantic": []} for _ in range(rows)]
+        following = [None if avoid is None or avoid[i] is None or not avoid[i].ids else 0
+                     for i in range(rows)]   # a row's position in the call it avoids, while it follows it
+        # Jump-forward: the tokens the grammar forces after a row's last free token (its `pending` ones) are
+        # fed in the pass that feeds that token, not one pass each. A pass returns the logits of every token
+        # it feeds, which record the forced tokens (the mask leaves them nothing to sample) and sample the
+        # row's next free token. Every call opens with the same forced string, fed with the prompts. (Only
+        # into a DecodeCache: a sliding window would count the padding a ragged pass leaves between tokens.)
+        jump = full_attention(model.config)
+
+        def force(i: int) -> list[int]:
+            """Advance row i's grammar through the tokens it forces next (within max_new_tokens)."""
+            run, room = [], (max_new_tokens - len(record[i]["action_ids"])) if jump else 0
+            while len(run) < room and not matchers[i].is_terminated and matchers[i].forced_token is not None:
+                token = matchers[i].forced_token
+                matchers[i].advance(token)   # (its grammar rejection is counted when its logits come)
+                run.append(token)
+                if following[i] is not None:
+                    k = following[i]
+                    following[i] = k + 1 if token == avoid[i].ids[k] and k + 1 < len(avoid[i].ids) else None
+            return run
+
+        def samples_next(i: int, pending: list[int]) -> bool:
+            """Whether the pass that feeds row i's pending tokens also samples its next token."""
+            return not matchers[i].is_terminated and len(record[i]["action_ids"]) + len(pending) < max_new_tokens
+
+        pending = [force(i) for i in range(rows)]
+        sampling = [samples_next(i, pending[i]) for i in range(rows)]
+        opening = pending[0][:len(pending[0]) - (not sampling[0])]   # the same for every row: fed with its prompt
+        # Row i: its cached prefix (n_i tokens, right-aligned in the first `reused` columns), then the
+        # rest of its prompt and the opening (right-aligned in the next `width`); padding is masked out, and
+        # positions count a row's own tokens, so every token sits where a fresh left-padded prefill puts it.
+        width = max(len(p) - n for p, (n, _) in zip(prompts, cached)) + len(opening)
         input_ids = torch.full((rows, width), self.tokenizer.pad_token_id, dtype=torch.long)
         attention = torch.zeros((rows, reused + width), dtype=torch.long)
         positions = torch.zeros((rows, width), dtype=torch.long)
         for i, (p, (n, _)) in enumerate(zip(prompts, cached)):
-            rest = len(p) - n
-            input_ids[i, width - rest:] = torch.tensor(p[n:])
+            rest = len(p) - n + len(opening)
+            input_ids[i, width - rest:] = torch.tensor(p[n:] + opening)
             attention[i, reused - n:reused] = 1
             attention[i, reused + width - rest:] = 1
-            positions[i, width - rest:] = torch.arange(n, len(p))
-        out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-                         position_ids=positions.to(self.device), use_cache=True, logits_to_keep=1,
-                         past_key_values=batch_past(self.model.config, cached, reused,
-                                                    room=reused + width + max_new_tokens))
-        past, next_positions = out.past_key_values, positions[:, -1:] + 1
+            positions[i, width - rest:] = torch.arange(n, len(p) + len(opening))
+        out = model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+                    position_ids=positions.to(self.device), use_cache=True, logits_to_keep=len(opening) + 1,
+                    past_key_values=batch_past(model.config, cached, reused, room=reused + width + max_new_tokens))
+        past, next_positions = out.past_key_values, positions[:, -1] + 1
 
-        matchers = [self.grammar.matcher() for _ in range(rows)]
+        noise: list[torch.Tensor | None] = []   # by position: the Gumbel noise of every row of the call
+        vocab = out.logits.shape[-1]
+
+        def gumbel(position: int) -> torch.Tensor:
+            # one (rows x vocabulary) draw per position, in position order, for every row of the call, finished
+            # or not, so that a row's draws are the same whenever the others finish (or jump)
+            while len(noise) <= position:
+                noise.append(-torch.empty((rows, vocab)).exponential_(generator=generator).log())
+            return noise[position]
+
         bitmask = self.grammar.allocate_bitmask(rows)
-        record: list[dict[str, list]] = [{"action_ids": [], "behaviour_logprobs": [], "policy_logprobs": [],
-                                          "entropies": [], "semantic": []} for _ in range(rows)]
         done_at: list[float | None] = [None] * rows
         # The rows still decoding, in batch order: a row leaves the batch (and the cache) when its call is
-        # complete, so a step costs what the unfinished rows need, not what the longest one does.
+        # complete, so a pass costs what the unfinished rows need, not what the longest one does.
         alive = list(range(rows))
-        following = [None if avoid is None or avoid[i] is None or not avoid[i].ids else 0
-                     for i in range(rows)]   # a row's position in the call it avoids, while it follows it
-        for step in range(max_new_tokens):
-            for j, i in enumerate(alive):
-                matchers[i].fill_next_token_bitmask(bitmask, j)
-            logits = out.logits[:, -1, :].float().cpu()
-            stats = _token_stats(logits, bitmask[:len(alive)], temperature)
-            if temperature > 0:
-                # noise for every row of the call, finished or not, so that a row's draws are the same
-                # whenever the others finish
-                gumbel = -torch.empty((rows, logits.shape[-1])).exponential_(generator=generator).log()[alive]
-                scores = stats.masked / temperature + gumbel
-                for j, i in enumerate(alive) if avoid is not None else ():   # rows following an avoided call
-                    k = following[i]
-                    # (a forced a_k stays: a dead end, possible only within rounding of q(a) = 1, ends as a skip)
-                    if k is not None and (stats.n_allowed[j] > 1 or math.isfinite(avoid[i].tilts[k])):
-                        scores[j, avoid[i].ids[k]] += avoid[i].tilts[k]
-                chosen = scores.argmax(-1)
-                unconstrained = (logits / temperature + gumbel).argmax(-1)
-            else:
-                chosen, unconstrained = stats.masked.argmax(-1), logits.argmax(-1)
-            finished = []
-            for j, i in enumerate(alive):
-                token = int(chosen[j])
+        while True:
+            logits = out.logits.float().cpu()   # (alive rows, the last passed columns, vocabulary)
+            width = logits.shape[1]
+            at = {i: width - len(pending[i]) - sampling[i] for i in alive}   # a row's first column with logits
+            forced = [(j, at[i] + m, i, len(record[i]["action_ids"]) + m, token)
+                      for j, i in enumerate(alive) for m, token in enumerate(pending[i])]
+            if forced:   # their records: the mask allowed one token (behaviour log q 0, entropy 0)
+                fj, fcol, fi, fpos, ftok = map(list, zip(*forced))
+                lf = logits[fj, fcol]
+                policy_lp = torch.log_softmax(lf, -1).gather(1, torch.tensor(ftok)[:, None])[:, 0].tolist()
+                unconstrained = ((lf / temperature + torch.stack([gumbel(p)[i] for p, i in zip(fpos, fi)]))
+                                 if temperature > 0 else lf).argmax(-1).tolist()
+                for i, token, lp, u in zip(fi, ftok, policy_lp, unconstrained):
+                    matchers[i].count_rejection(token, u)
+                    r = record[i]
+                    r["action_ids"].append(token)
+                    r["behaviour_logprobs"].append(0.0)
+                    r["policy_logprobs"].append(lp)
+                    r["entropies"].append(0.0)
+                    r["semantic"].append(False)
+            free = [(j, i) for j, i in enumerate(alive) if sampling[i]]
+            for s, (_, i) in enumerate(free):
+                matchers[i].fill_next_token_bitmask(bitmask, s)
+            chosen = []
+            if free:
+                ls = logits[[j for j, _ in free], [width - 1] * len(free)]
+                stats = _token_stats(ls, bitmask[:len(free)], temperature)
+                if temperature > 0:
+                    g = torch.stack([gumbel(len(record[i]["action_ids"]))[i] for _, i in free])
+                    scores = stats.masked / temperature + g
+                    for s, (_, i) in enumerate(free) if avoid is not None else ():   # rows following an avoided call
+                        k = following[i]
+                        # (a forced a_k stays: a dead end, possible only within rounding of q(a) = 1, ends as a skip)
+                        if k is not None and (stats.n_allowed[s] > 1 or math.isfinite(avoid[i].tilts[k])):
+                            scores[s, avoid[i].ids[k]] += avoid[i].tilts[k]
+                    chosen = scores.argmax(-1).tolist()
+                    unconstrained = (ls / temperature + g).argmax(-1).tolist()
+                else:
+                    chosen, unconstrained = stats.masked.argmax(-1).tolist(), ls.argmax(-1).tolist()
+            last = {}
+            for s, (_, i) in enumerate(free):
+                token = chosen[s]
                 if following[i] is not None:   # (past a's last token there is nothing left to avoid)
                     k = following[i]
                     following[i] = k + 1 if token == avoid[i].ids[k] and k + 1 < len(avoid[i].ids) else None
-                matchers[i].advance(token, int(unconstrained[j]))
+                matchers[i].advance(token, unconstrained[s])
                 r = record[i]
                 r["action_ids"].append(token)
                 r["behaviour_logprobs"].append(0.0 if stats.behaviour_logp is None
-                                               else float(stats.behaviour_logp[j, token]))
-                r["policy_logprobs"].append(float(stats.policy_logp[j, token]))
-                r["entropies"].append(float(stats.entropy[j]))
-                r["semantic"].append(bool(stats.n_allowed[j] > 1))
-                if matchers[i].is_terminated:
+                                               else float(stats.behaviour_logp[s, token]))
+                r["policy_logprobs"].append(float(stats.policy_logp[s, token]))
+                r["entropies"].append(float(stats.entropy[s]))
+                r["semantic"].append(bool(stats.n_allowed[s] > 1))
+                last[i] = token
+            finished = []
+            for j, i in enumerate(alive):
+                pending[i] = force(i) if i in last else []
+                sampling[i] = samples_next(i, pending[i])
+                if matchers[i].is_terminated and done_at[i] is None:
                     done_at[i] = time.perf_counter() - start
+                if i not in last or not (pending[i] or sampling[i]):
                     finished.append(j)
             if finished:
                 self._keep_prefixes(past, attention, finished, [alive[j] for j in finished], prompts, record)
                 stay = [j for j in range(len(alive)) if j not in finished]
-                alive, chosen, next_positions = [alive[j] for j in stay], chosen[stay], next_positions[stay]
+                alive, next_positions = [alive[j] for j in stay], next_positions[stay]
                 if not alive:
                     break
                 past, attention = keep_rows(past, attention, stay)
-            if step == max_new_tokens - 1:
-                break
-            attention = torch.cat([attention, torch.ones((len(alive), 1), dtype=attention.dtype)], dim=-1)
-            out = self.model(input_ids=chosen[:, None].to(self.device), attention_mask=attention.to(self.device),
-                             position_ids=next_positions.to(self.device), past_key_values=past,
-                             use_cache=True, logits_to_keep=1)
-            past, next_positions = out.past_key_values, next_positions + 1
-        if alive:  # rows cut off at max_new_tokens: what they were fed is reusable too
-            self._keep_prefixes(past, attention, list(range(len(alive))), alive, prompts, record)
+            for p in range(min(len(noise), min(len(record[i]["action_ids"]) for i in alive))):
+                noise[p] = None   # (no row needs it again)
+            # the next pass: each row's last token and the forced ones after it (the last of them only when
+            # the row samples after it), right-aligned, the columns before them padding
+            blocks = [[last[i]] + pending[i][:len(pending[i]) - (not sampling[i])] for i in alive]
+            width = max(map(len, blocks))
+            input_ids = torch.full((len(alive), width), self.tokenizer.pad_token_id, dtype=torch.long)
+            fed = torch.zeros((len(alive), width), dtype=attention.dtype)
+            positions = torch.zeros((len(alive), width), dtype=torch.long)
+            for j, block in enumerate(blocks):
+                input_ids[j, width - len(block):] = torch.tensor(block)
+                fed[j, width - len(block):] = 1
+                positions[j, width - len(block):] = next_positions[j] + torch.arange(len(block))
+            attention = torch.cat([attention, fed], dim=-1)
+            out = model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+                        position_ids=positions.to(self.device), past_key_values=past, use_cache=True,
+                        logits_to_keep=width)
+            past, next_positions = out.past_key_values, next_positions + torch.tensor([len(b) for b in blocks])
         elapsed = time.perf_counter() - start
         return [self._step_sample(p, r, m, temperature, elapsed if t is None else t)
                 for p, r, m, t in zip(prompts, record, matchers, done_at)]
@@ -406,14 +483,29 @@ class TransformersBackend:
     def clear_cache(self) -> None:
         self.prefix_cache.clear()
 
-    def _invalidate_stale_prefixes(self) -> None:
-        """Cached keys and values belong to the weights that computed them. An optimizer step, a loaded
-        state dict or a LoRA update changes parameters in place, which bumps their autograd version
-        counters; so the sum of those counters (and the model's identity) stamps the weights."""
+    def _decoder(self) -> PreTrainedModel:
+        """The module every forward pass runs: the policy, or its merged copy (the class docstring), with the
+        prefix cache cleared when the weights changed. Cached keys and values belong to the weights that
+        computed them. An optimizer step, a loaded state dict or a LoRA update changes parameters in place,
+        which bumps their autograd version counters; so the sum of those counters (and the model's identity)
+        stamps the weights."""
         stamp = (id(self.model), sum(p._version for p in self.model.parameters()))
         if stamp != self._weights_stamp:
             self.prefix_cache.clear()
             self._weights_stamp = stamp
+            if _merges(self.model):
+                self._merge()
+        return self._merged if self._merged is not None else self.model
+
+    @torch.no_grad()
+    def _merge(self) -> None:
+        weights = served_weights(self.model)
+        if self._merged is None:
+            base = self.model.get_base_model()
+            self._merged = type(base)(base.config).to(device=self.device, dtype=base.dtype).eval()
+        missing, unexpected = self._merged.load_state_dict(weights, strict=False)
+        if unexpected or set(missing) - {"lm_head.weight"}:   # (a tied head is the embedding)
+            raise CRRError(f"cannot merge the policy's LoRA weights: missing {missing}, unexpected {unexpected}")
 
     def _step_sample(self, prompt: list[int], r: dict[str, list], matcher: ToolCallMatcher, temperature: float,
                      wall_time_s: float) -> StepSample:
@@ -431,11 +523,11 @@ class TransformersBackend:
         the unconstrained argmax was disallowed)."""
         # the prompt's cached prefix (a counterfactual's excluded call is scored at s_t, a prefix of the
         # realised trajectory the rollout cached): only the rest of the prompt and the action are fed
-        self._invalidate_stale_prefixes()
+        model = self._decoder()
         n, kv = self.prefix_cache.lookup(prompt_ids) if self.prefix_cache.max_bytes > 0 else (0, None)
         ids = torch.tensor([prompt_ids[n:] + action_ids[:-1]], device=self.device)
         past = batch_past(self.model.config, [(n, kv)], n, room=n + ids.shape[1]) if n else None
-        out = self.model(input_ids=ids, past_key_values=past, use_cache=n > 0)
+        out = model(input_ids=ids, past_key_values=past, use_cache=n > 0)
         logits = out.logits[0, len(prompt_ids) - n - 1:].float().cpu()
         matcher, bitmask = self.grammar.matcher(), self.grammar.allocate_bitmask(len(action_ids))
         for k, token in enumerate(action_ids):
@@ -480,6 +572,15 @@ def rejection_sample(backend: TransformersBackend, prompts: list[list[int]], tok
         if excluded[i] is not None:
             _condition(samples[i], backend._score_call(prompts[i], ids, temperature).logq)
     return samples
+
+
+def _merges(model: torch.nn.Module) -> bool:
+    """Whether TransformersBackend decodes `model` from a merged copy: a PEFT model whose weights are float32."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel) and model.get_base_model().dtype == torch.float32
 
 
 def served_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:

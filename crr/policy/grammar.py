@@ -249,9 +249,14 @@ class ToolCallMatcher:
             # xgrammar accepted it, so the rest is re-derived from its state below.
             self._forced = self._forced[1:] if token_id == self._forced[0] else []
         self.tokens += 1
-        self.rejections += int(unconstrained_id is not None and unconstrained_id != token_id)
+        if unconstrained_id is not None:
+            self.count_rejection(token_id, unconstrained_id)
         if not self._forced:
             self._jump_forward()
+
+    def count_rejection(self, token_id: int, unconstrained_id: int) -> None:
+        """Count a grammar rejection at an accepted token: the unconstrained draw was another token."""
+        self.rejections += int(unconstrained_id != token_id)
 
     def _jump_forward(self) -> None:
         if not self._matcher.is_terminated():
