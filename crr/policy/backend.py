@@ -14,7 +14,11 @@ than one token. Forced structure has a one-token mask, so zero entropy, and is l
 
 Sampling uses the Gumbel-max trick: token = argmax(masked logits / T + g) with g ~ Gumbel(0, 1) from a
 torch.Generator seeded per call, which is exact sampling from q and gives, with the same g, the token
-the unconstrained distribution would have chosen, so a grammar rejection is counted exactly.
+the unconstrained distribution would have chosen, so a grammar rejection is counted exactly. The noise is
+drawn by position (one rows x vocabulary draw per token position, in order), so a row's tokens do not depend
+on how many passes decode them: TransformersBackend feeds the tokens the grammar forces after a sampled one
+(the call's JSON scaffolding, a name once its first token is chosen) in the same forward pass as it
+(jump-forward), one pass per free token instead of one per token.
 
 The CRR proposal q_{not a}(a' | s) ∝ q(a')·1[a' != a] is defined by rejection: `exclude[i]` is the
 realised call; a row whose sample equals it (canonical JSON, schema defaults filled in) is resampled, up
