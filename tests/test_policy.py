@@ -365,17 +365,25 @@ def test_a_float32_lora_policy_decodes_from_its_merged_weights_and_their_updates
     model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM",
                                             init_lora_weights=False))   # B != 0: the adapter changes the policy
     merged = TransformersBackend(model, tokenizer, tools=COMPACT_TOOLS, max_value_chars=MAX_VALUE_CHARS)
-    for update in range(2):
+    lora = [p for name, p in model.named_parameters() if "lora_" in name]
+    optimizer = torch.optim.AdamW(lora, lr=0.05, fused=True)   # transformers' default: it bumps no version counter
+    for update in range(3):
         samples = merged.generate(batch[:3], temperature=0.7, seed=update, max_new_tokens=BUDGET)
         for s in samples:
             behaviour, policy_lp, entropy = teacher_forced(model, merged.grammar, s.prompt_ids, s.action_ids, 0.7)
             assert s.behaviour_logprobs == pytest.approx(behaviour, abs=1e-4)
             assert s.policy_logprobs == pytest.approx(policy_lp, abs=1e-4)
             assert s.entropies == pytest.approx(entropy, abs=1e-4)
-        with torch.no_grad():   # what an optimizer step does to the adapter
-            for module in model.modules():
-                if isinstance(module, LoraLayer):
-                    module.lora_B["default"].weight.add_(0.05)
+        if update == 0:   # a LoRA update in place
+            with torch.no_grad():
+                for module in model.modules():
+                    if isinstance(module, LoraLayer):
+                        module.lora_B["default"].weight.add_(0.05)
+        else:             # an optimizer step, then the next rollout's clear_cache
+            for p in lora:
+                p.grad = torch.ones_like(p)
+            optimizer.step()
+            merged.clear_cache()
     assert merged._merged is not None and not any(isinstance(m, LoraLayer) for m in merged._merged.modules())
 
     bf16 = get_peft_model(load_policy(tiny_dir, dtype=torch.bfloat16)[0],

@@ -406,7 +406,6 @@ class TransformersBackend:
             free = [(j, i) for j, i in enumerate(alive) if sampling[i]]
             for s, (_, i) in enumerate(free):
                 matchers[i].fill_next_token_bitmask(bitmask, s)
-            chosen = []
             if free:
                 ls = logits[[j for j, _ in free], [width - 1] * len(free)]
                 stats = _token_stats(ls, bitmask[:len(free)], temperature)
@@ -485,14 +484,18 @@ class TransformersBackend:
             self.prefix_cache.store((prompts[i] + record[i]["action_ids"])[:len(keep)], row_kv(past, j, keep))
 
     def clear_cache(self) -> None:
+        """Also the signal that the weights may have changed (every rollout starts with it): the merged copy is
+        remade before the next pass."""
         self.prefix_cache.clear()
+        self._weights_stamp = None
 
     def _decoder(self) -> PreTrainedModel:
         """The module every forward pass runs: the policy, or its merged copy (the class docstring), with the
         prefix cache cleared when the weights changed. Cached keys and values belong to the weights that
-        computed them. An optimizer step, a loaded state dict or a LoRA update changes parameters in place,
-        which bumps their autograd version counters; so the sum of those counters (and the model's identity)
-        stamps the weights."""
+        computed them. A loaded state dict, a LoRA update or a foreach optimizer step changes parameters in
+        place, which bumps their autograd version counters; so the sum of those counters (and the model's
+        identity) stamps the weights. A fused optimizer step (transformers' default, adamw_torch_fused) bumps
+        none, which is why every rollout starts with `clear_cache`."""
         stamp = (id(self.model), sum(p._version for p in self.model.parameters()))
         if stamp != self._weights_stamp:
             self.prefix_cache.clear()
