@@ -355,8 +355,9 @@ def test_prefix_reuse_across_turns_matches_a_fresh_prefill(policy):
 def test_a_float32_lora_policy_decodes_from_its_merged_weights_and_their_updates(tiny_dir, batch):
     """A float32 LoRA policy decodes from a merged copy (no adapter layers in it), which computes the adapter's
     function: every sample's log-probabilities are the LoRA model's own (a teacher-forced pass through the
-    adapter), before and after the adapter's weights change in place (an optimizer step). A bf16 one decodes
-    through its adapter."""
+    adapter), before and after the adapter's weights change in place: by an in-place update, and by fused AdamW
+    steps (which bump no version counter) followed by the clear_cache every rollout starts with. A bf16 one
+    decodes through its adapter."""
     from peft import LoraConfig, get_peft_model
     from peft.tuners.lora import LoraLayer
 
@@ -444,8 +445,8 @@ def _passes(grammar, action: list[int]) -> int:
 def test_rows_leave_the_batch_as_they_finish_and_sample_as_if_they_had_stayed(policy, batch):
     """A row whose call is complete leaves the decoding batch (and the columns only it needed leave the
     cache): each decoding pass feeds only the rows still generating, a row's forced tokens ride in the pass
-    of the token before them (jump-forward), and every row samples the tokens it samples alone, one token a
-    forward pass, with its own noise. Also with rows cut off at max_new_tokens."""
+    of the token before them (jump-forward), and every row samples the tokens it samples alone (a forward pass
+    a token, no cache), with its own noise. Also with rows cut off at max_new_tokens."""
     model, tokenizer = policy
     backend = TransformersBackend(model, tokenizer, tools=COMPACT_TOOLS, max_value_chars=MAX_VALUE_CHARS)
     prompts = [backend.prompt_ids(c) for c in batch[:4]]
