@@ -193,10 +193,10 @@ class TransformersBackend:
     extends an earlier one (the next turn, a branch of a trajectory) reuses its keys and values
     (crr.policy.prefix_cache; `prefix_cache_bytes` bounds it, 0 turns it off).
 
-    A LoRA policy in float32 decodes from a merged copy of itself (`served_weights`: W + scale * B @ A, refreshed
-    whenever the policy's weights change), the function the adapter computes up to float32 rounding: PEFT runs
-    three linear layers and its Python per adapted layer, about a third of a decoding step on a tiny model (the
-    step is per-call overhead on a CPU). In bf16 the merge would round W + B @ A to bf16, another policy than the
+    A LoRA policy in float32 decodes from a merged copy of itself (`served_weights`: W + scale * B @ A, remade at
+    every `clear_cache` and whenever the policy's weights change), the function the adapter computes up to float32
+    rounding: PEFT runs three linear layers and its Python per adapted layer, about a fifth of a decoding pass of
+    the tiny model on a CPU (a pass there is mostly per-call overhead). In bf16 the merge would round W + B @ A to bf16, another policy than the
     one the loss trains, so a bf16 policy decodes through its adapter.
     """
 
@@ -331,6 +331,12 @@ class TransformersBackend:
         # into a DecodeCache: a sliding window would count the padding a ragged pass leaves between tokens.)
         jump = full_attention(model.config)
 
+        def follow(i: int, token: int) -> None:
+            """Row i's position in the call it avoids after `token` (past a's last token nothing is left to avoid)."""
+            if following[i] is not None:
+                k = following[i]
+                following[i] = k + 1 if token == avoid[i].ids[k] and k + 1 < len(avoid[i].ids) else None
+
         def force(i: int) -> list[int]:
             """Advance row i's grammar through the tokens it forces next (within max_new_tokens)."""
             run, room = [], (max_new_tokens - len(record[i]["action_ids"])) if jump else 0
@@ -338,9 +344,7 @@ class TransformersBackend:
                 token = matchers[i].forced_token
                 matchers[i].advance(token)   # (its grammar rejection is counted when its logits come)
                 run.append(token)
-                if following[i] is not None:
-                    k = following[i]
-                    following[i] = k + 1 if token == avoid[i].ids[k] and k + 1 < len(avoid[i].ids) else None
+                follow(i, token)
             return run
 
         def samples_next(i: int, pending: list[int]) -> bool:
@@ -424,9 +428,7 @@ class TransformersBackend:
             last = {}
             for s, (_, i) in enumerate(free):
                 token = chosen[s]
-                if following[i] is not None:   # (past a's last token there is nothing left to avoid)
-                    k = following[i]
-                    following[i] = k + 1 if token == avoid[i].ids[k] and k + 1 < len(avoid[i].ids) else None
+                follow(i, token)
                 matchers[i].advance(token, unconstrained[s])
                 r = record[i]
                 r["action_ids"].append(token)
