@@ -442,10 +442,10 @@ class TransformersBackend:
             for j, i in enumerate(alive):
                 pending[i] = force(i) if i in last else []
                 sampling[i] = samples_next(i, pending[i])
-                if matchers[i].is_terminated and done_at[i] is None:
-                    done_at[i] = time.perf_counter() - start
-                if i not in last or not (pending[i] or sampling[i]):
+                if i not in last or not (pending[i] or sampling[i]):   # every token recorded
                     finished.append(j)
+                    if matchers[i].is_terminated:
+                        done_at[i] = time.perf_counter() - start
             if finished:
                 self._keep_prefixes(past, attention, finished, [alive[j] for j in finished], prompts, record)
                 stay = [j for j in range(len(alive)) if j not in finished]
