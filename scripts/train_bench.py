@@ -12,7 +12,8 @@ ledgers: mean iteration wall_s and phase seconds per method, their ratio, the fo
 (snapshot, restore and materialisation) and the counterfactual share (fork_s + cf_rollout_s + cf_test_s) / wall_s;
 the seconds per on-policy trajectory (rollout_s / trajectories) and per branch ((fork_s + cf_rollout_s +
 cf_test_s) / forks: the forks the selector kept, those a sibling played included (forks_reused); the discarded
-live forks' seconds are in the numerator), the test runs the verdicts by final state spared (verdicts_reused;
+live forks' seconds are in the numerator; with branches_beside_update what the branches added to the wall clock,
+and s_per_branch_own with the seconds they ran beside the learner's reference pass, cf_beside_s), the test runs the verdicts by final state spared (verdicts_reused;
 reuse_verdicts=false reuse_played=false measure without either), and
 CRR/GRPO also without the learner update (the same rows in both: on a shared machine its seconds are the
 noisiest part) and by the counterfactual share, 1 / (1 - cf_share): CRR's iteration over the same iteration
@@ -86,7 +87,9 @@ def main() -> None:
                        "cf_share": sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its) / total,
                        "s_per_trajectory": sum(i["rollout_s"] for i in its) / sum(i["trajectories"] for i in its),
                        "s_per_branch": (sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its)
-                                        / max(sum(i["forks"] for i in its), 1))}
+                                        / max(sum(i["forks"] for i in its), 1)),
+                       "s_per_branch_own": (sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] + i["cf_beside_s"]
+                                                for i in its) / max(sum(i["forks"] for i in its), 1))}
     grpo = result["grpo"]
     for arm in (a for a in arms if a != "grpo"):
         crr = result[arm]

@@ -24,6 +24,7 @@ from crr.policy.model import (
     MODEL_VERSION,
     SIZES,
     default_model_dir,
+    frozen_base,
     init_tiny_model,
     load_policy,
     param_count,
@@ -392,6 +393,33 @@ def test_a_float32_lora_policy_decodes_from_its_merged_weights_and_their_updates
     adapter = TransformersBackend(bf16, tokenizer, tools=COMPACT_TOOLS, max_value_chars=MAX_VALUE_CHARS)
     adapter.generate(batch[:1], temperature=0.7, seed=0, max_new_tokens=8)
     assert adapter._merged is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_frozen_base_is_the_policy_with_its_adapter_disabled_without_disabling_it(tiny_dir, dtype):
+    """frozen_base (the trainer's reference policy of a LoRA run): the log-probabilities TRL's fused head gives with
+    the adapter disabled, bit for bit, from the base's own tensors (no copy), while the policy itself keeps
+    computing with its adapter."""
+    from peft import LoraConfig, get_peft_model
+    from trl.trainer.utils import add_fused_lm_head
+
+    base, _ = load_policy(tiny_dir, dtype=dtype)
+    add_fused_lm_head(base, temperature=1.0, outputs=("log_probs", "entropy"))   # as TRL patches the policy
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM",
+                                            init_lora_weights=False))
+    ref = frozen_base(model)
+    add_fused_lm_head(ref, temperature=1.0)
+    ids = torch.randint(0, 200, (3, 40), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[0, :6] = 0   # a left-padded row
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100), "fused_lm_head": True}
+    with torch.no_grad():
+        with model.disable_adapter():
+            disabled = model(**batch).log_probs
+        own, live = ref(**batch).log_probs, model(**batch).log_probs
+    assert torch.equal(own, disabled) and not torch.allclose(live, disabled)
+    shared = {p.data_ptr() for p in model.get_base_model().parameters()}
+    assert {p.data_ptr() for p in ref.parameters()} <= shared and not any(p.requires_grad for p in ref.parameters())
 
 
 def test_no_prefix_reuse_for_sliding_window_layers(policy):

@@ -189,6 +189,54 @@ def test_verdicts_reused_by_final_state_change_no_reward(ran_tasks_file, tmp_pat
     assert seen["true"][1]["verdicts_reused"] > 0 and seen["false"][1]["verdicts_reused"] == 0
 
 
+def test_branches_beside_the_update_change_nothing_but_the_clock(tmp_path):
+    # branches_beside_update (crr.train.trainer._rollout): the branches run in a helper thread beside TRL's
+    # reference pass and the loss's forward pass, joined when the loss reads the advantages. The CPU preset on the
+    # shipped warm start, which is bf16: the policy decodes through its LoRA adapter, which TRL would disable for the reference pass but for the reference
+    # module of its own (crr.policy.model.frozen_base): the same seed gives the same trajectories, branches,
+    # advantages and losses as with the branches before the update, and the ledger still partitions each
+    # iteration, the seconds the branches ran beside the update charged to cf_beside_s
+    from crr.train.records import read_records
+
+    seen = {}
+    for beside in ("true", "false"):
+        _, run = run_train(["--config", "experiments/cpu-crr.yaml", "--out", str(tmp_path / beside), "--max-updates",
+                            "2", "workers=2", f"branches_beside_update={beside}"], tmp_path / beside)
+        metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        seen[beside] = ([(r["kind"], r.get("t"), r["reward"], [(s.get("call"), s.get("advantage")) for s in r["steps"]])
+                         for r in read_records(run)],
+                        [(r.get("loss"), r.get("kl")) for r in metrics if r.get("event") == "trl"],
+                        json.loads((run / "ledger.json").read_text())["iterations"])
+    assert seen["true"][:2] == seen["false"][:2]
+    # forks in both updates; the adapter moved before the second
+    assert [it["forks"] > 0 for it in seen["true"][2]] == [True, True] and seen["true"][1][1][1] > 0
+    for beside, (_, _, iterations) in seen.items():
+        for it in iterations:
+            assert sum(it[k] for k in ("rollout_s", "fork_s", "cf_rollout_s", "cf_test_s", "update_s")) <= it["wall_s"]
+            assert min(it["fork_s"], it["cf_rollout_s"], it["cf_test_s"], it["update_s"]) >= 0
+        assert (sum(it["cf_beside_s"] for it in iterations) > 0) == (beside == "true")
+
+
+def test_a_failure_beside_the_update_is_the_runs_error_and_leaves_no_sandbox(ran_tasks_file, tmp_path, monkeypatch):
+    # the branches' thread fails after its forks have run: train raises that error once TRL's reference pass is
+    # done (neither hangs nor swallows it), and the engine's directory is gone
+    import crr.train.trainer as trainer
+    from crr.errors import CRRError
+
+    real, engines = trainer.run_branches, []
+
+    def failing(*args, **kwargs):
+        engines.append(kwargs["engine"])
+        real(*args, **kwargs)
+        raise CRRError("a branch failed")
+
+    monkeypatch.setattr(trainer, "run_branches", failing)
+    result = CliRunner().invoke(app, ["train", "--method", "crr", "--out", str(tmp_path), "--max-updates", "1",
+                                      f"tasks={ran_tasks_file}", *SMALL])
+    assert result.exit_code == 2 and "a branch failed" in result.output, result.output
+    assert len(engines) == 1 and not engines[0].dir.exists()
+
+
 def test_resets_train_restart_rows_on_their_own_steps(tmp_path, monkeypatch):
     # The preset (SRPO's reset at the first erroneous step, located by rule: a failure's first edit) on the
     # shipped warm start, whose nano failures edit: G = 4 rows per task, 2 on-policy trajectories and M = 2

@@ -74,7 +74,8 @@ def train_command(
 
 
 def _iteration_line(r: dict) -> str:
-    """One line per update: reward, advantages, selection and forks, the ledger's time shares."""
+    """One line per update: reward, advantages, selection and forks, the ledger's time shares (cf: what the
+    counterfactual work added to the clock; + the seconds it ran beside the update, which upd holds)."""
     led, cum = r["ledger"], r["cumulative"]
     fmt = lambda v, f=".2f": "-" if v is None else format(v, f)  # noqa: E731
     return (f"[bold]{r['step']}/{r['max_steps']}[/] R {fmt(r['reward_mean'])} | A {fmt(r['adv_mean'], '+.3f')}"
@@ -83,7 +84,8 @@ def _iteration_line(r: dict) -> str:
             + (f" replaced {r['replaced']}" if r.get("replaced") is not None else "")
             + f" | fork share {r['fork_share']:.1%} cf share {r['cf_share']:.1%} | {led['wall_s']:.1f}s (roll "
             f"{led['rollout_s']:.1f} fork {led['fork_s']:.1f} cf {led['cf_rollout_s'] + led['cf_test_s']:.1f} "
-            f"upd {led['update_s']:.1f}) | traj {cum['trajectories']} tok {cum['generated_tokens_all']}")
+            + (f"+ {led['cf_beside_s']:.1f} beside " if led.get("cf_beside_s") else "")
+            + f"upd {led['update_s']:.1f}) | traj {cum['trajectories']} tok {cum['generated_tokens_all']}")
 
 
 def _held_out_pass(tasks: str, n: int | None, cfg, run, when: str, model: str | None = None,

@@ -188,6 +188,25 @@ def load_policy(path_or_hub_id: Path | str, device: str = "cpu",
     return model.to(device).eval(), tokenizer
 
 
+def frozen_base(model: torch.nn.Module) -> PreTrainedModel:
+    """The base of a LoRA (PEFT) policy as a module of its own, holding the very tensors of the base weights (no
+    copy): the policy with its adapter disabled, without disabling it. The trainer's reference policy, so that
+    computing the reference log-probabilities leaves the live policy's adapter alone while branches decode from
+    it in another thread (crr.train.trainer, branches_beside_update)."""
+    base = model.get_base_model()
+    weights = {name.replace(".base_layer.", "."): t for name, t in base.state_dict().items() if ".lora_" not in name}
+    with torch.device("meta"):   # the architecture without allocating weights: each is assigned the base's tensor
+        module = type(base)(base.config)
+    missing, unexpected = module.load_state_dict(weights, strict=False, assign=True)
+    module.tie_weights()
+    if unexpected or {n for n, p in module.named_parameters() if p.is_meta}:
+        raise CRRError(f"cannot take the base of the policy's adapter: missing {missing}, unexpected {unexpected}")
+    for name, buffer in base.named_buffers():   # non-persistent buffers (rotary frequencies) are in no state dict
+        owner, _, leaf = name.replace(".base_layer.", ".").rpartition(".")
+        module.get_submodule(owner)._buffers[leaf] = buffer
+    return module.eval().requires_grad_(False)
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("CRR_CACHE_DIR") or Path.home() / ".cache" / "crr")
 

@@ -110,6 +110,11 @@ class CRRConfig(GRPOConfig):
     #                                            branch decoding in the rollout's rounds (crr.train.counterfactual.LiveForks;
     #                                            not with a selector outside PREFIX_SELECTORS or replay noise); no
     #                                            faster on 2 CPU cores (docs/training.md), so off
+    branches_beside_update: bool = True        # the forks after the rollout run beside the update's reference
+    #                                            and forward passes, joined when the loss reads the advantages:
+    #                                            the same iteration, sooner (crr.train.trainer; a method whose
+    #                                            rows wait for none of them: not Search-Select or resets; not
+    #                                            under DeepSpeed or FSDP); false: before the update
     # --- the advantage estimator (crr.train.advantages): None = the method's; a registered name or a
     #     function by dotted path (mypkg.mod:fn), called with advantage_params as keywords
     advantage_estimator: str | None = None
@@ -194,6 +199,13 @@ class CRRConfig(GRPOConfig):
         """Whether forks start during the rollout (forks_during_rollout, where the selector and replay noise allow)."""
         return (self.forks_during_rollout and self.forks in ("counterfactual", "continuation") and not self.replay_noise
                 and (self.forks == "continuation" or self.selector in PREFIX_SELECTORS))
+
+    @property
+    def branches_beside(self) -> bool:
+        """Whether the forks after the rollout run beside the update (branches_beside_update, for a method whose
+        rows do not wait for them)."""
+        return (self.branches_beside_update and self.forks in ("counterfactual", "continuation") and not self.row.swaps
+                and not self.live_forks)
 
     @property
     def state_keys(self) -> bool:

@@ -18,7 +18,8 @@ realised conversation, whose keys and values the rollout left in the backend's p
   run_branches   (the default) after the rollout, every pick at once, driven in rounds of their own (any
                  selector; replay noise, which draws from the whole iteration). On 2 CPU cores the two cost
                  the same (docs/training.md): a live fork's proposal is a generation call of its own in the
-                 round it starts, which costs what the rounds saved at the end.
+                 round it starts, which costs what the rounds saved at the end. The trainer runs them beside
+                 the update's first passes (branches_beside_update: crr.train.trainer).
 
 The sandbox work runs beside the generation: the restores of s_t while the proposals are sampled, the
 verifier of the branches that ended in a round while the next round is generated. Seconds are charged to

@@ -21,9 +21,12 @@ iteration in `metrics.jsonl`:
   forks_reused (forks, counted in `forks`, whose alternative action a sibling had taken in the same state: the
   sibling's return is theirs and nothing was played, crr.train.counterfactual.played_by),
   harness_tampered (on-policy trajectories the verifier's harness audit
-  scored 0 for changing the test harness: crr.agent.verifier.audit), and verdicts_reused (episodes, on-policy
+  scored 0 for changing the test harness: crr.agent.verifier.audit), verdicts_reused (episodes, on-policy
   or forked, that ended in a state an earlier episode of the run ended in and took its verdict instead of a
-  test run: crr.agent.verdicts).
+  test run: crr.agent.verdicts), and cf_beside_s: the seconds of counterfactual work that ran beside the learner
+  update (branches_beside_update: crr.train.trainer), charged to no phase, since update_s holds them; the phases
+  fork_s, cf_rollout_s and cf_test_s keep what that work added to the wall clock, the wait for it at its end
+  (`beside`).
 
 On resume the ledger is cut back to the iterations the checkpoint holds (`truncate`).
 
@@ -48,8 +51,9 @@ log = logging.getLogger(__name__)
 
 LEDGER_FILE = "ledger.json"
 PHASES = ("rollout_s", "fork_s", "cf_rollout_s", "cf_test_s", "update_s")
+CF_PHASES = ("fork_s", "cf_rollout_s", "cf_test_s")   # the counterfactual work
 COUNTS = ("trajectories", "updates", "generated_tokens_on_policy", "generated_tokens_all", "effective_tokens", "forks",
-          "forks_discarded", "forks_reused", "harness_tampered", "verdicts_reused")
+          "forks_discarded", "forks_reused", "harness_tampered", "verdicts_reused", "cf_beside_s")
 
 
 class Ledger:
@@ -90,6 +94,22 @@ class Ledger:
         """Re-attribute seconds measured inside one phase to another (snapshots taken during the rollout)."""
         self.current[src] -= seconds
         self.current[dst] += seconds
+
+    def snapshot(self) -> dict:
+        """The current iteration's phases so far (for `beside`)."""
+        return {k: self.current[k] for k in PHASES}
+
+    def beside(self, before: dict, waited: float) -> None:
+        """Counterfactual work charged since `before` ran beside the learner update (its first passes), which
+        waited `waited` seconds for it at the join: those seconds are what it added to the wall clock, so its
+        phases keep them (each in proportion to its share); the rest, spent while the update ran (update_s),
+        goes to cf_beside_s, outside the partition."""
+        spent = {k: self.current[k] - before[k] for k in CF_PHASES}
+        total = sum(spent.values())
+        keep = min(waited / total, 1.0) if total > 0 else 1.0
+        for k in CF_PHASES:
+            self.current[k] -= spent[k] * (1 - keep)
+        self.current["cf_beside_s"] += total * (1 - keep)
 
     def charge_fork_cost(self, measured_s: float) -> None:
         """The fork-cost multiplier: (m - 1) x the measured snapshot/restore/replay time, as a real delay."""

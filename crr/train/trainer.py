@@ -17,8 +17,12 @@ One iteration = one TRL generation batch = one optimizer update:
      state; resets plays G - M on-policy trajectories per task and M on-policy continuations from one state
      of a failed one (the selector's first pick, e.g. its first edit), which are the task's other M rows;
      with forks_during_rollout=true a fork starts during the rollout, in the round after its step is
-     realised, and its branch decodes in the rollout's rounds (LiveForks). The branches go to tuples/
-     as one parquet part. A swapping method (Search-Select) replaces a
+     realised, and its branch decodes in the rollout's rounds (LiveForks). With branches_beside_update
+     (the default) the forks after the rollout run in a helper thread beside step 2 and the forward pass of
+     step 3, which need the rows but not their advantages, and are joined where the loss first reads the
+     advantages (`_get_per_token_logps_and_entropies`): the same iteration, on a clock that no longer
+     waits for them (the ledger charges them only the wait at the join: Ledger.beside). The branches go
+     to tuples/ as one parquet part. A swapping method (Search-Select) replaces a
      realised row by its verifier-best branch when that branch scores strictly higher. The rows go back
      to TRL with env_mask (observations masked) and, per row, the same credit record (RowCredit) for
      whichever advantage estimator the config names.
@@ -41,13 +45,14 @@ iteration, and only the main process writes the run directory.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -55,22 +60,23 @@ import pandas as pd
 import torch
 import yaml
 from datasets import Dataset
-from peft import LoraConfig
+from peft import LoraConfig, PeftModel
 from safetensors import SafetensorError
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
+from trl.trainer.utils import add_fused_lm_head
 
 from crr.agent.episode import EpisodeConfig, Trajectory
 from crr.agent.verdicts import Verdicts
 from crr.errors import CRRError
 from crr.policy import SERVER_BACKEND
 from crr.policy.backend import TransformersBackend
-from crr.policy.model import agent_record, default_policy_dir, load_policy, write_agent_record
+from crr.policy.model import agent_record, default_policy_dir, frozen_base, load_policy, write_agent_record
 from crr.sandbox import engine_spec_of
 from crr.sandbox.checkout import publish
-from crr.rollout import RolloutConfig, RolloutResult, rollout, rollout_pool
+from crr.rollout import RolloutConfig, RolloutResult, in_background, rollout, rollout_pool
 from crr.rundir import RunDir
 from crr.seeds import derive_seed
 from crr.tasks.loaders import load_tasks
@@ -158,30 +164,78 @@ class CRRTrainer(GRPOTrainer):
         # to the terminal as raw dicts, and the CLI draws the progress (one line per update, a bar)
         self.remove_callback(PrinterCallback)
         self.remove_callback(ProgressCallback)
+        # the reference policy of a new LoRA adapter as a module of its own (the base weights themselves, shared):
+        # for its log-probabilities TRL would otherwise disable the adapter of the live policy, from which the
+        # branches beside the update decode (cfg.branches_beside); the same numbers, bit for bit
+        if (self.beta != 0.0 and self.ref_model is None and isinstance(self.model, PeftModel)
+                and "ref" not in self.model.peft_config and not self.args.cast_lm_head_to_fp32 and not self._sharded):
+            self.ref_model = frozen_base(self.model)
+            add_fused_lm_head(self.ref_model, temperature=self.temperature)
+        self._branching = ExitStack()   # the policy generating and, beside the update, the branches still running
+        self._late: tuple | None = None   # (finish, ledger before, branches) of the rollout they have not ended
+
+    @property
+    def _sharded(self) -> bool:
+        """DeepSpeed or FSDP: the policy's parameters are gathered for generation, not while the update runs."""
+        return self.is_deepspeed_enabled or self.is_fsdp_enabled
 
     # ------------------------------------------------------------------ 1. rollouts and forks
     def _rollout(self, prompts: list[str], trainer: GRPOTrainer) -> dict:
         """Algorithm 1 up to the advantages (TRL's rollout_func): this process's rows of one iteration, each
         with its credit record; the advantages (line 10) and the update (line 11) follow in
-        _generate_and_score_completions and TRL's optimizer step."""
+        _generate_and_score_completions and TRL's optimizer step. With cfg.branches_beside the rows go back
+        before the branches have ended: they run on in a helper thread beside the update's first half (TRL's
+        reference pass and the loss's forward pass, which need the rows, not their advantages), and are
+        joined (`_land`) when the advantages are first read, after that forward pass
+        (`_get_per_token_logps_and_entropies`). The same seed gives the same iteration either way."""
         step, seed, tasks, offset = self._batch(prompts)
         self.ledger.begin(step)
         reused = self.verdicts.reused if self.verdicts is not None else 0
-        with self._generating():
+        try:
+            self._branching.enter_context(self._generating())
             result = self._sample(tasks, seed, step)                            # G on-policy trajectories per task
             trajs = result.trajectories
             picks = self._select(trajs, seed) if self.cfg.row.selects else {}  # the steps to fork
             fresh = {}
             if self.cfg.forks == "reset":                                       # one state per task
                 picks, fresh = reset_points(trajs, picks)
-            branches = self._branch(trajs, {**picks, **fresh}, seed)            # K branches from each
-        if self.verdicts is not None:
-            self.ledger.add("verdicts_reused", self.verdicts.reused - reused)
-        batch = self._batch_rows(trajs, branches)
-        out = self._rows(batch, picks, branches, offset)                        # TRL's rows, credit records
-        self._keep(step, offset, result, picks, branches, batch, out)
+            points = {**picks, **fresh}
+            finish = functools.partial(self._finish, step, offset, result, picks, reused)
+            if self.cfg.branches_beside and not self._sharded:                # K branches from each, beside
+                before = self.ledger.snapshot()
+                branching = self._branching.enter_context(in_background(lambda: self._branch(trajs, points, seed)))
+                self._late = (finish, before, branching)
+                self._update_start = time.perf_counter()
+                return self._rows(self._batch_rows(trajs, []), picks, [], offset)   # the forks' returns: _land
+            branches = self._branch(trajs, points, seed)                        # K branches from each
+        except BaseException:
+            self._branching.close()   # (waits for branches still running: their sandboxes close)
+            raise
+        self._branching.close()
+        out = finish(branches)
         self._update_start = time.perf_counter()
         return out
+
+    def _finish(self, step: int, offset: int, result: RolloutResult, picks: dict, reused: int,
+                branches: list[Branch]) -> dict:
+        """The rows and what the iteration keeps, once its branches have ended."""
+        if self.verdicts is not None:
+            self.ledger.add("verdicts_reused", self.verdicts.reused - reused)
+        batch = self._batch_rows(result.trajectories, branches)
+        out = self._rows(batch, picks, branches, offset)                        # TRL's rows, credit records
+        self._keep(step, offset, result, picks, branches, batch, out)
+        return out
+
+    def _land(self) -> list[dict]:
+        """The credit records of the rows whose branches ran beside the update (`_rollout`), once they have
+        ended: the seconds waited for them are theirs, not the update's (Ledger.beside)."""
+        (finish, before, branching), self._late = self._late, None
+        start = time.perf_counter()
+        self._branching.close()   # the branches, then the policy's generation context
+        waited = time.perf_counter() - start
+        self._update_start += waited
+        self.ledger.beside(before, waited)
+        return finish(branching.result())["crr_credit"]
 
     def _batch(self, prompts: list[str]) -> tuple[int, int, list[Task], int]:
         """(update step, iteration seed, tasks, global index of the first task) of this process's prompts,
@@ -452,29 +506,69 @@ class CRRTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ 2. (B, T) advantages
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict:
-        out = super()._generate_and_score_completions(inputs)
-        local = [RowCredit(**{**x["crr_credit"], "spans": [tuple(s) for s in x["crr_credit"]["spans"]]})
-                 for x in inputs]
-        # as TRL does with its rewards: the whole batch's rows (every process's; groups carry global ids),
-        # advantages within complete groups, then this process's slice (the batches are equal in size)
-        rows = gather(local)
-        every_adv = estimate(self.cfg.estimator, rows, **self.cfg.advantage_params)
-        start = self.accelerator.process_index * len(local)
-        step_adv = every_adv[start:start + len(local)]
-        if self.records is not None:   # every process's trajectories and branches, with these advantages
-            parts = gather_one(self.records)
-            if self.accelerator.is_main_process:
-                records.write_update(self.run.path, self.state.global_step, parts, rows, every_adv)
+        try:
+            out = super()._generate_and_score_completions(inputs)
+        except BaseException:
+            self._abandon()
+            raise
         B, T = out["completion_ids"].shape
-        out["advantages"] = token_advantages(local, step_adv, T).to(out["completion_ids"].device)
-        excluded = torch.tensor([a is None for a in step_adv], device=out["completion_mask"].device)
-        out["completion_mask"] = out["completion_mask"] * (~excluded).unsqueeze(1).to(out["completion_mask"].dtype)
+        # rows with no return (an infrastructure failure) are out of the loss entirely, before its forward pass
+        scored = torch.tensor([x["reward"] is not None for x in inputs], device=out["completion_mask"].device)
+        out["completion_mask"] = out["completion_mask"] * scored.unsqueeze(1).to(out["completion_mask"].dtype)
+        if self._late is not None:   # the branches still run: the advantages follow the loss's forward pass
+            out["advantages"] = torch.zeros(B, T, device=out["completion_ids"].device)
+            out["crr_row"] = torch.arange(B, device=out["completion_ids"].device)   # (TRL shuffles the rows)
+            return out
+        out["advantages"] = self._advantages([x["crr_credit"] for x in inputs], T).to(out["completion_ids"].device)
         if self.cfg.row.swaps:   # ratio against the behaviour policy that generated each row
             old = torch.zeros(B, T, device=out["completion_ids"].device)
             for i, x in enumerate(inputs):
                 lps = x["policy_logprobs"][:T]
                 old[i, :len(lps)] = torch.tensor(lps)
             out["old_per_token_logps"] = old
+        return out
+
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        """TRL's, and after the loss's forward pass (the one with gradients) of an update whose branches ran
+        beside it: the wait for them, then their advantages in every chunk of the update's rows, which TRL
+        reads next (`_rollout`)."""
+        out = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        if self._late is not None and torch.is_grad_enabled():
+            first = self._buffered_inputs[0]
+            advantages = self._advantages(self._land(), first["advantages"].shape[1]).to(first["advantages"].device)
+            for chunk in self._buffered_inputs:
+                chunk["advantages"] = advantages[chunk["crr_row"]]
+        return out
+
+    def training_step(self, *args, **kwargs):
+        try:
+            return super().training_step(*args, **kwargs)
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        """After a failure: wait for branches still running beside the update (their sandboxes close)."""
+        self._late = None
+        self._branching.close()
+
+    def _advantages(self, credit: list[dict], T: int) -> torch.Tensor:
+        """Algorithm 1, line 10: this process's (B, T) advantages from its rows' credit records, by the config's
+        estimator; the update's trajectory records and advantage statistics."""
+        local = [RowCredit(**{**x, "spans": [tuple(s) for s in x["spans"]]}) for x in credit]
+        # as TRL does with its rewards: the whole batch's rows (every process's; groups carry global ids),
+        # advantages within complete groups, then this process's slice (the batches are equal in size)
+        rows = gather(local)
+        every_adv = estimate(self.cfg.estimator, rows, **self.cfg.advantage_params)
+        start = self.accelerator.process_index * len(local)
+        step_adv = every_adv[start:start + len(local)]
+        if any((a is None) != (r.reward is None) for r, a in zip(local, step_adv)):
+            raise CRRError(f"the advantage estimator {self.cfg.estimator!r} excluded a scored row or scored an "
+                           "unscored one; an estimator returns None exactly for the rows with no reward")
+        if self.records is not None:   # every process's trajectories and branches, with these advantages
+            parts = gather_one(self.records)
+            if self.accelerator.is_main_process:
+                records.write_update(self.run.path, self.state.global_step, parts, rows, every_adv)
         flat = [a for adv in every_adv if adv is not None for a in adv]
         # a swapping method's forks replace rows (its estimator is GRPO's): they are not contrasts
         selected = [adv[t] for r, adv in zip(rows, every_adv) if adv is not None for t in r.selected
@@ -486,7 +580,7 @@ class CRRTrainer(GRPOTrainer):
             "advantage_snr": advantage_snr([a for a in every_adv if a is not None])})
         if any(r.state_keys for r in rows):
             self.iteration.update(step_group_counts(rows))
-        return out
+        return token_advantages(local, step_adv, T)
 
     # ------------------------------------------------------------------ 3. checkpoints
     def _save_checkpoint(self, model, trial) -> None:
