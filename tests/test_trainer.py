@@ -220,7 +220,7 @@ def test_branches_beside_the_update_change_nothing_but_the_clock(tmp_path):
 def test_a_failure_beside_the_update_is_the_runs_error_and_leaves_no_sandbox(ran_tasks_file, tmp_path, monkeypatch):
     # the branches' thread fails after its forks have run: train raises that error once TRL's reference pass is
     # done (neither hangs nor swallows it), and the engine's directory is gone
-    import crr.train.trainer as trainer
+    from crr.train import trainer
     from crr.errors import CRRError
 
     real, engines = trainer.run_branches, []
