@@ -13,11 +13,15 @@ ledgers: mean iteration wall_s and phase seconds per method, their ratio, the fo
 the seconds per on-policy trajectory (rollout_s / trajectories) and per branch ((fork_s + cf_rollout_s +
 cf_test_s) / forks: the forks the selector kept, those a sibling played included (forks_reused); the discarded
 live forks' seconds are in the numerator; with branches_beside_update what the branches added to the wall clock,
-and s_per_branch_own with the seconds they ran beside the learner's reference pass, cf_beside_s), the test runs the verdicts by final state spared (verdicts_reused;
+and s_per_branch_own with the seconds they ran beside the update, cf_beside_s), the test runs the verdicts by
+final state spared (verdicts_reused;
 reuse_verdicts=false reuse_played=false measure without either), and
 CRR/GRPO also without the learner update (the same rows in both: on a shared machine its seconds are the
 noisiest part) and by the counterfactual share, 1 / (1 - cf_share): CRR's iteration over the same iteration
-without its counterfactual work, which is GRPO's iteration when both play the same trajectories. They do with
+without its counterfactual work, which is GRPO's iteration when both play the same trajectories (with
+branches_beside_update, the default, the share holds only the wait for the branches at the join, not the update's
+slow-down beside them: then the ratio as measured prices CRR; branches_beside_update=false measures the branches
+before the update). They do with
 --fixed-policy (learning_rate=1e-12: the policy stays as it starts), so that the ratio measures what CRR adds
 and not where two trained policies drift (longer or shorter episodes); all but the forks-during-rollout arm, whose
 branches share the rollout's generation calls and so change its rows' draws (the same distribution, other samples). Each ratio carries a 95 % bootstrap interval
