@@ -5,7 +5,7 @@ crr.train.counterfactual.LiveForks; --no-live leaves it out); --horizon h adds C
 h steps after a_t (the paper's horizon ablation: the verifier scores the working tree where the branch stops).
 
     .venv/bin/python scripts/train_bench.py --updates 3 [--config PRESET] [--horizon H] [--no-live] [--fixed-policy]
-        [key=value ...]
+        [--repeat N] [key=value ...]
 
 Runs `crr train` for each method with the same seed and config into a temporary directory and reads the
 ledgers: mean iteration wall_s and phase seconds per method, their ratio, the fork share fork_s / wall_s
@@ -63,6 +63,8 @@ def main() -> None:
     ap.add_argument("--fixed-policy", action="store_true",
                     help="learning_rate=1e-12: the policy stays as it starts, so the arms play the same "
                          "trajectories (the forks-during-rollout arm other draws of them)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the arms this many times in turn and pool their updates (paired by run and update)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     out = tempfile.mkdtemp(prefix="crr-train-bench-")
@@ -70,13 +72,16 @@ def main() -> None:
     arms = {"grpo": {"method": "grpo"}, "crr": {"method": "crr"},
             **({} if args.no_live else {"crr_forks_during_rollout": {"method": "crr", "forks_during_rollout": True}}),
             **{f"crr_horizon_{h}": {"method": "crr", "horizon": h} for h in args.horizon}}
-    for arm, settings in arms.items():
-        fixed = {"learning_rate": 1e-12} if args.fixed_policy else {}
-        cfg = load_config(args.config, {**parse_overrides(args.overrides), **fixed, **settings, "k": 4, "cf_samples": 1,
-                                        "max_steps": args.updates, "output_dir": out})
-        run = start_run(cfg, out)
-        train(cfg, run)
-        its = json.loads((run.path / "ledger.json").read_text())["iterations"]
+    ledgers: dict[str, list[dict]] = {arm: [] for arm in arms}
+    for _ in range(args.repeat):   # the arms in turn, so that a slow spell of a shared machine falls on all of them
+        for arm, settings in arms.items():
+            fixed = {"learning_rate": 1e-12} if args.fixed_policy else {}
+            cfg = load_config(args.config, {**parse_overrides(args.overrides), **fixed, **settings, "k": 4,
+                                            "cf_samples": 1, "max_steps": args.updates, "output_dir": out})
+            run = start_run(cfg, out)
+            train(cfg, run)
+            ledgers[arm] += json.loads((run.path / "ledger.json").read_text())["iterations"]
+    for arm, its in ledgers.items():
         wall = sum(i["wall_s"] for i in its) / len(its)
         total = sum(i["wall_s"] for i in its)
         series[arm] = {"wall": [i["wall_s"] for i in its], "update": [i["update_s"] for i in its],

@@ -24,9 +24,9 @@ iteration in `metrics.jsonl`:
   scored 0 for changing the test harness: crr.agent.verifier.audit), verdicts_reused (episodes, on-policy
   or forked, that ended in a state an earlier episode of the run ended in and took its verdict instead of a
   test run: crr.agent.verdicts), and cf_beside_s: the seconds of counterfactual work that ran beside the learner
-  update (branches_beside_update: crr.train.trainer), charged to no phase, since update_s holds them; the phases
-  fork_s, cf_rollout_s and cf_test_s keep what that work added to the wall clock, the wait for it at its end
-  (`beside`).
+  update (branches_beside_update: crr.train.trainer; summed over processes, as the counts are), charged to no
+  phase, since update_s holds them; the phases fork_s, cf_rollout_s and cf_test_s keep what that work added to
+  the wall clock, the wait for it at its end (`beside`).
 
 On resume the ledger is cut back to the iterations the checkpoint holds (`truncate`).
 
