@@ -39,7 +39,7 @@ import numpy as np
 
 from crr.eval.stats import BOOTSTRAP, BOOTSTRAP_SEED, CONFIDENCE
 from crr.train.config import load_config, parse_overrides
-from crr.train.ledger import PHASES
+from crr.train.ledger import CF_PHASES, PHASES
 from crr.train.trainer import start_run, train
 
 
@@ -82,10 +82,11 @@ def main() -> None:
             train(cfg, run)
             ledgers[arm] += json.loads((run.path / "ledger.json").read_text())["iterations"]
     for arm, its in ledgers.items():
+        cf = [sum(i[k] for k in CF_PHASES) for i in its]   # what the counterfactual work added to each iteration
         wall = sum(i["wall_s"] for i in its) / len(its)
         total = sum(i["wall_s"] for i in its)
         series[arm] = {"wall": [i["wall_s"] for i in its], "update": [i["update_s"] for i in its],
-                       "cf": [i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its]}
+                       "cf": cf}
         result[arm] = {"iteration_wall_s": wall, "forks": sum(i["forks"] for i in its),
                        "forks_discarded": sum(i.get("forks_discarded", 0) for i in its),
                        "forks_reused": sum(i.get("forks_reused", 0) for i in its),
@@ -93,12 +94,11 @@ def main() -> None:
                        "trajectories": sum(i["trajectories"] for i in its),
                        **{k: sum(i[k] for i in its) / len(its) for k in PHASES},
                        "fork_share": sum(i["fork_s"] for i in its) / total,
-                       "cf_share": sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its) / total,
+                       "cf_share": sum(cf) / total,
                        "s_per_trajectory": sum(i["rollout_s"] for i in its) / sum(i["trajectories"] for i in its),
-                       "s_per_branch": (sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] for i in its)
-                                        / max(sum(i["forks"] for i in its), 1)),
-                       "s_per_branch_own": (sum(i["fork_s"] + i["cf_rollout_s"] + i["cf_test_s"] + i["cf_beside_s"]
-                                                for i in its) / max(sum(i["forks"] for i in its), 1))}
+                       "s_per_branch": sum(cf) / max(sum(i["forks"] for i in its), 1),
+                       "s_per_branch_own": ((sum(cf) + sum(i["cf_beside_s"] for i in its))
+                                            / max(sum(i["forks"] for i in its), 1))}
     grpo = result["grpo"]
     for arm in (a for a in arms if a != "grpo"):
         crr = result[arm]

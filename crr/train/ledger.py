@@ -96,8 +96,8 @@ class Ledger:
         self.current[dst] += seconds
 
     def snapshot(self) -> dict:
-        """The current iteration's phases so far (for `beside`)."""
-        return {k: self.current[k] for k in PHASES}
+        """The current iteration's counterfactual phases so far (for `beside`)."""
+        return {k: self.current[k] for k in CF_PHASES}
 
     def beside(self, before: dict, waited: float) -> None:
         """Counterfactual work charged since `before` ran beside the learner update (its first passes), which
