@@ -353,12 +353,12 @@ def test_prefix_reuse_across_turns_matches_a_fresh_prefill(policy):
                          reuse.generate(prompts, temperature=0.0, seed=0, max_new_tokens=BUDGET))
 
 
-def test_a_float32_lora_policy_decodes_from_its_merged_weights_and_their_updates(tiny_dir, batch):
+def test_a_lora_policy_decodes_from_its_merged_weights_in_float32_and_their_updates(tiny_dir, batch):
     """A float32 LoRA policy decodes from a merged copy (no adapter layers in it), which computes the adapter's
     function: every sample's log-probabilities are the LoRA model's own (a teacher-forced pass through the
     adapter), before and after the adapter's weights change in place: by an in-place update, and by fused AdamW
-    steps (which bump no version counter) followed by the clear_cache every rollout starts with. A bf16 one
-    decodes through its adapter."""
+    steps (which bump no version counter) followed by the clear_cache every rollout starts with. On a CPU a bf16
+    one decodes from a float32 merged copy."""
     from peft import LoraConfig, get_peft_model
     from peft.tuners.lora import LoraLayer
 
@@ -388,11 +388,18 @@ def test_a_float32_lora_policy_decodes_from_its_merged_weights_and_their_updates
             merged.clear_cache()
     assert merged._merged is not None and not any(isinstance(m, LoraLayer) for m in merged._merged.modules())
 
+    # on a CPU a bf16 one too, in float32: it samples the policy its bf16 weights and float32 adapter define,
+    # which a float32 forward of the same weights computes (and the loss's bf16 forward approximates)
     bf16 = get_peft_model(load_policy(tiny_dir, dtype=torch.bfloat16)[0],
-                          LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
-    adapter = TransformersBackend(bf16, tokenizer, tools=COMPACT_TOOLS, max_value_chars=MAX_VALUE_CHARS)
-    adapter.generate(batch[:1], temperature=0.7, seed=0, max_new_tokens=8)
-    assert adapter._merged is None
+                          LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM",
+                                     init_lora_weights=False))
+    decoder = TransformersBackend(bf16, tokenizer, tools=COMPACT_TOOLS, max_value_chars=MAX_VALUE_CHARS)
+    exact = copy.deepcopy(bf16).float()
+    for s in decoder.generate(batch[:3], temperature=0.7, seed=0, max_new_tokens=BUDGET):
+        behaviour, policy_lp, _ = teacher_forced(exact, decoder.grammar, s.prompt_ids, s.action_ids, 0.7)
+        assert s.behaviour_logprobs == pytest.approx(behaviour, abs=1e-4)
+        assert s.policy_logprobs == pytest.approx(policy_lp, abs=1e-4)
+    assert decoder._merged.dtype == torch.float32 and bf16.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -192,8 +192,7 @@ def test_verdicts_reused_by_final_state_change_no_reward(ran_tasks_file, tmp_pat
 def test_branches_beside_the_update_change_nothing_but_the_clock(tmp_path):
     # branches_beside_update (crr.train.trainer._rollout): the branches run in a helper thread beside TRL's
     # reference pass and the loss's forward pass, joined when the loss reads the advantages. The CPU preset on the
-    # shipped warm start, which is bf16: the policy decodes through its LoRA adapter, which TRL would disable for the reference pass but for the reference
-    # module of its own (crr.policy.model.frozen_base): the same seed gives the same trajectories, branches,
+    # shipped warm start (bf16, decoding from a float32 merged copy): the same seed gives the same trajectories, branches,
     # advantages and losses as with the branches before the update, and the ledger still partitions each
     # iteration, the seconds the branches ran beside the update charged to cf_beside_s
     from crr.train.records import read_records

@@ -193,11 +193,17 @@ class TransformersBackend:
     extends an earlier one (the next turn, a branch of a trajectory) reuses its keys and values
     (crr.policy.prefix_cache; `prefix_cache_bytes` bounds it, 0 turns it off).
 
-    A LoRA policy in float32 decodes from a merged copy of itself (`served_weights`: W + scale * B @ A, remade at
-    every `clear_cache` and whenever the policy's weights change), the function the adapter computes up to float32
-    rounding: PEFT runs three linear layers and its Python per adapted layer, about a fifth of a decoding pass of
-    the tiny model on a CPU (a pass there is mostly per-call overhead). In bf16 the merge would round W + B @ A to bf16, another policy than the
-    one the loss trains, so a bf16 policy decodes through its adapter.
+    A LoRA policy decodes from a merged copy of itself in float32 when it is float32 or on a CPU
+    (`served_weights`: W + scale * B @ A, remade at every `clear_cache` and whenever the policy's weights change):
+    the function of the policy's weights up to float32 rounding. PEFT runs three linear layers and its Python per
+    adapted layer, about a fifth of a decoding pass of the tiny model on a CPU (a pass there is mostly per-call
+    overhead), and a CPU's bf16 attention is several times slower than its float32. A bf16 merge would round
+    W + B @ A to bf16, another policy than the one the loss trains; the float32 copy of a bf16 policy holds
+    its bf16 weights exactly and samples the policy its weights define, which the loss's bf16 forward pass
+    approximates (scripts/decoder_fidelity.py, nano trajectories of the shipped default: 2e-6 nats a token on
+    average from a float64 forward of the same weights, where the loss's bf16 forward is 2e-3 away and decoding
+    through the adapter in bf16 was 2e-3, and 7e-4 from the loss's). On a GPU a bf16 policy decodes through its
+    adapter, in bf16.
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, device: str = "cpu",
@@ -502,16 +508,16 @@ class TransformersBackend:
         if stamp != self._weights_stamp:
             self.prefix_cache.clear()
             self._weights_stamp = stamp
-            if _merges(self.model):
+            if _merges(self.model, self.device):
                 self._merge()
         return self._merged if self._merged is not None else self.model
 
     @torch.no_grad()
     def _merge(self) -> None:
-        weights = served_weights(self.model)
+        weights = served_weights(self.model, torch.float32)
         if self._merged is None:
             base = self.model.get_base_model()
-            self._merged = type(base)(base.config).to(device=self.device, dtype=base.dtype).eval()
+            self._merged = type(base)(base.config).to(device=self.device, dtype=torch.float32).eval()
         missing, unexpected = self._merged.load_state_dict(weights, strict=False)
         if unexpected or set(missing) - {"lm_head.weight"}:   # (a tied head is the embedding)
             raise CRRError(f"cannot merge the policy's LoRA weights: missing {missing}, unexpected {unexpected}")
@@ -583,29 +589,32 @@ def rejection_sample(backend: TransformersBackend, prompts: list[list[int]], tok
     return samples
 
 
-def _merges(model: torch.nn.Module) -> bool:
-    """Whether TransformersBackend decodes `model` from a merged copy: a PEFT model whose weights are float32."""
+def _merges(model: torch.nn.Module, device: str) -> bool:
+    """Whether TransformersBackend decodes `model` from a float32 merged copy: a PEFT model whose weights are
+    float32, or any PEFT model on a CPU."""
     try:
         from peft import PeftModel
     except ImportError:
         return False
-    return isinstance(model, PeftModel) and model.get_base_model().dtype == torch.float32
+    return isinstance(model, PeftModel) and (model.get_base_model().dtype == torch.float32
+                                             or torch.device(device).type == "cpu")
 
 
-def served_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The weights a serving engine loads for `model`, named as the base architecture names them. A PEFT
-    (LoRA) model's are its base weights with each adapter's delta added (W + scale * B @ A, what
-    merge_and_unload gives), computed beside the model, which is left as it is: no merge and unmerge of
-    the live weights, so training continues on exactly the weights it had. A plain model: its state dict."""
+def served_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The weights a serving engine loads for `model`, named as the base architecture names them, in `dtype`
+    (default: each weight's own). A PEFT (LoRA) model's are its base weights with each adapter's delta added
+    (W + scale * B @ A, what merge_and_unload gives; summed in `dtype`), computed beside the model, which is left
+    as it is: no merge and unmerge of the live weights, so training continues on exactly the weights it had. A
+    plain model: its state dict."""
     try:
         from peft import PeftModel
         from peft.tuners.lora import LoraLayer
     except ImportError:
         PeftModel = None
     if PeftModel is None or not isinstance(model, PeftModel):
-        return {name: t.detach() for name, t in model.state_dict().items()}
+        return {name: t.detach().to(dtype or t.dtype) for name, t in model.state_dict().items()}
     base = model.get_base_model()
-    weights = {name: t.detach() for name, t in base.state_dict().items()}
+    weights = {name: t.detach().to(dtype or t.dtype) for name, t in base.state_dict().items()}
     for name, module in base.named_modules():
         if not isinstance(module, LoraLayer):
             continue

@@ -166,7 +166,8 @@ class CRRTrainer(GRPOTrainer):
         self.remove_callback(ProgressCallback)
         # the reference policy of a new LoRA adapter as a module of its own (the base weights themselves, shared):
         # for its log-probabilities TRL would otherwise disable the adapter of the live policy, from which the
-        # branches beside the update decode (cfg.branches_beside); the same numbers, bit for bit
+        # branches beside the update decode (cfg.branches_beside) on a GPU (on a CPU they decode from a merged
+        # copy, TransformersBackend); the same numbers, bit for bit
         if (self.beta != 0.0 and self.ref_model is None and isinstance(self.model, PeftModel)
                 and "ref" not in self.model.peft_config and not self.args.cast_lm_head_to_fp32 and not self._sharded):
             self.ref_model = frozen_base(self.model)
