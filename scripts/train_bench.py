@@ -4,7 +4,7 @@ CRR twice: its forks after the rollout (the default) and started during it (fork
 crr.train.counterfactual.LiveForks; --no-live leaves it out); --horizon h adds CRR with its branches truncated at
 h steps after a_t (the paper's horizon ablation: the verifier scores the working tree where the branch stops).
 
-    .venv/bin/python scripts/train_bench.py --updates 3 [--config PRESET] [--horizon H] [--no-live] [--fixed-policy]
+    [OMP_NUM_THREADS=1] .venv/bin/python scripts/train_bench.py --updates 3 [--config PRESET] [--horizon H] [--no-live] [--fixed-policy]
         [--repeat N] [key=value ...]
 
 Runs `crr train` for each method with the same seed and config into a temporary directory and reads the
@@ -26,7 +26,9 @@ before the update). They do with
 and not where two trained policies drift (longer or shorter episodes); all but the forks-during-rollout arm, whose
 branches share the rollout's generation calls and so change its rows' draws (the same distribution, other samples). Each ratio carries a 95 % bootstrap interval
 over the run's updates (`*_ci95`; the arms' iterations paired by update, which with --fixed-policy play the same
-trajectories): how far the one run's figure moves with its updates' noise, mostly the learner update's.
+trajectories): how far the one run's figure moves with its updates' noise, mostly the learner update's. The result
+records torch's intra-op threads (`intra_op_threads`): with one (OMP_NUM_THREADS=1, as `make main` runs) the update
+leaves the second core of a 2-core machine to the branches beside it, and every iteration is slower.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import json
 import tempfile
 
 import numpy as np
+import torch
 
 from crr.eval.stats import BOOTSTRAP, BOOTSTRAP_SEED, CONFIDENCE
 from crr.train.config import load_config, parse_overrides
@@ -112,6 +115,8 @@ def main() -> None:
         result[arm]["over_grpo_without_update_ci95"] = interval(lambda cw, cu, gw, gu: (cw - cu) / (gw - gu),
                                                                 c["wall"], c["update"], g["wall"], g["update"])
         result[arm]["over_grpo_by_share_ci95"] = interval(lambda cf, cw: 1 / (1 - cf / cw), c["cf"], c["wall"])
+    # the ratio depends on it: with one thread (OMP_NUM_THREADS=1) the update leaves a core to the branches
+    result["intra_op_threads"] = torch.get_num_threads()
     print(json.dumps(result, indent=2))
 
 
