@@ -1,6 +1,6 @@
 """Benchmark for the report (not a test): how far the decoder's log-probabilities are from the policy's. For every
 step of a `crr rollout` trajectories file, the per-token log-probabilities of the action (untempered, unmasked)
-under the shipped default with a LoRA adapter (the trainer's r and alpha; B = 0, as training starts, or drawn
+under the shipped default with a LoRA adapter (crr's default r and alpha, the paper's; B = 0, as training starts, or drawn
 with --lora-std so that the merge has a delta to add): as the rollout recorded them (the decoder of the commit
 that made the file; B = 0 only, since the rollout ran the shipped default), as the
 TransformersBackend's teacher-forced pass gives them now (on a CPU a LoRA policy's float32 merged copy), as the
