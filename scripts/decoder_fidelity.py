@@ -62,12 +62,12 @@ def main() -> None:
     for context, action in pairs:
         backend.prefix_cache.clear()   # each pass from the prompt, not from a neighbour's cached keys
         decoder.append(backend.score(context, action, 1.0)["policy_logprobs"])
+    loss = forward(model, pairs)
     series = {**({"recorded by the rollout": recorded} if args.lora_std == 0 else {}),
               f"decoder now ({'float32 merged copy' if backend._merged is not None else 'through the adapter'})":
                   decoder,
-              f"loss ({model.dtype}, whole sequence)": forward(model, pairs)}
+              f"loss ({model.dtype}, whole sequence)": loss}
     float64 = forward(copy.deepcopy(model).to(torch.float64), pairs)
-    loss = series[next(k for k in series if k.startswith("loss"))]
     print(f"{len(pairs)} steps, {sum(map(len, loss))} tokens; |difference| per token, mean / max")
     for name, values in series.items():
         cells = []
