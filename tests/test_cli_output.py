@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import warnings
+from pathlib import Path
 
 from conftest import crr_process
 from typer.testing import CliRunner
@@ -30,6 +31,18 @@ def test_messages_in_captured_output_are_not_broken_at_the_console_width(tmp_pat
     result = CliRunner().invoke(app, ["replay", "verify", str(tmp_path / ("x" * 60))])
     assert result.exit_code == 2
     assert f"{tmp_path / ('x' * 60)} is not a crr run directory" in result.output.splitlines()[0]
+
+
+def test_an_out_path_that_cannot_be_a_directory_is_one_line_and_exit_2(tmp_path):
+    """--out naming a file, or a path under one: the user's to fix, so one line with the path, no traceback."""
+    runs = Path(__file__).resolve().parents[1] / "results" / "reference" / "cpu-main"   # committed, real runs
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    for out, reason in ((a_file, "File exists"), (a_file / "report", "Not a directory")):
+        result = CliRunner().invoke(app, ["report", "tables", "--runs", str(runs), "--out", str(out)])
+        lines = result.output.splitlines()
+        assert result.exit_code == 2 and lines == [f"error: {out}: {reason}"], result.output
+    assert a_file.read_text() == "mine\n"
 
 
 def test_library_warnings_and_records_go_to_the_run_log_and_crrs_own_to_the_terminal(tmp_path, capsys):

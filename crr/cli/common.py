@@ -10,6 +10,7 @@ torch, transformers, trl and datasets are imported inside the command functions 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import shlex
@@ -139,9 +140,15 @@ def _same_command() -> str:
     return shlex.join(["crr", *sys.argv[1:]])
 
 
+# A path given to a command that cannot be what it names: an --out that is a file (or lies under one), a file
+# where a directory is wanted, a name too long. The user's to fix, like OUTPUT_ERRNOS, but no resume helps.
+PATH_ERRNOS = frozenset({errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ENAMETOOLONG})
+
+
 def friendly(fn: Callable) -> Callable:
     """One command's errors, interrupts and run directories: a CRRError, or a file the machine refuses (disk full,
-    read-only, no permission: rundir.OUTPUT_ERRNOS), prints as one line and exits 2 (a traceback with --debug);
+    read-only, no permission: rundir.OUTPUT_ERRNOS) or a path that cannot be what it names (PATH_ERRNOS), prints as
+    one line and exits 2 (a traceback with --debug);
     SIGINT or SIGTERM closes its sandboxes, prints how to resume and exits 130 or 143; the run directories it
     wrote are released (their locks) when it ends."""
 
@@ -153,10 +160,11 @@ def friendly(fn: Callable) -> Callable:
             try:
                 return fn(*args, **kwargs)
             except (CRRError, OSError) as e:
-                if _state["debug"] or isinstance(e, OSError) and e.errno not in OUTPUT_ERRNOS:
+                if _state["debug"] or isinstance(e, OSError) and e.errno not in OUTPUT_ERRNOS | PATH_ERRNOS:
                     raise
                 err_console.print(Text.assemble(("error:", "bold red"), f" {e}" if isinstance(e, CRRError) else
-                                                f" {e.filename or 'the output'}: {e.strerror}" + _resume_hint()))
+                                                f" {e.filename or 'the output'}: {e.strerror}"
+                                                + ("" if e.errno in PATH_ERRNOS else _resume_hint())))
                 raise typer.Exit(2) from None
             except KeyboardInterrupt:
                 signum = received[0] if received else signal.SIGINT
