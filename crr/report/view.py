@@ -46,7 +46,8 @@ def find_runs(paths: list[Path]) -> list[Path]:
     out: list[Path] = []
     for p in map(Path, paths):
         if not p.is_dir():
-            raise CRRError(f"{p}: no such directory")
+            raise CRRError(f"{p}: {'not a' if p.exists() else 'no such'} directory; pass a run directory or a "
+                           "folder of them")
         if is_eval_run(p) or is_train_run(p):
             out.append(p)
             continue
