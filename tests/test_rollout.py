@@ -125,6 +125,18 @@ def test_rollout_bench_with_and_without_prefix_reuse():
     assert result.exit_code == 2 and "on, off or both" in result.output
 
 
+def test_rollout_bench_forks_its_whole_default_script_exactly():
+    """The fork part at its defaults (a 45-step script, forks at t = 5 and 40): the script plays whole (the
+    tokenizer's window once cut it at 23 steps, its run_tests outputs filling it) and every restore is exact."""
+    result = CliRunner().invoke(app, ["rollout", "bench", "--only", "fork", "--repeats", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    fork = json.loads(result.stdout)["fork"]
+    assert fork["steps"] == 45 and sorted(map(int, fork["at"])) == [5, 40]
+    assert all(r["restore_exact"] for r in fork["at"].values())
+    refused = CliRunner().invoke(app, ["rollout", "bench", "--only", "fork", "--repeats", "0"])
+    assert refused.exit_code == 2 and "at least 1 repeat" in refused.output, refused.output
+
+
 def test_branches_reuse_the_cached_prefix_and_a_failed_round_leaves_no_sandbox(backend, task, tmp_path):
     """Branches (crr.train.counterfactual.run_branches) prefill only what is new in them: the conversation
     up to s_t comes from the rollout's prefix cache. Their restores run beside the proposals and their

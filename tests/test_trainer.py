@@ -106,6 +106,8 @@ def test_crr_end_to_end_and_resume(ran_tasks_file, tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["sampled"] == min(3, len(after.dropna(subset=["cf_reward"]))) and report["fraction"] == 1.0
+    refused = CliRunner().invoke(app, ["replay", "verify", str(run), "--sample", "-1"])
+    assert refused.exit_code == 2 and "--sample must be at least 1" in refused.output, refused.output
 
 
 @pytest.mark.parametrize("method", ["grpo", "search-select", "mc-values"])

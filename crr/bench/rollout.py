@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -55,16 +56,23 @@ def fork_bench(engine: str = "local", steps: int = 45, at: tuple[int, ...] = (5,
     each t in `at` (medians over `repeats`)."""
     if max(at) >= steps - 1:
         raise CRRError(f"fork indices {at} must be below the last (submit) step {steps - 1}")
+    if repeats < 1:
+        raise CRRError(f"the fork bench times at least 1 repeat, got {repeats}")
     with tempfile.TemporaryDirectory(prefix="crr-fork-bench-") as tmp, get_engine(engine, **engine_opts) as eng:
         task = _micro_task(seed, Path(tmp))
         tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
         calls = long_script(task, steps)
         start = time.perf_counter()
+        # no model reads a script's conversation, so no context window cuts it (the tokenizer's would, at about
+        # 23 of the default 45 steps: the run_tests outputs fill it)
         traj = run_episode(task, ScriptedBackend(calls), eng, tokenizer,
-                           EpisodeConfig(max_turns=steps, snapshots=True, digests=True))
+                           EpisodeConfig(max_turns=steps, snapshots=True, digests=True, max_context_tokens=sys.maxsize))
         episode_s = time.perf_counter() - start
         if traj.infra_error:
             raise CRRError(f"the scripted trajectory hit an infrastructure failure: {traj.infra_error}")
+        if len(traj.steps) < steps:
+            raise CRRError(f"the scripted trajectory ended after {len(traj.steps)} of its {steps} steps "
+                           f"({traj.end_reason})")
         result = {"engine": engine, "task": task.instance_id, "steps": len(traj.steps), "repeats": repeats,
                   "episode_s": episode_s,
                   "snapshot_ms_p50": statistics.median(s.snapshot_ms for s in traj.steps if s.snapshot_ms is not None),

@@ -21,6 +21,8 @@ from crr.train.tuples import read_tuples
 
 
 def replay_tuples(run_path: Path | str, sample: int, seed: int = 0) -> dict:
+    if sample < 1:
+        raise CRRError(f"--sample must be at least 1, got {sample}")
     run = RunDir.open(run_path)
     df = read_tuples(run.path).dropna(subset=["cf_reward"])
     if df.empty:
