@@ -33,9 +33,11 @@ that the report can pair each arm with it: what RL gained, with its interval.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -54,6 +56,35 @@ EVAL_SETTINGS = ("samples", "temperature", "seed", "n_tasks", "max_turns", "max_
                  "engine_options", "ray", "mode", "workers", "batch")                          # crr.eval.EvalConfig fields a spec may set
 
 
+# a number in exponent notation, which PyYAML (YAML 1.1) reads as a string unless it has a dot: 2e-3
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def read_yaml(path: Path | str) -> Any:
+    """A YAML file a person wrote (a preset, a comparison spec, an SFT recipe); not valid YAML, a CRRError naming the
+    file and where the parser stopped."""
+    try:
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        raise CRRError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+
+
+def override(pair: str, example: str) -> tuple[str, Any]:
+    """A `key=value` override of a preset: the value read as the same key in the file would be (2 an int, true a
+    bool, [1, 2] a list), and 2e-3 as the float it is; no `=`, or a value that is not YAML, a CRRError naming the
+    pair (`example`: the form to show)."""
+    key, sep, value = pair.partition("=")
+    if not sep:
+        raise CRRError(f"override {pair!r} is not key=value (e.g. {example})")
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError as e:
+        raise CRRError(f"override {pair!r}: the value is not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    return key, float(parsed) if isinstance(parsed, str) and _EXPONENT.fullmatch(parsed) else parsed
+
+
 def read_preset(path: Path | str, _seen: tuple[Path, ...] = ()) -> dict:
     """A preset's keys with its `base:` chain applied (the preset's own keys win)."""
     path = Path(path).resolve()
@@ -61,7 +92,7 @@ def read_preset(path: Path | str, _seen: tuple[Path, ...] = ()) -> dict:
         raise CRRError(f"preset base chain loops: {' -> '.join(p.name for p in (*_seen, path))}")
     if not path.is_file():
         raise CRRError(f"no config file at {path}; the presets are in {EXPERIMENTS}")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path) or {}
     if not isinstance(data, dict):
         raise CRRError(f"{path} must be a YAML mapping of config keys")
     base = data.pop("base", None)
@@ -96,8 +127,8 @@ class Arm:
         """The preset with the overrides applied."""
         out = read_preset(self.config)
         for pair in self.overrides:
-            key, _, value = pair.partition("=")
-            out[key.removeprefix("crr.").removeprefix("trl.")] = yaml.safe_load(value)
+            key, value = override(pair, "k=2")
+            out[key.removeprefix("crr.").removeprefix("trl.")] = value
         return out
 
     def train_args(self, seed: int, budget_hours: float | None = None, out: Path | None = None) -> list[str]:
@@ -202,7 +233,7 @@ def load_comparison(path: Path | str) -> Comparison:
         path = EXPERIMENTS / path.name
     if not path.is_file():
         raise CRRError(f"no comparison spec at {path}; the shipped ones are {EXPERIMENTS}/*.comparison.yaml")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path) or {}
     if not isinstance(data, dict) or not isinstance(data.get("arms"), dict) or not data["arms"]:
         raise CRRError(f"{path}: a comparison spec is a mapping with `arms:` (name: {{config: PRESET}})")
     unknown = sorted(set(data) - {"name", "seeds", "eval", "arms", "base"})

@@ -68,6 +68,18 @@ def test_bad_train_values_are_refused_before_a_run_directory_exists(tmp_path, ra
     assert not out.exists()   # nothing left behind by a refused run
 
 
+def test_malformed_yaml_is_one_line_naming_the_file_or_the_override(tmp_path):
+    """A preset, comparison spec, recipe or override that is not YAML: where the parser stopped, not a traceback."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("k: [1,\n")
+    where = f"{bad}:2:1: not valid YAML (expected the node content"
+    for command in (["train", "--config", str(bad)], ["credit", "audit", "--config", str(bad)],
+                    ["sft", "--recipe", str(bad)], ["experiment", "run", str(bad), "--dry-run"]):
+        one_error(*crr(*command), where)
+    one_error(*crr("train", "engine_options={foo: 1"), "override 'engine_options={foo: 1': the value is not valid YAML")
+    one_error(*crr("credit", "audit", "continuations=[1,"), "override 'continuations=[1,': the value is not valid YAML")
+
+
 @pytest.fixture
 def train_run(tmp_path, ran_tasks_file) -> Path:
     """A train run directory as `crr train` makes it before its first update (no training)."""

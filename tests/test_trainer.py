@@ -148,11 +148,16 @@ def test_bad_input_is_a_clear_error(tmp_path):
 
 
 def test_overrides_parse_numbers_as_yaml_and_python_write_them():
+    from crr.credit.audit import parse_overrides as audit_overrides
+    from crr.experiments import EXPERIMENTS, Arm
     from crr.train.config import load_config, parse_overrides
 
     parsed = parse_overrides(["learning_rate=2e-3", "beta=1E-2", "k=2", "eta=0.5", "tasks=nano-band", "horizon=null"])
     assert parsed == {"learning_rate": 0.002, "beta": 0.01, "k": 2, "eta": 0.5, "tasks": "nano-band", "horizon": None}
     assert load_config(None, parse_overrides(["learning_rate=2e-3"])).learning_rate == 0.002
+    # the audit's and a comparison arm's overrides are read the same way (crr.experiments.override)
+    assert audit_overrides(["cf_temperature=7e-1", "continuations=8"]) == {"cf_temperature": 0.7, "continuations": 8}
+    assert Arm("a", EXPERIMENTS / "cpu-crr.yaml", ["trl.beta=4e-2", "crr.k=2"]).settings["beta"] == 0.04
 
 
 def test_an_estimator_outside_crr_trains_and_gets_the_state_keys(ran_tasks_file, tmp_path, monkeypatch):

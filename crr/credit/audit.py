@@ -57,7 +57,7 @@ import yaml
 
 from crr.credit.stats import estimator_metrics, values
 from crr.errors import CRRError
-from crr.experiments import read_preset
+from crr.experiments import override, read_preset
 from crr.rundir import RunDir, read_jsonl
 from crr.seeds import derive_seed
 
@@ -165,13 +165,7 @@ def audit_records(path: Path) -> list[dict]:
 
 
 def parse_overrides(pairs: list[str]) -> dict:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise CRRError(f"override {pair!r} is not key=value (e.g. continuations=8)")
-        out[key] = yaml.safe_load(value)
-    return out
+    return dict(override(pair, "continuations=8") for pair in pairs)
 
 
 def start_audit(cfg: AuditConfig, out: Path | str) -> RunDir:

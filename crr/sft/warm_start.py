@@ -35,7 +35,6 @@ from pathlib import Path
 
 import datasets
 import torch
-import yaml
 from datasets import Dataset
 from transformers import PreTrainedTokenizerBase
 
@@ -43,6 +42,7 @@ from crr.agent.episode import EpisodeConfig
 from crr.agent.expert import ExpertConfig, call_json, explore_script
 from crr.agent.prompt import DEFAULT_MAX_TURNS, agent_format
 from crr.errors import CRRError, SandboxError
+from crr.experiments import read_yaml
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import (
     SFT_RECIPE_VERSION,  # noqa: F401  (re-exported)
@@ -284,7 +284,7 @@ class SFTRecipe:
         path = Path(path)
         if not path.is_file():
             raise CRRError(f"no recipe file at {path}")
-        d = yaml.safe_load(path.read_text()) or {}
+        d = read_yaml(path) or {}
         if not isinstance(d, dict):
             raise CRRError(f"{path} is not a recipe (a mapping of SFTRecipe's fields)")
         return cls.from_dict(d)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import re
 import types
 import typing
 import warnings
@@ -21,11 +20,10 @@ from enum import Enum
 from pathlib import Path
 
 import torch
-import yaml
 from trl import GRPOConfig
 
 from crr.errors import CRRError
-from crr.experiments import EXPERIMENTS, read_preset
+from crr.experiments import EXPERIMENTS, override, read_preset
 from crr.policy import DTYPES, SERVER_BACKEND, check_backend
 from crr.sandbox import engine_spec_of
 from crr.train.advantages import check as check_estimator
@@ -337,24 +335,16 @@ def _is_plain(value) -> bool:
     return value is None or isinstance(value, (str, int, float, bool, Enum))
 
 
-_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
 def parse_overrides(pairs: list[str]) -> dict:
     names = {f.name for f in dataclasses.fields(CRRConfig) if f.init}
     out = {}
     for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise CRRError(f"override {pair!r} is not key=value (e.g. k=2 or crr.cf_temperature=0.5)")
+        key, value = override(pair, "k=2 or crr.cf_temperature=0.5")
         for prefix in _PREFIXES:
             key = key.removeprefix(prefix)
         if key not in names:
             raise CRRError(f"unknown config key {key!r} in override {pair!r}; see experiments/cpu-crr.yaml")
-        parsed = yaml.safe_load(value)
-        if isinstance(parsed, str) and _EXPONENT.fullmatch(parsed):  # PyYAML (YAML 1.1) reads 2e-3 as a string
-            parsed = float(parsed)
-        out[key] = parsed
+        out[key] = value
     return out
 
 
