@@ -65,7 +65,7 @@ def read_yaml(path: Path | str) -> Any:
     file and where the parser stopped."""
     try:
         return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
         raise CRRError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
