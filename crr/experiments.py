@@ -226,6 +226,14 @@ def _eval_spec(path: Path, entry) -> EvalSpec:
     return EvalSpec(dataset, None, fractions, settings, arms)
 
 
+def _seeds(value: Any, what: str) -> tuple[int, ...]:
+    """A spec's list of seeds (integers; YAML reads `[11, 23]` so), else a CRRError naming `what`."""
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                                    for s in value):
+        raise CRRError(f"{what} must be a list of integers, got {value!r}")
+    return tuple(value)
+
+
 def load_comparison(path: Path | str) -> Comparison:
     """A comparison spec, validated: every arm's preset exists and `budget_from` names another arm."""
     path = Path(path)
@@ -241,7 +249,7 @@ def load_comparison(path: Path | str) -> Comparison:
         raise CRRError(f"{path}: unknown key(s) {unknown}; a spec has name, seeds, base, eval and arms")
     if not isinstance(data.get("base", False), bool):
         raise CRRError(f"{path}: base is true or false (evaluate the arms' starting model too), got {data['base']!r}")
-    seeds = tuple(int(s) for s in data.get("seeds", PAPER_SEEDS))
+    seeds = _seeds(data.get("seeds", PAPER_SEEDS), f"{path}: seeds")
     evals = [_eval_spec(path, e) for e in data.get("eval") or []]
     arms = {}
     for name, spec in data["arms"].items():
@@ -257,7 +265,7 @@ def load_comparison(path: Path | str) -> Comparison:
         overrides = [str(o) for o in spec.get("overrides", [])]
         if any("=" not in o for o in overrides):
             raise CRRError(f"{path}: arm {name!r}: overrides are key=value strings, got {overrides}")
-        arms[name] = Arm(str(name), config, overrides, tuple(int(s) for s in spec.get("seeds", seeds)),
+        arms[name] = Arm(str(name), config, overrides, _seeds(spec.get("seeds", seeds), f"{path}: arm {name!r}: seeds"),
                          spec.get("budget_from"))
     for ev in evals:
         if set(ev.arms) - set(arms):

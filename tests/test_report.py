@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -422,3 +423,9 @@ def test_preset_base_chains_and_loops(tmp_path):
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
     with pytest.raises(CRRError, match="loops"):
         read_preset(tmp_path / "a.yaml")
+    crr = EXPERIMENTS / "cpu-crr.yaml"
+    for seeds, message in (("seeds: [a]\n", "seeds must be a list of integers, got ['a']"),
+                           ("seeds: 11\n", "seeds must be a list of integers, got 11")):
+        (tmp_path / "x.comparison.yaml").write_text(f"{seeds}arms:\n  a: {{config: {crr}}}\n")
+        with pytest.raises(CRRError, match=re.escape(message)):
+            load_comparison(tmp_path / "x.comparison.yaml")
