@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +146,24 @@ def test_bad_input_is_a_clear_error(tmp_path):
     assert result.exit_code == 2 and "unknown method" in result.output
     result = CliRunner().invoke(app, ["train", "--config", "experiments/cpu-resets.yaml", "--out", str(tmp_path), "cf_samples=1"])
     assert result.exit_code == 2 and "take 2 <= cf_samples < num_generations" in result.output
+
+
+def test_a_finished_run_without_its_weights_is_not_resumed(tmp_path):
+    """A finished run copied without its checkpoints' weights (the committed reference runs): a resume would redo its
+    updates and replace their records, so it is refused before anything is written."""
+    ref = Path(__file__).resolve().parents[1] / "results" / "reference" / "cpu-main" / "runs" / "crr"
+    run = tmp_path / "run"
+    source = sorted(ref.glob("*-train-crr-seed11"))[0]
+    for f in subprocess.run(["git", "ls-files", "."], cwd=source, capture_output=True, text=True,
+                            check=True).stdout.split():   # what a clone holds: no weights
+        (run / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / f, run / f)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    result = CliRunner().invoke(app, ["train", "--resume", str(run)])
+    release_locks()
+    assert result.exit_code == 2 and "finished, and its checkpoints after the start cannot be resumed" in result.output
+    assert "nothing was changed" in result.output, result.output
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"} == before
 
 
 def test_overrides_parse_numbers_as_yaml_and_python_write_them():

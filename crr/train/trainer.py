@@ -758,6 +758,13 @@ def resume_run(path: Path | str, changes: dict | None = None) -> tuple[CRRConfig
             ckpt, done = str(candidate), step
             break
         torn.append((candidate, gap))
+    if torn and (run.path / "summary.json").is_file():
+        # a finished run whose last checkpoints lack what a resume needs was copied without it (the committed
+        # reference runs keep only trainer states, scripts/portable_results.py): a resume would redo its updates
+        raise CRRError(f"{run.path} finished, and its checkpoints after {Path(ckpt).name if ckpt else 'the start'} "
+                       f"cannot be resumed from ({torn[0][0].name}: {torn[0][1]}; a copy without its weights?): "
+                       f"resuming would redo updates {done + 1}-{checkpoints(run.path / CHECKPOINTS)[-1][0]} and "
+                       "replace their records; nothing was changed")
     cfg, changed = _changed(cfg, run, changes or {}, done)
     if is_main():
         run.lock()
