@@ -75,9 +75,10 @@ def test_crr_end_to_end_and_resume(ran_tasks_file, tmp_path):
     assert [checkpoint_gap(c) for _, c in checkpoints(run / "checkpoints")] == [None, None]
 
     # An interruption while iteration 2 was saved (a checkpoint written in place, as transformers does): no
-    # trainer state; its tuples part and metrics records already there. Settings a resume cannot change are
-    # refused, in one line, before anything is written; --max-updates is applied and said.
+    # trainer state and no summary; its tuples part and metrics records already there. Settings a resume cannot
+    # change are refused, in one line, before anything is written; --max-updates is applied and said.
     (run / "checkpoints" / "checkpoint-2" / "trainer_state.json").unlink()
+    (run / "summary.json").unlink()
     before, metrics = read_tuples(run), (run / "metrics.jsonl").read_text()
     for args in (["k=7"], ["--seed", "5"], ["--method", "grpo"], ["--budget-hours", "1", "lora_r=16"]):
         result = CliRunner().invoke(app, ["train", "--resume", str(run), *args])
@@ -94,9 +95,11 @@ def test_crr_end_to_end_and_resume(ran_tasks_file, tmp_path):
     assert before[cols].equals(after[after.iteration < 2][cols])   # same seed, restored weights: the same iteration
     assert_each_update_once(run, 3)
 
-    # The optimizer's state lost (a checkpoint saved in place, cut short): the resume falls back to the previous
-    # checkpoint and cuts the records back to it (training on from there is what the resume above did).
+    # The optimizer's state lost (a checkpoint saved in place, cut short, so no summary either): the resume falls
+    # back to the previous checkpoint and cuts the records back to it (training on from there is what the resume
+    # above did).
     (run / "checkpoints" / "checkpoint-3" / "optimizer.pt").unlink()
+    (run / "summary.json").unlink()
     cfg, resumed, ckpt = resume_run(run)
     release_locks()
     assert Path(ckpt).name == "checkpoint-2" and not (run / "checkpoints" / "checkpoint-3").exists()
@@ -162,7 +165,7 @@ def test_a_finished_run_without_its_weights_is_not_resumed(tmp_path):
     result = CliRunner().invoke(app, ["train", "--resume", str(run)])
     release_locks()
     assert result.exit_code == 2 and "finished, and its checkpoints after the start cannot be resumed" in result.output
-    assert "nothing was changed" in result.output, result.output
+    assert "nothing was changed (to redo them, remove its summary.json)" in result.output, result.output
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"} == before
 
 

@@ -764,7 +764,7 @@ def resume_run(path: Path | str, changes: dict | None = None) -> tuple[CRRConfig
         raise CRRError(f"{run.path} finished, and its checkpoints after {Path(ckpt).name if ckpt else 'the start'} "
                        f"cannot be resumed from ({torn[0][0].name}: {torn[0][1]}; a copy without its weights?): "
                        f"resuming would redo updates {done + 1}-{checkpoints(run.path / CHECKPOINTS)[-1][0]} and "
-                       "replace their records; nothing was changed")
+                       "replace their records; nothing was changed (to redo them, remove its summary.json)")
     cfg, changed = _changed(cfg, run, changes or {}, done)
     if is_main():
         run.lock()
