@@ -100,3 +100,14 @@ def test_freed_leftovers_are_said_once_a_run_is_written_and_never_before_a_refus
     assert not dead.exists() and len(said) == 1, ran.output  # (with any dead process's cgroups on this host)
     (run,) = (tmp_path / "runs").iterdir()
     assert str(dead) in (run / RUN_LOG).read_text()
+
+
+def test_bad_input_found_inside_the_work_leaves_no_progress_bar_above_its_error(tmp_path):
+    """`crr tasks micro` checks its input inside the generation its bar follows: a refusal before the bar has moved
+    is the error line alone, off a terminal and on one (where the bar that was drawn is erased)."""
+    proc = crr_process("tasks", "micro", "--n", "0", "--out", str(tmp_path / "t"), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and out == ""
+    assert err.splitlines() == ["error: --n must be at least 1, got 0"], err
+    assert not (tmp_path / "t").exists()

@@ -209,11 +209,20 @@ def long_command(fn: Callable) -> Callable:
 
 def progress_bar(label: str, *after: Any, disable: bool = False):
     """A Rich progress bar on stderr: `label` (a format string of the task's fields), the bar, done/total,
-    the elapsed time, then the `after` columns (columns, or format strings of the task's fields)."""
+    the elapsed time, then the `after` columns (columns, or format strings of the task's fields). A command
+    that fails before the bar has moved (bad input found inside the work) leaves no bar above its error."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    *(TextColumn(c) if isinstance(c, str) else c for c in after), console=err_console, disable=disable)
+    class Bar(Progress):
+        def __exit__(self, exc_type, exc, tb) -> None:
+            if exc_type is not None and not any(task.completed for task in self.tasks):
+                self.live.transient = True   # erased; and not Progress.stop, which ends a log with a blank line
+                self.live.stop()
+            else:
+                super().__exit__(exc_type, exc, tb)
+
+    return Bar(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               *(TextColumn(c) if isinstance(c, str) else c for c in after), console=err_console, disable=disable)
 
 
 def emit_json(obj) -> None:
