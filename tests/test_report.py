@@ -296,10 +296,31 @@ def test_missing_run_commands_name_runs_relative_to_the_working_directory(compar
 
 
 def test_a_corrupt_run_file_is_named(comparison, tmp_path):
+    """A run file damaged after it was written is one line naming it, for `crr report` and `crr view` alike:
+    JSON, YAML, and a trajectory part cut short (gzip's EOFError, which click alone would print as "Aborted.")."""
+    def one_line_naming(path: Path, *command: str) -> None:
+        result = invoke(*command)
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1 and f"{path} is corrupt" in lines[0], result.output
+
     run = shutil.copytree(train_dirs(comparison, "grpo")[0], tmp_path / "runs" / "grpo-run")
+    report = ("report", "tables", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "r"))
     (run / "ledger.json").write_text("{torn")
-    result = invoke("report", "tables", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "r"))
-    assert result.exit_code == 2 and f"{run / 'ledger.json'} is not valid JSON" in result.output
+    one_line_naming(run / "ledger.json", *report)
+    shutil.copy2(train_dirs(comparison, "grpo")[0] / "ledger.json", run / "ledger.json")
+
+    part = sorted((run / "trajectories").glob("part-*.jsonl.gz"))[0]
+    part.write_bytes(part.read_bytes()[:100])
+    one_line_naming(part, "view", str(run), "--out", str(tmp_path / "v.html"))
+    part.unlink()
+
+    (run / "config.yaml").write_text("a: [b\n")
+    for command in (report, ("view", str(run), "--out", str(tmp_path / "v.html"))):
+        one_line_naming(run / "config.yaml", *command)
+
+    ev = shutil.copytree(eval_dirs(comparison)[0][0], tmp_path / "ev")
+    (ev / "summary.json").write_text("{bad")
+    one_line_naming(ev / "summary.json", "view", str(ev), "--out", str(tmp_path / "v.html"))
 
 
 def test_interrupted_comparison_resumes_and_complete_runs_are_skipped(comparison):

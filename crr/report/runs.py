@@ -10,7 +10,6 @@ by what differs from the CRR preset of its scale (e.g. "crr k=3").
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ import yaml
 from crr.errors import CRRError
 from crr.eval.passk import instance_counts
 from crr.experiments import ABLATION_KEYS, EXPERIMENTS, Arm, Comparison, comparisons, read_preset
-from crr.rundir import read_jsonl
+from crr.rundir import read_jsonl, read_run_file
 
 log = logging.getLogger(__name__)
 
@@ -281,12 +280,7 @@ def _scale(config: dict) -> str:
 
 def _json(path: Path):
     """A run file's JSON, None when absent; a corrupt one is named (the writers are atomic, so it was edited)."""
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CRRError(f"{path} is not valid JSON ({e}); restore it or leave its run out of --runs") from None
+    return read_run_file(path) if path.is_file() else None
 
 
 def _load_train(path: Path, config: dict, catalogue: Catalogue) -> TrainRun:
@@ -310,10 +304,7 @@ def load_runs(paths: list[Path], *, require: bool = True, spec: Comparison | Non
     ignored = []
     for path in dirs:
         command = (_json(path / "manifest.json") or {}).get("command")
-        try:
-            config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else {}
-        except yaml.YAMLError as e:
-            raise CRRError(f"{path / 'config.yaml'} is not valid YAML ({e})") from None
+        config = read_run_file(path / "config.yaml", yaml.safe_load, "YAML") if (path / "config.yaml").is_file() else {}
         if command in ("train", "eval"):
             raw.append((path, command, config or {}))
         else:

@@ -26,7 +26,7 @@ import yaml
 from crr.agent.tools import truncate
 from crr.errors import CRRError
 from crr.eval.stats import wilson
-from crr.rundir import read_jsonl
+from crr.rundir import read_jsonl, read_run_file
 from crr.train.records import read_records
 
 _TIMESTAMP = re.compile(r"\d{8}-\d{6}-")
@@ -68,7 +68,7 @@ def label(path: Path, dataset: str | None = None) -> str:
 
 
 def load_train(path: Path) -> dict:
-    config = yaml.safe_load((path / "config.yaml").read_text()) or {}
+    config = read_run_file(path / "config.yaml", yaml.safe_load, "YAML") or {}
     metrics = list(read_jsonl(path / "metrics.jsonl"))
     iterations = {r["step"]: r for r in metrics if r.get("event") == "iteration"}   # a resume's redo wins
     trl = {r["step"]: r for r in metrics if r.get("event") == "trl" and "loss" in r}
@@ -85,7 +85,7 @@ def load_train(path: Path) -> dict:
 
 
 def load_eval(path: Path) -> dict:
-    summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").is_file() else {}
+    summary = read_run_file(path / "summary.json") if (path / "summary.json").is_file() else {}
     transcripts = {(t["instance_id"], t.get("sample", 0)): t["steps"] for t in read_jsonl(path / "transcripts.jsonl")}
     results = []
     for r in read_jsonl(path / "results.jsonl"):

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from crr.agent.tools import truncate
+from crr.errors import CRRError
 from crr.train.tuples import drop_parts_from
 
 if TYPE_CHECKING:   # `crr view` reads records without torch and transformers (which these modules import)
@@ -114,8 +115,12 @@ def read_records(run_path: Path | str) -> list[dict]:
     folder = Path(run_path) / RECORDS_DIR
     out = []
     for p in sorted(folder.glob("part-*.jsonl.gz")) if folder.is_dir() else []:
-        with gzip.open(p, "rt", encoding="utf-8") as f:
-            out.extend(json.loads(line) for line in f if line.strip())
+        try:   # parts are written whole (a temporary file, then renamed): a bad one was damaged afterwards
+            with gzip.open(p, "rt", encoding="utf-8") as f:
+                out.extend(json.loads(line) for line in f if line.strip())
+        except (OSError, EOFError, ValueError) as e:   # gzip.BadGzipFile is an OSError; JSON errors ValueErrors
+            raise CRRError(f"{p} is corrupt ({' '.join(str(e).split())[:120] or type(e).__name__}): "
+                           "the run's records were damaged after they were written") from None
     for r in out:
         if "group" in r:
             r["sibling"] = r.pop("group")
