@@ -11,8 +11,8 @@ An engine is named by
     options are RAY_OPTIONS (`address`, ...), the rest go to the inner engine on each node.
 
 The options are the engine class's constructor keywords, and the engine validates them itself: a keyword
-its constructor does not take is a CRRError (one line, exit 2), and a class with a `check_options(options)`
-classmethod checks their values there too (DockerEngine: the mode), before anything starts. Configs carry
+its constructor does not take is a CRRError (one line, exit 2); a value its class's `OPTIONS` (name ->
+`Option`: the type and range each option takes) refuses is one too, before anything starts. Configs carry
 `engine` (the name) and `engine_options` (a mapping); commands take `--engine NAME` and `--engine-opt
 KEY=VALUE` (repeatable), with `--ray ADDRESS` and `--mode MODE` as sugar for the options `address` and `mode`.
 """
@@ -24,6 +24,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -34,11 +35,67 @@ from crr.sandbox.base import ForkEngine
 
 log = logging.getLogger(__name__)
 
+
+@dataclass(frozen=True)
+class Option:
+    """What an engine option takes, as an engine class declares it in its OPTIONS (name -> Option): a value
+    of `kind` (int, float, bool, str or Path; a float takes an int too), from `least` to `most` where
+    given (`above`: more than that), one of `choices` where given, or None where `none` (the engine's
+    default). `note` says what the number counts (MB) or why the range."""
+
+    kind: type
+    least: float | None = None
+    most: float | None = None
+    above: float | None = None
+    choices: tuple = ()
+    none: bool = False
+    note: str = ""
+
+    def refuses(self, value: Any) -> bool:
+        if value is None:
+            return not self.none
+        if self.choices:
+            return value not in self.choices
+        if self.kind is Path:
+            return not (isinstance(value, (str, os.PathLike)) and str(value))
+        kinds = (int, float) if self.kind is float else self.kind
+        if not isinstance(value, kinds) or (isinstance(value, bool) and self.kind is not bool):
+            return True
+        low, high, above = self.least, self.most, self.above
+        return (low is not None and value < low) or (high is not None and value > high) or (
+            above is not None and value <= above)
+
+    def allowed(self) -> str:
+        """What it takes, as the end of an error message."""
+        if self.choices:
+            *rest, last = map(str, self.choices)
+            return "choose " + (f"{', '.join(rest)} or {last}" if rest else last)
+        what = {int: "a whole number", float: "a number", bool: "true or false", str: "a string",
+                Path: "a path"}[self.kind]
+        if self.least is not None and self.most is not None:
+            what += f" from {self.least} to {self.most}"
+        elif self.least is not None:
+            what += f" >= {self.least}"
+        elif self.above is not None:
+            what += f" > {self.above}"
+        what += " (or null)" if self.none else ""
+        return f"must be {what}" + (f" ({self.note})" if self.note else "")
+
+
+def check_values(name: str, options: Mapping[str, Any], declared: Mapping[str, Option]) -> None:
+    """A CRRError naming the first option of `options` whose value its declaration refuses."""
+    for key, value in options.items():
+        if key in declared and declared[key].refuses(value):
+            raise CRRError(f"fork engine {name!r} option {key}={value!r}: {declared[key].allowed()}")
+
+
 RAY_PREFIX = "ray:"  # ray:<engine>: sandboxes on a Ray cluster's nodes
 # The options of the ray:... wrapper itself (crr.sandbox.ray_engine.RayEngine's keywords); the rest of a
 # ray:<engine>'s options go to <engine>. Named here so that checking a spec needs no import of ray.
-RAY_OPTIONS = ("address", "resource", "cpus_per_sandbox", "call_timeout_s", "start_timeout_s", "exec_margin_s",
-               "rescan_s")
+RAY_OPTIONS = {
+    "address": Option(str, none=True), "resource": Option(str), "cpus_per_sandbox": Option(float, above=0),
+    "call_timeout_s": Option(float, above=0, note="s"), "start_timeout_s": Option(float, above=0, note="s"),
+    "exec_margin_s": Option(float, least=0, note="s"), "rescan_s": Option(float, least=0, note="s")}
 TRUST_ENV = "CRR_TRUST_TASK_CODE"  # =1: `crr --trust-task-code`, for every engine this process and its workers make
 
 # name -> engine class (or factory), or the dotted path to one: imported when an engine of that name is
@@ -66,17 +123,15 @@ def engine_class(name: str) -> Callable[..., ForkEngine]:
 
 
 def check_options(name: str, factory: Callable[..., ForkEngine], options: Mapping[str, Any]) -> None:
-    """The engine's own check of its options: the keywords its constructor takes, then the values, where
-    its class has a `check_options` classmethod. A CRRError names what is wrong."""
+    """The engine's own check of its options: the keywords its constructor takes, then the values, as its
+    class declares them (OPTIONS). A CRRError names what is wrong."""
     params = inspect.signature(factory).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         takes = [p for p, v in params.items() if v.kind in (v.KEYWORD_ONLY, v.POSITIONAL_OR_KEYWORD)]
         if unknown := sorted(set(options) - set(takes)):
             raise CRRError(f"fork engine {name!r} takes no option {', '.join(unknown)}; its options: "
                            f"{', '.join(takes) or 'none'}")
-    check = getattr(factory, "check_options", None)
-    if callable(check):
-        check(dict(options))
+    check_values(name, options, getattr(factory, "OPTIONS", {}))
 
 
 def _takes(factory: Callable[..., ForkEngine], option: str) -> bool:
@@ -101,6 +156,7 @@ def get_engine(name: str, **opts) -> ForkEngine:
     if name.startswith(RAY_PREFIX):
         inner = name.removeprefix(RAY_PREFIX)
         factory = engine_class(inner)
+        check_values(name, opts, RAY_OPTIONS)
         check_options(name, factory, {k: v for k, v in opts.items() if k not in RAY_OPTIONS})
         # deferred: importing ray costs ~0.3 s (more on a busy machine) that `crr --help` and the light
         # commands need not pay; only an engine named ray:... does (ray is the optional `ray` extra).
@@ -143,6 +199,8 @@ def engine_spec(engine: str | EngineSpec, options: Mapping[str, Any] | None = No
     if trust_task_code and _takes(factory, "trust_task_code"):
         opts.setdefault("trust_task_code", True)
     inner = {k: v for k, v in opts.items() if not (on_ray and k in RAY_OPTIONS)}
+    if on_ray:
+        check_values(engine, opts, RAY_OPTIONS)
     check_options(engine, factory, inner)
     return EngineSpec(engine, opts)
 

@@ -17,7 +17,7 @@ import uuid
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal, Self
+from typing import ClassVar, Literal, Self
 
 import docker.errors
 import requests
@@ -36,6 +36,7 @@ from crr.sandbox.docker.pool import WarmPool, _fresh_state, _scratch_dirs
 from crr.sandbox.docker.reclaim import _remove_images
 from crr.sandbox.docker.sandbox import DockerSandbox
 from crr.sandbox.docker.snapshots import Snapshots, _Held
+from crr.sandbox.engines import Option, check_values
 from crr.sandbox.overlay import OverlayWorkspace, mount_tmpfs, unmount
 
 log = logging.getLogger(__name__)
@@ -52,12 +53,20 @@ class DockerEngine(Images, Snapshots, WarmPool, LayerCap):
     """
 
     name = "docker"
+    # What each option takes (crr.sandbox.engines checks them before any container starts); mem_limit is
+    # the Docker SDK's (bytes, or a size such as 4g).
+    OPTIONS: ClassVar[dict[str, Option]] = {
+        "mode": Option(str, choices=("commit", "overlay")), "image": Option(str, none=True),
+        "cpus": Option(float, above=0), "pids_limit": Option(int, least=1),
+        "fsize_limit_mb": Option(int, least=1, note="MB"), "disk_limit_mb": Option(int, least=1, note="MB"),
+        "flatten_depth": Option(int, least=2, most=120, note="overlay2 fails near 125 layers"),
+        "pool_size": Option(int, least=0), "record_http": Option(bool)}
 
     def __init__(self, mode: Literal["commit", "overlay"] = "commit", image: str | None = None,
                  mem_limit: str = "2g", cpus: float = 1.0, pids_limit: int = 512,
                  fsize_limit_mb: int = 1024, disk_limit_mb: int = 1024,
                  flatten_depth: int = 100, pool_size: int = 2, record_http: bool = False):
-        self.check_options({"mode": mode, "flatten_depth": flatten_depth})
+        check_values(self.name, {"mode": mode, "flatten_depth": flatten_depth}, self.OPTIONS)
         self.mode, self.mem_limit, self.cpus, self.pids_limit = mode, mem_limit, cpus, pids_limit
         self.flatten_depth, self.pool_size = flatten_depth, max(0, pool_size)
         self.fsize_limit_mb, self.disk_limit_mb = fsize_limit_mb, disk_limit_mb
@@ -79,16 +88,6 @@ class DockerEngine(Images, Snapshots, WarmPool, LayerCap):
         self._closed = False
         self.root = self._make_root()
         atexit.register(self.close)  # an interrupted run still removes what it made
-
-    @classmethod
-    def check_options(cls, options: dict) -> None:
-        """The values of an engine spec's options (crr.sandbox.engines), checked before any container starts."""
-        mode, depth = options.get("mode", "commit"), options.get("flatten_depth", 100)
-        if mode not in ("commit", "overlay"):
-            raise CRRError(f"unknown docker fork mode {mode!r}; choose commit or overlay")
-        if not isinstance(depth, int) or not 2 <= depth <= 120:
-            raise CRRError(f"flatten_depth must be between 2 and 120 (overlay2 fails near 125 layers), "
-                           f"got {depth}")
 
     # -- the ForkEngine protocol -----------------------------------------------------------------
 

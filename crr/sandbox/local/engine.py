@@ -17,12 +17,13 @@ import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Self
+from typing import ClassVar, Self
 
 from crr.errors import CRRError, SandboxError
 from crr.sandbox import http, mirror
 from crr.sandbox.base import Snapshot, TaskSpec
 from crr.sandbox.checkout import base_checkout
+from crr.sandbox.engines import Option
 from crr.sandbox.local.cgroups import (_join_thread, _memory_cgroup, _memory_cgroup_root, _pids_cgroup_root,
                                        _remove_cgroup)
 from crr.sandbox.local.common import (_CLONE_NEWNET, _CLONE_NEWNS, _ENTER, _PREFIX, _SYS_PIVOT_ROOT,
@@ -54,13 +55,23 @@ class LocalEngine:
     """
 
     name = "local"
+    # What each option takes (crr.sandbox.engines checks them before anything starts).
+    OPTIONS: ClassVar[dict[str, Option]] = {
+        "workdir": Option(Path, none=True), "overlay": Option(bool, none=True),
+        "mem_limit_mb": Option(int, least=1, note="MB"), "fsize_limit_mb": Option(int, least=1, note="MB"),
+        "disk_limit_mb": Option(int, least=1, note="MB"), "pids_limit": Option(int, least=1),
+        "rootfs": Option(Path, none=True), "trust_task_code": Option(bool), "record_http": Option(bool)}
 
     def __init__(self, workdir: Path | None = None, overlay: bool | None = None, mem_limit_mb: int = 2048,
                  fsize_limit_mb: int = 1024, disk_limit_mb: int = 1024, pids_limit: int = 1024,
                  rootfs: Path | None = None, trust_task_code: bool = False, record_http: bool = False):
         self.record_http = record_http
         self.workdir = Path(workdir) if workdir else default_workdir()
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CRRError(f"fork engine 'local' workdir {str(self.workdir)!r}: cannot make it "
+                           f"({e.strerror or e})") from None
         self.mode = "copy" if overlay is False else "overlay"
         if overlay is not False and (why := overlay_unavailable(self.workdir)):
             if overlay:
