@@ -127,6 +127,23 @@ def test_other_methods_end_to_end(method, ran_tasks_file, tmp_path):
         for when in ("before", "after"):
             (eval_run,) = (run / f"eval-{when}").iterdir()
             assert json.loads((eval_run / "summary.json").read_text())["n_instances"] == 1
+        # Stopped in the evaluation after training: the resume its hint names, without --eval, finishes that
+        # evaluation (the one it started, not a second one), since the run's eval-before/ records its --eval.
+        (eval_run / "summary.json").unlink()
+        out2, _ = run_train(["--resume", str(run)], tmp_path)
+        assert "held-out pass@1" in out2 and [p.name for p in (run / "eval-after").iterdir()] == [eval_run.name]
+        assert len(list((run / "eval-before").iterdir())) == 1
+        refused = CliRunner().invoke(app, ["train", "--resume", str(run), "--eval", "nano-test"])
+        assert refused.exit_code == 2 and f"was started with --eval {ran_tasks_file} --eval-n 1" in refused.output
+        refused = CliRunner().invoke(app, ["train", "--resume", str(eval_run)])
+        assert refused.exit_code == 2 and "is a `crr eval` run, not a training run" in refused.output
+        # a resume refused for a corrupt ledger has written nothing, not even the new --max-updates
+        config, ledger = (run / "config.yaml").read_bytes(), (run / "ledger.json").read_bytes()
+        (run / "ledger.json").write_text('{"broken')
+        refused = CliRunner().invoke(app, ["train", "--resume", str(run), "--max-updates", "2"])
+        assert refused.exit_code == 2 and "ledger.json is corrupt" in refused.output, refused.output
+        assert (run / "config.yaml").read_bytes() == config
+        (run / "ledger.json").write_bytes(ledger)
     assert lora_b_norm(run / "model") > 0
     ledger = json.loads((run / "ledger.json").read_text())["cumulative"]
     assert ledger["updates"] == 1 and ledger["trajectories"] == 3
@@ -149,6 +166,17 @@ def test_bad_input_is_a_clear_error(tmp_path):
     assert result.exit_code == 2 and "unknown method" in result.output
     result = CliRunner().invoke(app, ["train", "--config", "experiments/cpu-resets.yaml", "--out", str(tmp_path), "cf_samples=1"])
     assert result.exit_code == 2 and "take 2 <= cf_samples < num_generations" in result.output
+    # --eval's tasks and size are checked before the run directory is made
+    for args, said in ((["--eval", "nosuchset"], "'nosuchset' is not a file"), (["--eval", "nano-test2", "--eval-n", "0"],
+                       "--eval-n must be at least 1"), (["--eval-n", "3"], "give --eval too")):
+        result = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "runs"), *args])
+        assert result.exit_code == 2 and said in result.output, result.output
+    # nan is no number of seconds or temperature (every comparison with it is false)
+    result = CliRunner().invoke(app, ["eval", "nano-val", "--temperature", "nan", "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "--temperature must be a number >= 0, got nan" in result.output
+    result = CliRunner().invoke(app, ["rollout", "--tasks", "nano-val", "--time-limit", "nan", "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "time_limit_s must be positive, got nan" in result.output
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_finished_run_without_its_weights_is_not_resumed(tmp_path):

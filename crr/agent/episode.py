@@ -93,7 +93,7 @@ class EpisodeConfig:
             raise CRRError(f"max_turns must be at least 1, got {self.max_turns}")
         if self.max_new_tokens < 1:
             raise CRRError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if self.time_limit_s <= 0:
+        if not self.time_limit_s > 0:   # (nan too)
             raise CRRError(f"time_limit_s must be positive, got {self.time_limit_s}")
 
 

@@ -316,7 +316,7 @@ def max_value_chars_option(default: int | None = None,
 
 
 def threads_option() -> Any:
-    return typer.Option(None, "--threads", help="torch intra-op threads (default: torch's).")
+    return typer.Option(None, "--threads", min=1, help="torch intra-op threads (default: torch's).")
 
 
 def out_option(default: Path = Path("results/runs")) -> Any:

@@ -40,6 +40,12 @@ def train_command(
 
     if eval_tasks is not None and launched_processes() > 1:
         raise CRRError("--eval runs in one process: train across processes without it, then `crr eval` the run")
+    if eval_n is not None and eval_tasks is None and resume is None:
+        raise CRRError("--eval-n is the size of --eval's task set; give --eval too")
+    if resume is not None:   # a run started with --eval resumes with it, as its eval-before/ records it
+        eval_tasks, eval_n = _resumed_eval(Path(resume), eval_tasks, eval_n)
+    elif eval_tasks is not None:
+        _check_eval(eval_tasks, eval_n)
     cfg, run, checkpoint, tasks = open_run(resume, config, overrides, out, method=method, seed=seed,
                                            max_trajectories=max_trajectories, max_steps=max_updates,
                                            budget_hours=budget_hours)
@@ -88,17 +94,64 @@ def _iteration_line(r: dict) -> str:
             + f"upd {led['update_s']:.1f}) | traj {cum['trajectories']} tok {cum['generated_tokens_all']}")
 
 
-def _held_out_pass(tasks: str, n: int | None, cfg, run, when: str, model: str | None = None,
-                   run_dir: Path | None = None) -> float:
-    """Greedy pass@1 of the policy before or after training (a crr eval run directory inside the train run)."""
-    from crr.eval.evaluate import ALIASES, evaluate, open_eval
+def _eval_source(tasks: str) -> tuple[str, str | None]:
+    """`crr eval`'s (benchmark, FILE) for --eval's value: a named set, or a task file or directory."""
+    from crr.eval.evaluate import ALIASES
     from crr.tasks.loaders import TASK_SETS
 
-    dataset, file = (tasks, None) if tasks in {**TASK_SETS, **ALIASES} else ("tasks", tasks)
-    config, eval_run = open_eval(dataset, file, model=model, run_dir=run_dir, out=run.path / f"eval-{when}",
-                                 n_tasks=n, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
-                                 engine=cfg.engine, engine_options=cfg.engine_options, ray=cfg.ray, mode=cfg.mode,
-                                 agent_format=cfg.agent_format, workers=cfg.workers)
+    return (tasks, None) if tasks in {**TASK_SETS, **ALIASES} else ("tasks", tasks)
+
+
+def _check_eval(tasks: str, n: int | None) -> None:
+    """Bad --eval tasks or --eval-n fail before the run directory is made."""
+    from crr.errors import CRRError
+    from crr.eval.evaluate import benchmark
+    from crr.tasks.loaders import load_tasks
+
+    if n is not None and n < 1:
+        raise CRRError(f"--eval-n must be at least 1, got {n}")
+    _, source, adapter = benchmark(*_eval_source(tasks))
+    load_tasks(source, adapter=adapter)
+
+
+def _earlier_eval(run_path: Path, when: str) -> Path | None:
+    """The evaluation an interrupted train run started in eval-{when}/ (None: none was started)."""
+    found = sorted((run_path / f"eval-{when}").glob("*/manifest.json"))
+    return found[-1].parent if found else None
+
+
+def _resumed_eval(run_path: Path, tasks: str | None, n: int | None) -> tuple[str | None, int | None]:
+    """--eval and --eval-n of a resumed run: what it was started with (its eval-before/ evaluation's tasks),
+    which a resume may restate but not change; none if it was started without --eval."""
+    from crr.errors import CRRError
+    from crr.rundir import read_run_mapping
+
+    earlier = _earlier_eval(run_path, "before")
+    if earlier is None:
+        return tasks, n
+    config = read_run_mapping(earlier / "config.yaml", "YAML")
+    started = (config["tasks"] if config.get("adapter") is None else config["dataset"], config.get("n_tasks"))
+    if (tasks, n) not in ((None, None), started, (started[0], None)):
+        raise CRRError(f"{run_path} was started with --eval {started[0]}"
+                       + (f" --eval-n {started[1]}" if started[1] else "") + "; resume it with those or without --eval")
+    return started
+
+
+def _held_out_pass(tasks: str, n: int | None, cfg, run, when: str, model: str | None = None,
+                   run_dir: Path | None = None) -> float:
+    """Greedy pass@1 of the policy before or after training (a crr eval run directory inside the train run; one
+    an interrupted run started is resumed)."""
+    from crr.eval.evaluate import evaluate, open_eval
+
+    dataset, file = _eval_source(tasks)
+    earlier = _earlier_eval(run.path, when)
+    if earlier is not None:
+        config, eval_run = open_eval(None, resume=earlier)
+    else:
+        config, eval_run = open_eval(dataset, file, model=model, run_dir=run_dir, out=run.path / f"eval-{when}",
+                                     n_tasks=n, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
+                                     engine=cfg.engine, engine_options=cfg.engine_options, ray=cfg.ray,
+                                     mode=cfg.mode, agent_format=cfg.agent_format, workers=cfg.workers)
     with err_console.status(f"evaluating the policy {when} training on {tasks}"):
         summary = evaluate(config, eval_run)
     console.print(f"pass@1 {when} training ({config.dataset}, greedy, {summary['n_instances']} tasks): "

@@ -205,8 +205,8 @@ class EvalConfig:
             raise CRRError(f"--dtype is one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.samples < 1:
             raise CRRError(f"--samples must be at least 1, got {self.samples}")
-        if self.temperature < 0:
-            raise CRRError(f"--temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):   # (nan too)
+            raise CRRError(f"--temperature must be a number >= 0, got {self.temperature}")
         if self.samples > 1 and self.temperature == 0:
             raise CRRError(f"--samples {self.samples} at temperature 0 gives {self.samples} copies of the greedy "
                            f"sample; pass --temperature (the paper samples at {SAMPLED_TEMPERATURE})")

@@ -83,7 +83,7 @@ class FilterConfig:
         if not 2 <= self.reruns <= MAX_RERUNS:
             raise CRRError(f"--reruns must be between 2 and {MAX_RERUNS} (one run cannot disagree with "
                            f"itself), got {self.reruns}")
-        if self.timeout <= 0:
+        if not self.timeout > 0:   # (nan too)
             raise CRRError(f"--timeout must be positive, got {self.timeout}")
 
 

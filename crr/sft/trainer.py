@@ -61,11 +61,11 @@ class SFTSettings:
                                          # "path", ...) carry the loss; None: every action token
 
     def __post_init__(self) -> None:
-        if self.epochs <= 0:
+        if not self.epochs > 0:   # (nan too)
             raise CRRError(f"epochs must be positive, got {self.epochs}")
         if self.batch_size < 1 or self.grad_accum < 1:
             raise CRRError("batch_size and grad_accum must be at least 1")
-        if self.learning_rate <= 0:
+        if not self.learning_rate > 0:
             raise CRRError(f"learning_rate must be positive, got {self.learning_rate}")
         if self.group_by_length and not self.shuffle:
             raise CRRError("group_by_length shuffles the rows; it cannot keep them in order (shuffle: false)")

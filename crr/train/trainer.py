@@ -749,6 +749,9 @@ def resume_run(path: Path | str, changes: dict | None = None) -> tuple[CRRConfig
     so, any other that differs from the run's is a CRRError before anything is written. Only the main
     process locks and rewrites the run; the others wait for it."""
     run = RunDir.open(path)
+    if run.manifest.get("command") != "train":
+        raise CRRError(f"{run.path} is a `crr {run.manifest.get('command')}` run, not a training run; --resume takes "
+                       "a directory made by crr train")
     cfg = load_config(run.path / "config.yaml")   # (sets up the processes' group, which is_main() asks)
     cfg.output_dir = str(run.path / CHECKPOINTS)   # the run may have moved, or config.yaml holds a relative path
     torn, ckpt, done = [], None, 0
@@ -768,6 +771,8 @@ def resume_run(path: Path | str, changes: dict | None = None) -> tuple[CRRConfig
     cfg, changed = _changed(cfg, run, changes or {}, done)
     if is_main():
         run.lock()
+        # what is cut back is read first: a corrupt ledger or log refuses the resume before anything is written
+        ledger, logged = Ledger(run, cfg.fork_cost_multiplier), run.records("metrics.jsonl")
         for candidate, gap in torn:
             log.warning("%s is incomplete (%s): removed, resuming from %s", candidate, gap,
                         Path(ckpt).name if ckpt else "the start")
@@ -776,9 +781,8 @@ def resume_run(path: Path | str, changes: dict | None = None) -> tuple[CRRConfig
         if changed:
             run.write_text("config.yaml", yaml.safe_dump(cfg.resolved(), sort_keys=False))
             log.warning("resuming with %s", ", ".join(f"{k}={now} (was {was})" for k, (was, now) in changed.items()))
-        Ledger(run, cfg.fork_cost_multiplier).truncate(done)
+        ledger.truncate(done)
         dropped = drop_parts_from(run.path, done)
-        logged = run.records("metrics.jsonl")
         kept = [r for r in logged if not _after(r, done)]
         if len(kept) < len(logged):
             run.rewrite_records("metrics.jsonl", kept)
