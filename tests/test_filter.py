@@ -239,6 +239,9 @@ def test_bad_settings_are_refused_before_anything_is_written(tmp_path):
         open_run({"tasks": "x.jsonl", "engine": "docker", "engine_options": {"memory": "4g"}}, tmp_path / "runs")
     with pytest.raises(Exception, match="does not exist"):
         open_run({"tasks": str(tmp_path / "missing.jsonl")}, tmp_path / "runs")
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(Exception, match="empty.jsonl holds no tasks"):
+        open_run({"tasks": str(tmp_path / "empty.jsonl")}, tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
 
 

@@ -174,6 +174,9 @@ def test_bad_input_is_a_clear_error(tmp_path):
     # nan is no number of seconds or temperature (every comparison with it is false)
     result = CliRunner().invoke(app, ["eval", "nano-val", "--temperature", "nan", "--out", str(tmp_path / "runs")])
     assert result.exit_code == 2 and "--temperature must be a number >= 0, got nan" in result.output
+    (tmp_path / "empty.jsonl").write_text("")
+    result = CliRunner().invoke(app, ["eval", "tasks", str(tmp_path / "empty.jsonl"), "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "empty.jsonl holds no tasks" in result.output
     result = CliRunner().invoke(app, ["rollout", "--tasks", "nano-val", "--time-limit", "nan", "--out", str(tmp_path / "runs")])
     assert result.exit_code == 2 and "time_limit_s must be positive, got nan" in result.output
     assert not (tmp_path / "runs").exists()

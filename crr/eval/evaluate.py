@@ -339,6 +339,8 @@ def load_eval_tasks(config: EvalConfig) -> list[Task]:
         if hub is not None and config.tasks == hub:
             raise CRRError(f"{e}. Then evaluate the copy with `crr eval {config.dataset} DIR`") from None
         raise
+    if not tasks:
+        raise CRRError(f"{config.tasks} holds no tasks")
     return tasks[:config.n_tasks] if config.n_tasks else tasks
 
 

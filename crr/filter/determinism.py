@@ -257,6 +257,8 @@ def filter_config(settings: dict) -> FilterConfig:
 def _load(settings: dict) -> list[Task]:
     """The run's task set: load_tasks(settings["tasks"]), the first `limit` of them when set."""
     tasks = _unique(load_tasks(settings["tasks"]))
+    if not tasks:
+        raise CRRError(f"{settings['tasks']} holds no tasks")
     return tasks[:settings["limit"]] if settings["limit"] else tasks
 
 
