@@ -80,6 +80,19 @@ def test_malformed_yaml_is_one_line_naming_the_file_or_the_override(tmp_path):
     one_error(*crr("credit", "audit", "continuations=[1,"), "override 'continuations=[1,': the value is not valid YAML")
 
 
+def test_inputs_that_would_do_nothing_or_write_into_a_file_are_one_line(tmp_path):
+    """An empty tool script (without --verify) and a comparison's --out that is a file, even for --dry-run, which
+    planned its runs under the file."""
+    script, a_file = tmp_path / "calls.json", tmp_path / "notes.txt"
+    script.write_text("[]")
+    a_file.write_text("mine\n")
+    one_error(*crr("tool", "--tasks", "nano-val", "--instance", "x", "--script", str(script)),
+              f"{script} holds no tool calls")
+    spec = Path(__file__).resolve().parents[1] / "experiments" / "cpu-main.comparison.yaml"
+    one_error(*crr("experiment", "run", str(spec), "--dry-run", "--out", str(a_file)), f"{a_file} is a file")
+    assert a_file.read_text() == "mine\n"
+
+
 @pytest.fixture
 def train_run(tmp_path, ran_tasks_file) -> Path:
     """A train run directory as `crr train` makes it before its first update (no training)."""

@@ -30,8 +30,12 @@ def experiment_run(
     from crr.comparison import plan, run_comparison
     from crr.experiments import load_comparison
 
+    from crr.errors import CRRError
+
     comparison = load_comparison(spec)
     out = out or Path("results") / comparison.name
+    if out.exists() and not out.is_dir():
+        raise CRRError(f"{out} is a file; --out takes the directory runs/, evals/ and report/ go to")
     if dry_run:
         console.print(f"[bold]{comparison.name}[/]: {len(comparison.arms)} arms -> {out}", highlight=False)
         for s in plan(comparison, out, seed, arm):

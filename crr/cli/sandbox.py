@@ -83,6 +83,8 @@ def tool_command(
         raise CRRError("give exactly one of --call JSON or --script FILE")
     spec = engine_spec(engine, parse_options(engine_opt or []), ray=ray, mode=mode)
     texts = [call] if call is not None else script_calls(script.read_text())
+    if not texts and not run_verifier:
+        raise CRRError(f"{script} holds no tool calls (with --verify, an empty script verifies the task untouched)")
     task = load_task(tasks, instance)
     records, result = [], None
     with spec.make() as fork_engine, fork_engine.start(task) as sb:
