@@ -191,6 +191,7 @@ def test_resume_skips_decided_tasks_retries_infra_errors_and_rebuilds_outputs(tm
     assert again.exit_code == 0, again.output
     after = RunDir.open(run_dir).records(RESULTS)
     assert after[:3] == before and [r["instance_id"] for r in after[3:]] == ["broken"]  # only infra retried
+    assert "1 admitted, 1 discarded, 1 infra" in again.output   # the bar counts what was decided before too
     assert [t.instance_id for t in load_tasks(str(run_dir / "admitted.jsonl"))] == ["calc-1"]
     assert json.loads((run_dir / "summary.json").read_text())["discarded"] == 1
     assert table_rows(RunDir(run_dir))[-1] == ["all", "2", "1", "50.0"]

@@ -29,7 +29,7 @@ from crr.tasks.schema import Task
 def filter_bench(n: int, flaky_rate: float, seed: int, engine: str = "local", mode: str | None = None,
                  ray: str | None = None, engine_options: dict | None = None, reruns: int = 3, workers: int = 2,
                  out: Path | str = "results/runs", split: str = "train",
-                 on_start: Callable[[int, int], None] | None = None,
+                 on_start: Callable[[int, dict[str, int]], None] | None = None,
                  on_result: Callable[[dict], None] | None = None) -> dict:
     """Generate, filter and score; returns the score (also written to the run dir as bench.json)."""
     settings = {**DEFAULTS, "engine": engine, "engine_options": engine_options, "mode": mode, "ray": ray,

@@ -28,9 +28,9 @@ def _filter_progress():
                             "{task.fields[infra_error]} infra", TasksPerMinute())
     ids: list = []
 
-    def on_start(total: int, done: int) -> None:
-        ids.append(progress.add_task("filter", total=total, completed=done, admitted=0, discarded=0,
-                                     infra_error=0))
+    def on_start(total: int, verdicts: dict[str, int]) -> None:   # a resumed run's verdicts so far
+        ids.append(progress.add_task("filter", total=total, completed=sum(verdicts.values()), infra_error=0,
+                                     admitted=verdicts.get("admitted", 0), discarded=verdicts.get("discarded", 0)))
 
     def on_result(record: dict) -> None:
         verdict = record["verdict"]

@@ -33,6 +33,7 @@ import hashlib
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
@@ -285,23 +286,26 @@ class Summary:
 
 
 def filter_tasks(tasks: Iterable[Task], run: RunDir, config: FilterConfig, workers: int | None = None,
-                 on_start: Callable[[int, int], None] | None = None,
+                 on_start: Callable[[int, dict[str, int]], None] | None = None,
                  on_result: Callable[[dict], None] | None = None) -> Summary:
     """Filter `tasks` into `run`, skipping those it already decided; returns the summary.
 
     Tasks it recorded as infra errors are tried again (the machine, not the task, failed). `workers`
     run tasks in parallel (None: DEFAULT_WORKERS, or a Ray engine's sandbox slots); each record is
     appended as its task finishes. On Ctrl-C the engine is closed (killing the sandboxes in flight,
-    whose tasks are not recorded) and the interrupt is re-raised; `resume` later picks up where it stopped. `on_start(total, already_done)` and
+    whose tasks are not recorded) and the interrupt is re-raised; `resume` later picks up where it stopped. `on_start(total, verdicts)` (the counts of
+    the verdicts already recorded, by verdict) and
     `on_result(record)` are called from the calling thread.
     """
     if workers is not None and workers < 1:
         raise CRRError(f"--workers must be at least 1, got {workers}")
     tasks = _unique(tasks)
-    decided = {r["instance_id"] for r in run.records(RESULTS) if r["verdict"] != INFRA_ERROR}
+    ids = {t.instance_id for t in tasks}
+    decided = {r["instance_id"]: r["verdict"] for r in run.records(RESULTS)
+               if r["verdict"] != INFRA_ERROR and r["instance_id"] in ids}
     todo = sorted((t for t in tasks if t.instance_id not in decided), key=lambda t: t.instance_id)
     if on_start:
-        on_start(len(tasks), len(tasks) - len(todo))
+        on_start(len(tasks), dict(Counter(decided.values())))
     start, finished = time.monotonic(), 0
     if todo:
         spec = EngineSpec(config.engine, config.engine_options)
