@@ -20,12 +20,66 @@ from crr.eval.stats import wilson, z
 
 Z95 = z(0.975)
 from crr.report.credit import write_audit
-from crr.rundir import RunDir
+from crr.rundir import RunDir, release_locks
 from crr.train.advantages import ESTIMATORS
 
 
 TINY = ["n_tasks=1", "group_size=2", "continuations=2", "repeats=2", "max_turns=2", "k=1", "eta=0.0", "cf_samples=1",
         "mc_samples=1", "bootstrap=50"]
+
+
+# override -> the one-line error (before: a traceback, silent acceptance, or refused or dropped only after the
+# oracle had been played)
+BAD_VALUES = {
+    "temperature=nan": "temperature='nan': expected a number",   # YAML's nan is a string (.nan the float)
+    "temperature=.nan": "temperature=nan: expected a finite number",
+    "cf_temperature=.inf": "cf_temperature=inf: expected a finite number",
+    "continuations=two": "continuations='two': expected an integer",
+    "k=1.5": "k=1.5: expected an integer",
+    "estimators=grpo": "estimators='grpo': expected a list whose items are each a string",
+    "estimators=[bogus]": "unknown advantage estimator 'bogus'; choose one of grpo, ",
+    "estimators=[grpo,bogus]": "unknown advantage estimator 'bogus'; choose one of grpo, ",
+    "estimators=[no_such_module:fn]": "advantage estimator 'no_such_module:fn': cannot import no_such_module",
+    "advantage_params={gigpo: {nope: 1}}": "advantage estimator 'gigpo' does not take advantage_params",
+    "group_size=1": "group_size=1: must be >= 2",          # train's num_generations: a group needs two siblings
+    "horizon=-1": "horizon=-1: must be >= 1",
+    "bootstrap=0": "bootstrap=0: must be >= 1",
+    "eta=-1": "eta=-1: must be >= 0",
+    "seed=-1": "seed=-1: must be >= 0",
+    "selector=bogus": "unknown selector 'bogus'; choose one of entropy_type, ",
+    "proposal=bogus": "unknown proposal 'bogus'; choose one of tempered, ",
+    "variants={v: {horizon: 0}}": "variant 'v': horizon=0: must be >= 1",
+    "variants={v: {proposal: bogus}}": "variant 'v': unknown proposal 'bogus'",
+}
+
+
+def test_bad_values_are_one_line_before_anything_is_made(tmp_path, monkeypatch):
+    """Every key of the audit's config is type- and range-checked as train checks its own (train's ranges),
+    and every estimator is resolved as train resolves advantage_estimator, before a run directory exists."""
+    def played(*args, **kwargs):
+        raise AssertionError("the audit was started")
+
+    monkeypatch.setattr("crr.credit.audit.audit", played)
+    out = tmp_path / "runs"
+    for value, message in BAD_VALUES.items():
+        result = CliRunner().invoke(app, ["credit", "audit", value, "--out", str(out)])
+        release_locks()
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (value, result.output)
+        assert message in lines[0], (value, lines[0])
+    assert not out.exists()
+    sft = RunDir.create("sft", root=tmp_path / "sft")   # another command's run: refused before it is locked
+    release_locks()
+    before = {p: p.stat().st_mtime_ns for p in sft.path.iterdir()}
+    result = CliRunner().invoke(app, ["credit", "audit", "--resume", str(sft.path)])
+    release_locks()
+    assert result.exit_code == 2 and result.output.strip() == (f"error: {sft.path} is a `crr sft` run, not a credit "
+                                                               "audit; --resume takes a directory made by crr credit audit")
+    assert {p: p.stat().st_mtime_ns for p in sft.path.iterdir()} == before
+    # what train takes is taken: eta has no upper bound (entropies in nats), a function named by its dotted path
+    # is an estimator, scored with the registered ones
+    cfg = load_audit_config(None, {"eta": 2, "estimators": ["grpo", "crr.train.advantages:mc_values"]})
+    assert cfg.eta == 2 and "crr.train.advantages:mc_values" in estimator_names(cfg)
 
 
 def test_values_and_metrics_by_hand():

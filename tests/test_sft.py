@@ -32,7 +32,7 @@ from crr.sft.warm_start import (
     sft,
 )
 from crr.sandbox import get_engine
-from crr.rundir import RunDir
+from crr.rundir import RunDir, release_locks
 from crr.tasks.micro import generate_micro
 
 # Short episodes keep the trainer tests fast; exploration itself is tested in test_expert.py.
@@ -418,6 +418,27 @@ def test_model_probe_direct_expert(tiny, micro_dir, monkeypatch):
 def test_sft_command_bad_input(tmp_path):
     result = CliRunner().invoke(app, ["sft", "--n-tasks", "0", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "n_tasks must be at least 1" in result.output
+
+
+def test_sft_resume_of_another_commands_run_is_one_line(tmp_path):
+    """`crr sft --resume` on a train or eval run (or an sft run without its model and recipe): one line naming
+    what it is, with nothing written there or made (was: KeyError 'recipe')."""
+    out = tmp_path / "out"
+    for command, config in (("train", {"model": None, "tasks": "nano-train"}), ("eval", {"model": None}),
+                            ("sft", {"model": "m"})):
+        run = RunDir.create(command, root=tmp_path / command, config=config)
+        release_locks()
+        before = {p: p.stat().st_mtime_ns for p in run.path.iterdir()}
+        result = CliRunner().invoke(app, ["sft", "--resume", str(run.path), "--out", str(out)])
+        release_locks()
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1, result.output
+        assert lines[0] == (f"error: {run.path} is a `crr {command}` run, not a warm start; --resume takes a directory "
+                            "made by crr sft" if command != "sft" else
+                            f"error: {run.path / 'config.yaml'} is corrupt (not a warm start's config: no model and "
+                            "recipe)"), lines[0]
+        assert {p: p.stat().st_mtime_ns for p in run.path.iterdir()} == before
+    assert not out.exists()
 
 
 def _small_recipe_run(name: str, tmp_path: Path, model: Path | None = None) -> tuple[dict, Path]:

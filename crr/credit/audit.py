@@ -44,8 +44,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import re
 import time
+import typing
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -116,22 +118,58 @@ class AuditConfig:
     bootstrap: int = 1000                # resamples of trajectories for the correlations' intervals
 
     def __post_init__(self) -> None:
-        for name in ("n_tasks", "group_size", "continuations", "repeats", "cf_samples", "mc_samples", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise CRRError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.k < 0:
-            raise CRRError(f"k must be >= 0, got {self.k}")
-        if self.temperature <= 0 or self.cf_temperature <= 0:
-            raise CRRError("temperature and cf_temperature must be > 0 (the continuations sample from pi)")
-        from crr.train.selectors import SELECTORS
-
+        check_values({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
         for name, over in self.variants.items():
             if not isinstance(over, dict) or set(over) - set(BUDGET_KEYS) or not re.fullmatch(r"[\w.=-]+", str(name)):
                 raise CRRError(f"variant {name!r}: expected a name of letters, digits and ._=- mapping to some of "
                                f"{', '.join(BUDGET_KEYS)}, got {over!r}")
-            if over.get("selector", self.selector) not in SELECTORS:
-                raise CRRError(f"variant {name!r}: unknown selector {over['selector']!r}; choose one of "
-                               f"{', '.join(SELECTORS)}")
+            check_values(over, f"variant {name!r}: ")
+        from crr.train.proposals import PROPOSALS   # deferred: torch (crr.policy.backend)
+        from crr.train.selectors import SELECTORS
+
+        for name, budget in budgets(self).items():
+            for key, known in (("selector", SELECTORS), ("proposal", PROPOSALS)):
+                if budget[key] not in known:
+                    raise CRRError(f"{f'variant {name!r}: ' if name else ''}unknown {key} {budget[key]!r}; choose one "
+                                   f"of {', '.join(known)}")
+
+
+# Where the numbers of AuditConfig must lie: train's ranges (crr.train.config.RANGES), under train's name for
+# the key where it has another, and at least 1 for the audit's own counts.
+TRAIN_KEYS = {"group_size": "num_generations", "temperature": "rollout_temperature"}
+COUNTS = ("continuations", "repeats", "mc_samples", "bootstrap")
+
+
+def check_values(values: dict, where: str = "") -> None:
+    """Each of `values` (AuditConfig keys) of its field's annotated type, a finite number where it is one and
+    within train's range for the key, as train checks its config (crr.train.config.validate): a CRRError
+    naming the first bad key (after `where`)."""
+    from crr.train.config import RANGES, Range, conforms, describe   # deferred: torch, TRL
+
+    hints = typing.get_type_hints(AuditConfig)
+    for name, value in values.items():
+        hint = hints[name]
+        if not conforms(value, hint):
+            raise CRRError(f"{where}{name}={value!r}: expected {describe(hint)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise CRRError(f"{where}{name}={value!r}: expected a finite number")
+        limits = Range(1) if name in COUNTS else RANGES.get(TRAIN_KEYS.get(name, name))
+        if limits is not None and not limits.holds(value):
+            raise CRRError(f"{where}{name}={value!r}: must be {limits}")
+
+
+def check_estimators(cfg: AuditConfig) -> None:
+    """Every configured estimator (and every one given advantage_params) registered in crr.train.advantages or
+    a function named as module.path:function, taking its advantage_params, as train takes advantage_estimator:
+    a CRRError before anything is played. A recorded audit's config is not checked so: an estimator no longer
+    registered is left out of its table (estimator_names), not refused."""
+    from crr.train.advantages import check   # deferred: torch
+
+    for name in dict.fromkeys([*cfg.estimators, *cfg.advantage_params]):
+        params = cfg.advantage_params.get(name, {})
+        if not isinstance(params, dict):
+            raise CRRError(f"advantage_params: {name}={params!r}: expected a mapping of keyword parameters")
+        check(name, params)
 
 
 def load_audit_config(preset: Path | str | None = None, overrides: dict | None = None) -> AuditConfig:
@@ -141,7 +179,9 @@ def load_audit_config(preset: Path | str | None = None, overrides: dict | None =
     unknown = sorted(set(data) - names)
     if unknown:
         raise CRRError(f"unknown audit config key(s) {unknown}; see experiments/credit-audit-nano.yaml")
-    return audit_config(data)
+    cfg = audit_config(data)
+    check_estimators(cfg)
+    return cfg
 
 
 def audit_config(data: dict) -> AuditConfig:
@@ -177,9 +217,11 @@ def resume_audit(path: Path | str, variants: dict | None = None) -> tuple[AuditC
     """The audit at `path`, to go on with; `variants` (name -> budget overrides) are added to the config
     returned, to be played on the trajectories it has recorded without replaying the oracle (`audit`, which
     writes them into the run's config once every record has them)."""
-    run = RunDir.open(path, write=True)
+    run = RunDir.open(path)
     if run.manifest.get("command") != "credit-audit":
-        raise CRRError(f"{path} is not a `crr credit audit` run directory")
+        raise CRRError(f"{path} is a `crr {run.manifest.get('command')}` run, not a credit audit; --resume takes a "
+                       "directory made by crr credit audit")
+    run.lock()
     cfg = audit_config(run.config)
     if variants is not None and not isinstance(variants, dict):
         raise CRRError(f"variants must map names to budget overrides (e.g. variants={{mv: {{selector: mid_value}}}}), "
@@ -211,14 +253,21 @@ def needs(name: str) -> set[str]:
 
 def estimator_names(cfg: AuditConfig) -> list[str]:
     """The estimators scored: the configured ones and every other registered one (search_select aside), those
-    registered now (a configured one that is not is named in the log), GRPO first."""
-    from crr.train.advantages import ESTIMATORS
+    registered now or named as module.path:function (a configured one that is neither now is named in the log),
+    GRPO first."""
+    from crr.train.advantages import ESTIMATORS, resolve
+
+    def known(name: str) -> bool:
+        try:
+            return resolve(name) is not None
+        except CRRError:
+            return False
 
     wanted = list(dict.fromkeys(cfg.estimators + [n for n in ESTIMATORS if n not in EXCLUDED]))
-    missing = [n for n in wanted if n not in ESTIMATORS]
+    missing = [n for n in wanted if not known(n)]
     if missing:
         log.warning("estimators not registered in crr.train.advantages, left out: %s", missing)
-    names = sorted((n for n in wanted if n in ESTIMATORS), key=lambda n: n != "grpo")
+    names = sorted((n for n in wanted if n not in missing), key=lambda n: n != "grpo")
     return names + [f"{n}[{v}]" for v in cfg.variants for n in VARIANT_ESTIMATORS if n in ESTIMATORS]
 
 

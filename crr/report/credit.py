@@ -11,13 +11,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from crr.credit.audit import (TABLE, AuditConfig, audit_config, audit_records, budgets, is_audit,
-                              metrics_frame, variant_of)
+from crr.credit.audit import (TABLE, AuditConfig, audit_config, audit_records, budgets, estimator_names,
+                              is_audit, metrics_frame, variant_of)
 from crr.report.output import write_table
 from crr.report.plots import Plot, _save
 from crr.report.tables import DASH, Table
 from crr.rundir import RunDir
-from crr.train.advantages import ESTIMATORS
 
 
 def _budget(name: str, cfg: AuditConfig) -> str:
@@ -55,7 +54,7 @@ def audit_table(path: Path, records: list[dict], cfg: AuditConfig, name: str = T
     oracle = [r["oracle"] for r in scored]
     table.notes.append(f"the oracle: {np.mean([o['env_steps'] for o in oracle]):.1f} environment steps and "
                        f"{np.mean([o['wall_s'] for o in oracle]):.1f} s per trajectory")
-    missing = [n for n in cfg.estimators if n not in ESTIMATORS]
+    missing = [n for n in cfg.estimators if n not in estimator_names(cfg)]   # (a module.path:function is scored)
     if missing:
         table.notes.append(f"not registered in this checkout's crr.train.advantages, left out (their budgets are "
                            f"in the records: `crr report` scores them once they are): {', '.join(missing)}")

@@ -302,9 +302,18 @@ def start_sft(model: str, recipe: SFTRecipe, out: Path) -> RunDir:
 
 
 def resume_sft(path: Path) -> tuple[RunDir, str, SFTRecipe]:
-    """An interrupted `crr sft` run directory, with the model and recipe it was started with."""
-    run = RunDir.open(path, write=True)
-    return run, run.config["model"], SFTRecipe.from_dict(run.config["recipe"])
+    """An interrupted `crr sft` run directory, with the model and recipe it was started with (another command's
+    run, or one whose config lacks them: a CRRError before it is locked or written)."""
+    run = RunDir.open(path)
+    if run.manifest.get("command") != "sft":
+        raise CRRError(f"{path} is a `crr {run.manifest.get('command')}` run, not a warm start; --resume takes "
+                       "a directory made by crr sft")
+    config = run.config
+    if not isinstance(config.get("model"), str) or not isinstance(config.get("recipe"), dict):
+        raise CRRError(f"{run.path / 'config.yaml'} is corrupt (not a warm start's config: no model and recipe)")
+    recipe = SFTRecipe.from_dict(config["recipe"])
+    run.lock()
+    return run, config["model"], recipe
 
 
 Progress = Callable[[str, int, int, dict], None]  # (stage "expert" | "train", done, total, last record)

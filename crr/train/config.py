@@ -270,13 +270,13 @@ def _field_types() -> dict[str, object]:
     return typing.get_type_hints(CRRConfig)
 
 
-def _conforms(value, hint) -> bool:
+def conforms(value, hint) -> bool:
     """Whether `value` (as YAML gives it) has the type `hint` (a dataclass field's annotation) names."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is typing.Any:
         return True
     if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, a) for a in args)
+        return any(conforms(value, a) for a in args)
     if origin is typing.Literal:
         return value in args
     if hint is type(None):
@@ -285,7 +285,7 @@ def _conforms(value, hint) -> bool:
         return (isinstance(value, bool) if hint is bool else not isinstance(value, bool)
                 and isinstance(value, int if hint is int else (int, float)))
     if origin in (list, tuple) or hint in (list, tuple):
-        return isinstance(value, (list, tuple)) and all(_conforms(v, args[0]) for v in value if args)
+        return isinstance(value, (list, tuple)) and all(conforms(v, args[0]) for v in value if args)
     if origin is dict or hint is dict:
         return isinstance(value, dict)
     if isinstance(hint, type) and issubclass(hint, Enum):
@@ -293,14 +293,14 @@ def _conforms(value, hint) -> bool:
     return isinstance(value, hint) if isinstance(hint, type) else True
 
 
-def _describe(hint) -> str:
+def describe(hint) -> str:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        return " or ".join(dict.fromkeys(_describe(a) for a in args))
+        return " or ".join(dict.fromkeys(describe(a) for a in args))
     if origin is typing.Literal or isinstance(hint, type) and issubclass(hint, Enum):
         return "one of " + ", ".join(map(str, args if origin else [m.value for m in hint]))
     if origin in (list, tuple):
-        return f"a list whose items are each {_describe(args[0])}" if args else "a list"
+        return f"a list whose items are each {describe(args[0])}" if args else "a list"
     names = {type(None): "null", bool: "true or false", int: "an integer", float: "a number", str: "a string",
              dict: "a mapping"}
     return names.get(origin or hint, getattr(hint, "__name__", str(hint)))
@@ -314,8 +314,8 @@ def validate(cfg: CRRConfig) -> None:
         value = getattr(cfg, f.name)
         if not f.init or value is None and f.default is None:
             continue
-        if not _conforms(value, types_[f.name]):
-            raise CRRError(f"{f.name}={value!r}: expected {_describe(types_[f.name])}")
+        if not conforms(value, types_[f.name]):
+            raise CRRError(f"{f.name}={value!r}: expected {describe(types_[f.name])}")
         if f.name in RANGES and not RANGES[f.name].holds(value):
             raise CRRError(f"{f.name}={value!r}: must be {RANGES[f.name]}")
     if cfg.model is not None:
