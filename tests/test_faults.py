@@ -35,6 +35,8 @@ BAD_VALUES = {
     "max_trajectories=0": "max_trajectories=0: must be >= 1",
     "temperature=0": "temperature=0: must be > 0",
     "rollout_temperature=0": "rollout_temperature=0: must be > 0",
+    "rollout_temperature=.inf": "rollout_temperature=inf: expected a finite number",
+    "learning_rate=.nan": "learning_rate=nan: expected a finite number",
     "use_lora=maybe": "use_lora='maybe': expected true or false",
     "dtype=float16": "dtype='float16': expected one of auto, float32, bfloat16",
     "max_steps=0": "max_steps=0: must be >= 1 (or -1: unset)",

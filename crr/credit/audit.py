@@ -44,7 +44,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import re
 import time
 import typing
@@ -144,18 +143,12 @@ def check_values(values: dict, where: str = "") -> None:
     """Each of `values` (AuditConfig keys) of its field's annotated type, a finite number where it is one and
     within train's range for the key, as train checks its config (crr.train.config.validate): a CRRError
     naming the first bad key (after `where`)."""
-    from crr.train.config import RANGES, Range, conforms, describe   # deferred: torch, TRL
+    from crr.train.config import RANGES, Range, check_value   # deferred: torch, TRL
 
     hints = typing.get_type_hints(AuditConfig)
     for name, value in values.items():
-        hint = hints[name]
-        if not conforms(value, hint):
-            raise CRRError(f"{where}{name}={value!r}: expected {describe(hint)}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise CRRError(f"{where}{name}={value!r}: expected a finite number")
-        limits = Range(1) if name in COUNTS else RANGES.get(TRAIN_KEYS.get(name, name))
-        if limits is not None and not limits.holds(value):
-            raise CRRError(f"{where}{name}={value!r}: must be {limits}")
+        check_value(name, value, hints[name], Range(1) if name in COUNTS else RANGES.get(TRAIN_KEYS.get(name, name)),
+                    where)
 
 
 def check_estimators(cfg: AuditConfig) -> None:

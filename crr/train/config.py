@@ -306,6 +306,17 @@ def describe(hint) -> str:
     return names.get(origin or hint, getattr(hint, "__name__", str(hint)))
 
 
+def check_value(name: str, value, hint, limits: Range | None = None, where: str = "") -> None:
+    """A CRRError (after `where`) unless `value` has the type `hint` names, is finite where it is a number, and
+    lies within `limits`."""
+    if not conforms(value, hint):
+        raise CRRError(f"{where}{name}={value!r}: expected {describe(hint)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CRRError(f"{where}{name}={value!r}: expected a finite number")
+    if limits is not None and not limits.holds(value):
+        raise CRRError(f"{where}{name}={value!r}: must be {limits}")
+
+
 def validate(cfg: CRRConfig) -> None:
     """Every field's type (from the annotations of CRRConfig and TRL's GRPOConfig) and range (RANGES), and that
     a model given as a directory holds a model: a CRRError naming the first bad field, before anything is made."""
@@ -314,10 +325,7 @@ def validate(cfg: CRRConfig) -> None:
         value = getattr(cfg, f.name)
         if not f.init or value is None and f.default is None:
             continue
-        if not conforms(value, types_[f.name]):
-            raise CRRError(f"{f.name}={value!r}: expected {describe(types_[f.name])}")
-        if f.name in RANGES and not RANGES[f.name].holds(value):
-            raise CRRError(f"{f.name}={value!r}: must be {RANGES[f.name]}")
+        check_value(f.name, value, types_[f.name], RANGES.get(f.name))
     if cfg.model is not None:
         path = Path(cfg.model).expanduser()
         if path.is_dir() and not (path / "config.json").is_file():
