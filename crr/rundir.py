@@ -51,6 +51,9 @@ _locks: dict[Path, int] = {}  # run directory (resolved) -> fd of the lock this 
 writer_hooks: list[Callable[[Path], None]] = []
 # The errors of a write that the machine refuses (disk full, quota, read-only, no permission): the user's to fix.
 OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+# A path given to a command that cannot be what it names: an --out that is a file (or lies under one), a file
+# where a directory is wanted, a name too long. The user's to fix, like OUTPUT_ERRNOS, but no resume helps.
+PATH_ERRNOS = frozenset({errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ENAMETOOLONG})
 
 
 def _refused(path: Path, e: OSError) -> OSError:
@@ -241,7 +244,9 @@ class RunDir:
         try:
             path.mkdir(parents=True)
         except OSError as e:
-            raise _refused(path, e) from None
+            if e.errno in OUTPUT_ERRNOS | PATH_ERRNOS:
+                raise _refused(path, e) from None
+            raise CRRError(f"cannot make the run directory {path}: {e.strerror or e}") from None   # (--out /proc/x)
         try:
             lock_run(path, command)
             atomic_write_text(path / "config.yaml", yaml.safe_dump(config or {}, sort_keys=False))

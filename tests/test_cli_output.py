@@ -43,6 +43,9 @@ def test_an_out_path_that_cannot_be_a_directory_is_one_line_and_exit_2(tmp_path)
         lines = result.output.splitlines()
         assert result.exit_code == 2 and lines == [f"error: {out}: {reason}"], result.output
     assert a_file.read_text() == "mine\n"
+    result = CliRunner().invoke(app, ["demo", "--out", "/proc/crr-out"])   # a place where nothing can be made
+    assert result.exit_code == 2 and result.output.startswith("error: cannot make the run directory /proc/crr-out/")
+    assert len(result.output.splitlines()) == 1, result.output
 
 
 def test_library_warnings_and_records_go_to_the_run_log_and_crrs_own_to_the_terminal(tmp_path, capsys):

@@ -10,7 +10,6 @@ torch, transformers, trl and datasets are imported inside the command functions 
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import json
 import shlex
@@ -140,21 +139,16 @@ def _same_command() -> str:
     return shlex.join(["crr", *sys.argv[1:]])
 
 
-# A path given to a command that cannot be what it names: an --out that is a file (or lies under one), a file
-# where a directory is wanted, a name too long. The user's to fix, like OUTPUT_ERRNOS, but no resume helps.
-PATH_ERRNOS = frozenset({errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ENAMETOOLONG})
-
-
 def friendly(fn: Callable) -> Callable:
     """One command's errors, interrupts and run directories: a CRRError, or a file the machine refuses (disk full,
-    read-only, no permission: rundir.OUTPUT_ERRNOS) or a path that cannot be what it names (PATH_ERRNOS), prints as
-    one line and exits 2 (a traceback with --debug);
+    read-only, no permission: rundir.OUTPUT_ERRNOS) or a path that cannot be what it names (rundir.PATH_ERRNOS),
+    prints as one line and exits 2 (a traceback with --debug);
     SIGINT or SIGTERM closes its sandboxes, prints how to resume and exits 130 or 143; the run directories it
     wrote are released (their locks) when it ends."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from crr.rundir import OUTPUT_ERRNOS, release_locks
+        from crr.rundir import OUTPUT_ERRNOS, PATH_ERRNOS, release_locks
 
         with _sigterm_interrupts() as received, _library_output():
             try:
