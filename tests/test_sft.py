@@ -32,7 +32,7 @@ from crr.sft.warm_start import (
     sft,
 )
 from crr.sandbox import get_engine
-from crr.rundir import RunDir, release_locks
+from crr.rundir import RunDir, append_jsonl, release_locks
 from crr.tasks.micro import generate_micro
 
 # Short episodes keep the trainer tests fast; exploration itself is tested in test_expert.py.
@@ -348,9 +348,15 @@ def test_sft_command_end_to_end_and_resume(tiny, micro_dir, tmp_path):
     # Resume after losing the final model: the saved expert data and checkpoint are reused, nothing re-run.
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     shutil.rmtree(run_dir / "model")
+    logged = run.records("metrics.jsonl")
+    append_jsonl(run_dir / "metrics.jsonl", {"event": "sft", "stage": 0, "step": 3, "loss": 9.0})   # after the checkpoint
     result = runner.invoke(app, ["sft", "--resume", str(run_dir)])
     assert result.exit_code == 0, result.output
     assert len(run.records("expert.jsonl")) == 2
+    # each step is recorded once, the closing record once: what the checkpoint did not hold was redone, not added
+    relogged = run.records("metrics.jsonl")
+    assert [r.get("step") for r in relogged] == [r.get("step") for r in logged], (logged, relogged)
+    assert sum("train_runtime" in r for r in relogged) == 1
     resumed, _ = load_policy(run_dir / "model")
     assert all(torch.equal(v, resumed.state_dict()[k]) for k, v in weights.items())
 

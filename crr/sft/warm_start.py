@@ -363,10 +363,12 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
     if data_only:
         return data_dir
 
-    def on_log(record: dict) -> None:
-        run.log_metrics({"event": "sft", **record})
-        if progress is not None and "loss" in record:
-            progress("train", record["step"], -1, record)
+    def logger(stage: int) -> Callable[[dict], None]:
+        def on_log(record: dict) -> None:
+            run.log_metrics({"event": "sft", "stage": stage, **record})
+            if progress is not None and "loss" in record:
+                progress("train", record["step"], -1, record)
+        return on_log
 
     on_step = None if progress is None else lambda done, total: progress("train", done, total, {})
     stages = recipe.stages or [{"data": "expert"}]
@@ -384,11 +386,26 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
         out = run.path / (MODEL_DIR if last else f"{STAGE_MODEL_DIR}-{i + 1}")
         checkpoints = run.path / (CHECKPOINT_DIR if last else f"{CHECKPOINT_DIR}-{i + 1}")
         if not (out / "config.json").is_file():  # a finished stage is kept on resume
+            _log_up_to(run, i, checkpoints)
             settings = replace(recipe.train, seed=recipe.seed, **_settings_of(stage))
             sft(model_dir, rows[stage["data"]](stage.get("levels")), out, settings, agent=(recipe.data.agent_format, recipe.data.max_turns),
-                checkpoints=checkpoints, resume=checkpoints.is_dir(), on_log=on_log, progress=on_step)
+                checkpoints=checkpoints, resume=checkpoints.is_dir(), on_log=logger(i), progress=on_step)
         model_dir = out
     return model_dir
+
+
+def _log_up_to(run: RunDir, stage: int, checkpoints: Path) -> None:
+    """Cut the stage's records in metrics.jsonl back to its newest checkpoint (none: all of them), and its closing
+    record (train_runtime ...), which the resumed training writes again: the steps a resume redoes are recorded
+    once. (A record written before records named their stage counts as stage 0.)"""
+    saved = [int(p.name.removeprefix("checkpoint-")) for p in checkpoints.glob("checkpoint-*")
+             if p.name.removeprefix("checkpoint-").isdigit()]
+    upto = max(saved, default=0)
+    logged = run.records("metrics.jsonl")
+    kept = [r for r in logged if not (r.get("event") == "sft" and r.get("stage", 0) == stage
+                                      and (r.get("step", 0) > upto or "train_runtime" in r))]
+    if len(kept) < len(logged):
+        run.rewrite_records("metrics.jsonl", kept)
 
 
 def sft_results(run: RunDir) -> tuple[dict | None, list[tuple[int, float]]]:
