@@ -142,8 +142,9 @@ def test_init_is_deterministic_per_seed_and_refuses_to_overwrite(tiny_dir, tmp_p
     with pytest.raises(CRRError, match="no model directory"):
         load_policy(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(CRRError, match="cannot load a model"):
+    with pytest.raises(CRRError, match="cannot load a model") as e:
         load_policy(tmp_path / "empty")
+    assert "\n" not in str(e.value)   # transformers' several-line reason, on one line
 
 
 def test_chat_template_renders_tool_turns_and_trl_keeps_it(policy, tmp_path):

@@ -135,6 +135,8 @@ def test_rollout_bench_forks_its_whole_default_script_exactly():
     assert all(r["restore_exact"] for r in fork["at"].values())
     refused = CliRunner().invoke(app, ["rollout", "bench", "--only", "fork", "--repeats", "0"])
     assert refused.exit_code == 2 and "at least 1 repeat" in refused.output, refused.output
+    refused = CliRunner().invoke(app, ["rollout", "bench", "--only", "fork", "--fork-steps", "10"])
+    assert refused.exit_code == 2 and "--fork-steps must be at least 42, got 10" in refused.output, refused.output
 
 
 def test_branches_reuse_the_cached_prefix_and_a_failed_round_leaves_no_sandbox(backend, task, tmp_path):

@@ -55,7 +55,8 @@ def fork_bench(engine: str = "local", steps: int = 45, at: tuple[int, ...] = (5,
     fork_at(t) by restore (alone, and until a first command has run in the fork) and by verified replay at
     each t in `at` (medians over `repeats`)."""
     if max(at) >= steps - 1:
-        raise CRRError(f"fork indices {at} must be below the last (submit) step {steps - 1}")
+        raise CRRError(f"--fork-steps must be at least {max(at) + 2}, got {steps}: the script is forked at steps "
+                       f"{', '.join(map(str, at))}, before its last (submit) step")
     if repeats < 1:
         raise CRRError(f"the fork bench times at least 1 repeat, got {repeats}")
     with tempfile.TemporaryDirectory(prefix="crr-fork-bench-") as tmp, get_engine(engine, **engine_opts) as eng:

@@ -178,8 +178,8 @@ def load_policy(path_or_hub_id: Path | str, device: str = "cpu",
         tokenizer = AutoTokenizer.from_pretrained(name)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype if dtype is not None else "auto")
     except (OSError, ValueError) as e:  # missing files, unknown hub id, no tokenizer in the directory
-        raise CRRError(f"cannot load a model from {name!r} ({e}); pass a directory made by `crr model init` "
-                       "or a hub id that is in the local Hugging Face cache") from None
+        raise CRRError(f"cannot load a model from {name!r} ({' '.join(str(e).split())}); pass a directory made by "
+                       "`crr model init` or a hub id that is in the local Hugging Face cache") from None
     if not tokenizer.chat_template:
         raise CRRError(f"{name} has no chat template; crr renders tool conversations with it")
     tokenizer.padding_side = "left"
