@@ -38,13 +38,14 @@ def train_command(
     from crr.train.distributed import is_main, launched_processes
     from crr.train.trainer import open_run, resolve_model, train, update_rewards
 
-    if eval_tasks is not None and launched_processes() > 1:
-        raise CRRError("--eval runs in one process: train across processes without it, then `crr eval` the run")
     if eval_n is not None and eval_tasks is None and resume is None:
         raise CRRError("--eval-n is the size of --eval's task set; give --eval too")
     if resume is not None:   # a run started with --eval resumes with it, as its eval-before/ records it
         eval_tasks, eval_n = _resumed_eval(Path(resume), eval_tasks, eval_n)
-    elif eval_tasks is not None:
+    if eval_tasks is not None and launched_processes() > 1:
+        raise CRRError("--eval runs in one process: train across processes without it, then `crr eval` the run"
+                       + (" (this run was started with --eval: resume it in one process)" if resume else ""))
+    if eval_tasks is not None and resume is None:
         _check_eval(eval_tasks, eval_n)
     cfg, run, checkpoint, tasks = open_run(resume, config, overrides, out, method=method, seed=seed,
                                            max_trajectories=max_trajectories, max_steps=max_updates,
