@@ -28,9 +28,8 @@ def experiment_run(
     """Train every arm and seed of the spec (skipping finished runs, resuming interrupted ones), evaluate each
     final model and the checkpoints the spec names, then write `crr report` tables and figures to OUT/report."""
     from crr.comparison import plan, run_comparison
-    from crr.experiments import load_comparison
-
     from crr.errors import CRRError
+    from crr.experiments import load_comparison
 
     comparison = load_comparison(spec)
     out = out or Path("results") / comparison.name

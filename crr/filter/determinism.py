@@ -293,9 +293,9 @@ def filter_tasks(tasks: Iterable[Task], run: RunDir, config: FilterConfig, worke
     Tasks it recorded as infra errors are tried again (the machine, not the task, failed). `workers`
     run tasks in parallel (None: DEFAULT_WORKERS, or a Ray engine's sandbox slots); each record is
     appended as its task finishes. On Ctrl-C the engine is closed (killing the sandboxes in flight,
-    whose tasks are not recorded) and the interrupt is re-raised; `resume` later picks up where it stopped. `on_start(total, verdicts)` (the counts of
-    the verdicts already recorded, by verdict) and
-    `on_result(record)` are called from the calling thread.
+    whose tasks are not recorded) and the interrupt is re-raised; `resume` later picks up where it stopped.
+    `on_start(total, verdicts)` (the counts of the verdicts already recorded, by verdict) and `on_result(record)`
+    are called from the calling thread.
     """
     if workers is not None and workers < 1:
         raise CRRError(f"--workers must be at least 1, got {workers}")

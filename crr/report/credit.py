@@ -54,7 +54,8 @@ def audit_table(path: Path, records: list[dict], cfg: AuditConfig, name: str = T
     oracle = [r["oracle"] for r in scored]
     table.notes.append(f"the oracle: {np.mean([o['env_steps'] for o in oracle]):.1f} environment steps and "
                        f"{np.mean([o['wall_s'] for o in oracle]):.1f} s per trajectory")
-    missing = [n for n in cfg.estimators if n not in estimator_names(cfg)]   # (a module.path:function is scored)
+    scored = set(estimator_names(cfg))   # (a module.path:function is scored)
+    missing = [n for n in cfg.estimators if n not in scored]
     if missing:
         table.notes.append(f"not registered in this checkout's crr.train.advantages, left out (their budgets are "
                            f"in the records: `crr report` scores them once they are): {', '.join(missing)}")
