@@ -61,6 +61,9 @@ from crr.errors import CRRError
 from crr.experiments import override, read_preset
 from crr.rundir import RunDir, read_jsonl
 from crr.seeds import derive_seed
+from crr.train.proposals import PROPOSALS
+from crr.train.selectors import SELECTORS
+from crr.train.values import RANGES, Range, check_value
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +126,6 @@ class AuditConfig:
                 raise CRRError(f"variant {name!r}: expected a name of letters, digits and ._=- mapping to some of "
                                f"{', '.join(BUDGET_KEYS)}, got {over!r}")
             check_values(over, f"variant {name!r}: ")
-        from crr.train.proposals import PROPOSALS   # deferred: torch (crr.policy.backend)
-        from crr.train.selectors import SELECTORS
-
         for name, budget in budgets(self).items():
             for key, known in (("selector", SELECTORS), ("proposal", PROPOSALS)):
                 if budget[key] not in known:
@@ -133,7 +133,7 @@ class AuditConfig:
                                    f"of {', '.join(known)}")
 
 
-# Where the numbers of AuditConfig must lie: train's ranges (crr.train.config.RANGES), under train's name for
+# Where the numbers of AuditConfig must lie: train's ranges (crr.train.values.RANGES), under train's name for
 # the key where it has another, and at least 1 for the audit's own counts.
 TRAIN_KEYS = {"group_size": "num_generations", "temperature": "rollout_temperature"}
 COUNTS = ("continuations", "repeats", "mc_samples", "bootstrap")
@@ -143,8 +143,6 @@ def check_values(values: dict, where: str = "") -> None:
     """Each of `values` (AuditConfig keys) of its field's annotated type, a finite number where it is one and
     within train's range for the key, as train checks its config (crr.train.config.validate): a CRRError
     naming the first bad key (after `where`)."""
-    from crr.train.config import RANGES, Range, check_value   # deferred: torch, TRL
-
     hints = typing.get_type_hints(AuditConfig)
     for name, value in values.items():
         check_value(name, value, hints[name], Range(1) if name in COUNTS else RANGES.get(TRAIN_KEYS.get(name, name)),

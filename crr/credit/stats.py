@@ -82,15 +82,16 @@ def estimator_metrics(steps: pd.DataFrame, grpo: pd.Series | None, *, boot: int 
         out["pearson_vs_grpo"] = out["pearson"] - _pearson(steps["grpo"].to_numpy(float), star)
     trajs = steps["traj"].unique()
     rng = np.random.default_rng(seed)
-    by_traj = {k: g for k, g in steps.groupby("traj")}
+    rows_of = steps.reset_index(drop=True).groupby("traj").indices   # a trajectory's rows, in order
+    g = steps["grpo"].to_numpy(float) if grpo is not None else None
     pear, spear, diff = [], [], []
     for _ in range(boot if len(trajs) > 1 else 0):
-        sample = pd.concat([by_traj[k] for k in rng.choice(trajs, size=len(trajs))])
-        x, y = sample["a"].to_numpy(float), sample["A"].to_numpy(float)
+        rows = np.concatenate([rows_of[k] for k in rng.choice(trajs, size=len(trajs))])
+        x, y = a[rows], star[rows]
         pear.append(_pearson(x, y))
         spear.append(_spearman(x, y))
-        if grpo is not None:
-            diff.append(pear[-1] - _pearson(sample["grpo"].to_numpy(float), y))
+        if g is not None:
+            diff.append(pear[-1] - _pearson(g[rows], y))
     out["pearson_lo"], out["pearson_hi"] = _ci(pear)
     out["spearman_lo"], out["spearman_hi"] = _ci(spear)
     if grpo is not None:

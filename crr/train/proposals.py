@@ -19,11 +19,14 @@ in the backend.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from crr.agent.tools import ToolCallError, parse_tool_call
 from crr.errors import CRRError
-from crr.policy.backend import GenerationBackend, StepSample
 from crr.seeds import derive_seed
+
+if TYPE_CHECKING:   # annotations only: the registry's names are read without torch (crr.credit.audit)
+    from crr.policy.backend import GenerationBackend, StepSample
 
 VALIDITY_RESAMPLES = 3
 
