@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from crr.agent.prompt import TOOL_SCHEMAS
@@ -182,6 +184,18 @@ def _check_args(conversations: list, temperature: float, max_new_tokens: int, ex
         except ToolCallError as e:
             raise CRRError(f"exclude[{i}] is not a valid tool call ({e})") from None
     return canonical
+
+
+# The keyword (and output field) of a forward pass's key/value cache: transformers 5.24 renamed it `cache`
+# (`past_key_values` warns there and is removed in 5.40); the versions before take only the old name.
+CACHE_KEYWORD = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
+
+
+def forward(model: torch.nn.Module, past, **inputs):
+    """One pass of `model` on `inputs` after the key/value cache `past` (None: none): its output and the cache
+    after it."""
+    out = model(**inputs, **{CACHE_KEYWORD: past})
+    return out, getattr(out, CACHE_KEYWORD)
 
 
 class TransformersBackend:
@@ -373,10 +387,10 @@ class TransformersBackend:
             attention[i, reused - n:reused] = 1
             attention[i, reused + width - rest:] = 1
             positions[i, width - rest:] = torch.arange(n, len(p) + len(opening))
-        out = model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-                    position_ids=positions.to(self.device), use_cache=True, logits_to_keep=len(opening) + 1,
-                    past_key_values=batch_past(model.config, cached, reused, room=reused + width + max_new_tokens))
-        past, next_positions = out.past_key_values, positions[:, -1] + 1
+        out, past = forward(model, batch_past(model.config, cached, reused, room=reused + width + max_new_tokens),
+                            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+                            position_ids=positions.to(self.device), use_cache=True, logits_to_keep=len(opening) + 1)
+        next_positions = positions[:, -1] + 1
 
         noise: list[torch.Tensor | None] = []   # by position: the Gumbel noise of every row of the call
         vocab = out.logits.shape[-1]
@@ -473,10 +487,9 @@ class TransformersBackend:
                 fed[j, width - len(block):] = 1
                 positions[j, width - len(block):] = next_positions[j] + torch.arange(len(block))
             attention = torch.cat([attention, fed], dim=-1)
-            out = model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-                        position_ids=positions.to(self.device), past_key_values=past, use_cache=True,
-                        logits_to_keep=width)
-            past, next_positions = out.past_key_values, next_positions + torch.tensor([len(b) for b in blocks])
+            out, past = forward(model, past, input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+                                position_ids=positions.to(self.device), use_cache=True, logits_to_keep=width)
+            next_positions = next_positions + torch.tensor([len(b) for b in blocks])
         elapsed = time.perf_counter() - start
         return [self._step_sample(p, r, m, temperature, elapsed if t is None else t)
                 for p, r, m, t in zip(prompts, record, matchers, done_at)]
@@ -542,7 +555,7 @@ class TransformersBackend:
         n, kv = self.prefix_cache.lookup(prompt_ids) if self.prefix_cache.max_bytes > 0 else (0, None)
         ids = torch.tensor([prompt_ids[n:] + action_ids[:-1]], device=self.device)
         past = batch_past(self.model.config, [(n, kv)], n, room=n + ids.shape[1]) if n else None
-        out = model(input_ids=ids, past_key_values=past, use_cache=n > 0)
+        out, _ = forward(model, past, input_ids=ids, use_cache=n > 0)
         logits = out.logits[0, len(prompt_ids) - n - 1:].float().cpu()
         matcher, bitmask = self.grammar.matcher(), self.grammar.allocate_bitmask(len(action_ids))
         for k, token in enumerate(action_ids):
