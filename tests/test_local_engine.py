@@ -341,6 +341,37 @@ def test_gc_leftovers_removes_crashed_engines_only(task, tmp_path):
         assert [r for r in gc_leftovers(workdir) if str(workdir) in r or live.dir.name in r] == []
 
 
+@pytest.mark.serial
+@needs_root
+def test_gc_dry_run_lists_what_gc_removes_and_removes_nothing(task, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from crr.cli import app
+    from crr.sandbox.local import reclaim
+
+    workdir = tmp_path / "sandboxes"
+    monkeypatch.setattr(reclaim, "default_workdir", lambda: workdir)  # where `crr sandbox gc` looks
+    dead = _run_owner(task, workdir, "crash")
+    mounts = _mounts_under(dead)
+
+    def ours(items: list[str]) -> list[str]:
+        return [r for r in items if dead.name in r]
+
+    with LocalEngine(workdir=workdir) as live, live.start(task) as sb:
+        listed = gc_leftovers(workdir, dry_run=True)
+        assert str(dead) in listed and sum(r.endswith("/tree") for r in ours(listed)) == 2
+        assert [r for r in listed if live.dir.name in r] == []
+        result = CliRunner().invoke(app, ["sandbox", "gc", "--dry-run"])
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
+        assert any(line.startswith("local: would remove ") for line in lines), result.output
+        assert f"  {dead}" in lines, result.output
+        assert dead.is_dir() and _mounts_under(dead) == mounts and procs_with("sleep", "105.7")  # all kept
+        assert ours(gc_leftovers(workdir)) == ours(listed)
+        assert not dead.exists() and procs_with("sleep", "105.7") == []
+        assert sb.exec("echo still here").output == "still here\n"
+
+
 @needs_root
 def test_exit_without_close_leaves_nothing(task, tmp_path):
     owner_dir = _run_owner(task, tmp_path / "sandboxes", "exit")

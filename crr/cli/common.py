@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -139,6 +139,12 @@ def _same_command() -> str:
     return shlex.join(["crr", *sys.argv[1:]])
 
 
+def _exit_with_error(message: str) -> NoReturn:
+    """One red error line, exit 2."""
+    err_console.print(Text.assemble(("error:", "bold red"), f" {message}"))
+    raise typer.Exit(2) from None
+
+
 def friendly(fn: Callable) -> Callable:
     """One command's errors, interrupts and run directories: a CRRError, or a file the machine refuses (disk full,
     read-only, no permission: rundir.OUTPUT_ERRNOS) or a path that cannot be what it names (rundir.PATH_ERRNOS),
@@ -156,10 +162,9 @@ def friendly(fn: Callable) -> Callable:
             except (CRRError, OSError) as e:
                 if _state["debug"] or isinstance(e, OSError) and e.errno not in OUTPUT_ERRNOS | PATH_ERRNOS:
                     raise
-                err_console.print(Text.assemble(("error:", "bold red"), f" {e}" if isinstance(e, CRRError) else
-                                                f" {e.filename or 'the output'}: {e.strerror}"
-                                                + ("" if e.errno in PATH_ERRNOS else _resume_hint())))
-                raise typer.Exit(2) from None
+                _exit_with_error(str(e) if isinstance(e, CRRError) else
+                                 f"{e.filename or 'the output'}: {e.strerror}"
+                                 + ("" if e.errno in PATH_ERRNOS else _resume_hint()))
             except KeyboardInterrupt:
                 signum = received[0] if received else signal.SIGINT
                 resume = _state.get("resume")
@@ -313,9 +318,20 @@ def threads_option() -> Any:
     return typer.Option(None, "--threads", min=1, help="torch intra-op threads (default: torch's).")
 
 
-def out_option(default: Path = Path("results/runs")) -> Any:
-    """--out of a command that writes one run directory."""
-    return typer.Option(default, "--out", help="Where the run directory goes.")
+def _out_path(value: str | Path) -> Path:
+    """--out's parser: an empty --out, which Path reads as the working directory, is refused as a CRRError
+    would be (options are parsed before `friendly` runs)."""
+    if str(value):
+        return Path(value)
+    message = "--out is empty; name where the output goes (--out . for the working directory)"
+    if _state["debug"]:
+        raise CRRError(message)
+    _exit_with_error(message)
+
+
+def out_option(default: Any = Path("results/runs"), help: str = "Where the run directory goes.") -> Any:
+    """--out (`...`: required); an empty one is refused, never taken for the working directory."""
+    return typer.Option(default, "--out", parser=_out_path, metavar="PATH", help=help)
 
 
 def json_option(what: str = "the result") -> Any:

@@ -23,12 +23,13 @@ from crr.errors import CRRError
 model_app = typer.Typer(help="The policy model: build the tiny default, sample tool calls from a model.",
                         no_args_is_help=True)
 _EXPERT_ENGINE = f"Fork engine for the expert's episodes: {ENGINES_HELP}."
+MAX_GENERATE = 64  # `crr model generate --n`: its samples are one batch, whose memory grows with it
 
 
 @model_app.command("init")
 @friendly
 def model_init(
-    out: Path = typer.Option(..., "--out", help="New directory for the model and tokenizer."),
+    out: Path = out_option(..., "New directory for the model and tokenizer."),
     size: str = typer.Option("tiny", "--size", help="tiny (~4.4M parameters) or small (~13.8M)."),
     seed: int = seed_option(help="Seed of the random initial weights."),
 ) -> None:
@@ -49,7 +50,7 @@ def model_generate(
     model: str | None = model_option(),
     prompt: str = typer.Option(..., "--prompt", help="The user message (after the paper's system prompt)."),
     temperature: float = temperature_option(),
-    n: int = typer.Option(4, "--n", help="Samples (one batch)."),
+    n: int = typer.Option(4, "--n", help=f"Samples (one batch, at most {MAX_GENERATE})."),
     seed: int = seed_option(),
     max_new_tokens: int = max_new_tokens_option(128),
     max_value_chars: int | None = max_value_chars_option(),
@@ -65,8 +66,8 @@ def model_generate(
     from crr.policy.backend import TransformersBackend
     from crr.policy.model import default_model_dir, load_policy
 
-    if n < 1:
-        raise CRRError(f"--n must be at least 1, got {n}")
+    if not 1 <= n <= MAX_GENERATE:
+        raise CRRError(f"--n must be between 1 and {MAX_GENERATE}, got {n}")
     if model is None:
         with err_console.status("loading the default tiny model (built on first use)"):
             model = str(default_model_dir())

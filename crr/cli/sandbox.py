@@ -137,10 +137,7 @@ def sandbox_gc(
             console.print(f"  {item}", highlight=False)
     except SandboxError as e:
         console.print(f"docker: skipped ({e})", highlight=False)
-    if dry_run:  # gc_leftovers has no dry run
-        console.print("local: skipped (no dry run for local engine leftovers)", highlight=False)
-        return
-    removed = gc_leftovers()
+    removed = gc_leftovers(dry_run=dry_run)
     console.print(f"local: {verb} {len(removed)}", highlight=False)
     for item in removed:
         console.print(f"  {item}", highlight=False)

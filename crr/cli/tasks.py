@@ -21,10 +21,12 @@ from crr.cli.common import (
     friendly,
     json_option,
     long_command,
+    out_option,
     progress_bar,
     ray_option,
     seed_option,
 )
+from crr.errors import CRRError
 
 tasks_app = typer.Typer(help="Task sets: generate the embedded micro set; validate and inspect task files "
                              "and datasets.", no_args_is_help=True)
@@ -51,7 +53,7 @@ def tasks_micro(
                               "worker (default) or a fresh interpreter per run: same rows, compare the rates."),
     first: int = typer.Option(0, "--first", help="Index of the first task: a large set in chunks (chunk rows equal "
                               "the whole set's)."),
-    out: Path = typer.Option(..., "--out", help="New (or empty) directory for tasks.jsonl and repos/."),
+    out: Path = out_option(..., "New (or empty) directory for tasks.jsonl and repos/."),
 ) -> None:
     """Generate micro tasks: small Python packages with one injected bug each, an issue, a gold
     patch and held-out tests whose FAIL_TO_PASS/PASS_TO_PASS are measured by running pytest."""
@@ -143,8 +145,8 @@ def tasks_synth(
                                       "carries its tests (repeatable)."),
     curated: bool = typer.Option(False, "--curated", help="Every package of crr/tasks/packages.yaml."),
     n: int = typer.Option(2, "--n", help="Tasks per package (at most)."),
-    out: Path = typer.Option(..., "--out", help="New (or empty) directory for tasks.jsonl; an interrupted "
-                             "run's directory resumes."),
+    out: Path = out_option(..., "New (or empty) directory for tasks.jsonl; an interrupted run's directory "
+                           "resumes."),
     seed: int = seed_option(help="Seed of the order bugs are tried in and of the issue texts."),
     requires: list[str] = typer.Option([], "--requires", help="Extra test requirement for --package, e.g. "
                                        "hypothesis==6.100.0 (repeatable)."),
@@ -162,6 +164,9 @@ def tasks_synth(
     from crr.tasks.synth import curated as curated_packages
     from crr.tasks.synth import parse_package, synthesise
 
+    if requires and not package:
+        raise CRRError("--requires is for --package only (a curated package's requirements are in "
+                       "crr/tasks/packages.yaml)")
     opts = engine_spec(engine, parse_options(engine_opt or []), ray=ray).options
     specs = [parse_package(p, tuple(requires)) for p in package] + (curated_packages() if curated else [])
     _resume_with(_same_command())  # its --out resumes
@@ -247,7 +252,7 @@ def tasks_band(
                                     "(--samples n at the rollout temperature)."),
     low: float = typer.Option(0.25, "--low", help="Lowest solve rate c/n kept."),
     high: float = typer.Option(0.75, "--high", help="Highest solve rate c/n kept."),
-    out: Path = typer.Option(..., "--out", help="New directory for tasks.jsonl, repos/ and band.json."),
+    out: Path = out_option(..., "New directory for tasks.jsonl, repos/ and band.json."),
 ) -> None:
     """The learnable band: the pool's tasks whose sampled solve rate under the starting policy lies in
     [--low, --high], written with their repositories as a self-contained task set for training."""

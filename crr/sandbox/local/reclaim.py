@@ -16,12 +16,13 @@ from crr.sandbox.overlay import Workspace, mounts_under, process_start, unmount
 log = logging.getLogger(__name__)
 
 
-def gc_leftovers(workdir: Path | None = None) -> list[str]:
+def gc_leftovers(workdir: Path | None = None, dry_run: bool = False) -> list[str]:
     """Remove the mounts, dirs and (pids and memory) cgroups of local engines whose owning process is gone.
 
     Only crr's: an engine dir carries OWNER_FILE with its owner's pid and start time, so a live
     engine (or a reused pid) is never touched; an engine's cgroup is named after its dir and holds
-    its owner's spawner thread for as long as the owner lives. Returns what was removed.
+    its owner's spawner thread for as long as the owner lives. Returns what was removed (with
+    `dry_run`: what would be, nothing touched).
     """
     root = Path(workdir) if workdir else default_workdir()
     removed: list[str] = []
@@ -33,12 +34,14 @@ def gc_leftovers(workdir: Path | None = None) -> list[str]:
                 continue  # the owner lives (its spawner thread is in it, or is joining it right now)
         except (OSError, IndexError, ValueError):
             continue
+        removed.append(str(cgroup))
+        if dry_run:
+            continue
         # commands in flight when the owner died: before unmounting their cwd (a sandbox's memory
         # cgroup is a child of its engine's)
         for child in [*(c for c in cgroup.iterdir() if c.is_dir()), cgroup]:
             _kill_cgroup(child)
             _remove_cgroup(child)
-        removed.append(str(cgroup))
     for d in sorted(root.glob(f"{_PREFIX}*")) if root.is_dir() else []:
         try:
             owner = json.loads((d / OWNER_FILE).read_text())
@@ -46,12 +49,14 @@ def gc_leftovers(workdir: Path | None = None) -> list[str]:
             continue  # not an engine dir, or one being created right now
         if process_start(owner.get("pid", -1)) == owner.get("start"):
             continue
-        for mnt in mounts_under(d):
+        mounts = mounts_under(d)
+        removed += [*mounts, str(d)]
+        if dry_run:
+            continue
+        for mnt in mounts:
             unmount(mnt)
-            removed.append(mnt)
         shutil.rmtree(d, ignore_errors=True)
-        removed.append(str(d))
-    if removed:
+    if removed and not dry_run:
         log.info("removed %d leftovers of crashed local engines under %s", len(removed), root)
     return removed
 
