@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from crr.cli.common import _resume_with, _same_command, console, long_command
+from crr.cli.common import _resume_with, _same_command, console, long_command, out_option
 
 experiment_app = typer.Typer(help="Run a whole comparison (experiments/*.comparison.yaml): train every arm and "
                                   "seed, evaluate, report.", no_args_is_help=True)
@@ -16,8 +16,8 @@ experiment_app = typer.Typer(help="Run a whole comparison (experiments/*.compari
 @long_command
 def experiment_run(
     spec: Path = typer.Argument(..., help="A comparison spec, e.g. experiments/cpu-main.comparison.yaml."),
-    out: Path | None = typer.Option(None, "--out", help="Where runs/, evals/ and report/ go (default: "
-                                    "results/NAME, NAME from the spec)."),
+    out: Path | None = out_option(None, "Where runs/, evals/ and report/ go (default: results/NAME, NAME from the "
+                                        "spec)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show each train run's state and command; run nothing."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write the tables and figures at the end."),
     seed: list[int] | None = typer.Option(None, "--seed", help="Only this seed (repeat for several; default: "

@@ -51,8 +51,8 @@ def filter_tasks_command(
     reruns: int | None = typer.Option(None, "--reruns", help="Gold-patch reruns per task (default 3)."),
     workers: int | None = typer.Option(None, "--workers", help="Tasks checked in parallel (default 2; on a Ray "
                                        "engine, the cluster's sandbox slots)."),
-    out: Path = typer.Option(Path("results/runs"), "--out", help="Where run directories go (or a filter "
-                             "run directory to resume)."),
+    out: Path = out_option(Path("results/runs"), "Where run directories go (or a filter run directory to "
+                                                 "resume)."),
     resume: Path | None = typer.Option(None, "--resume", help="Resume this filter-tasks run directory."),
     limit: int | None = typer.Option(None, "--limit", help="Only the first N tasks."),
     seed: int | None = seed_option(None, help="Seed of the reruns' hash seeds and test orders (default 0)."),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from crr.cli.common import console, friendly
+from crr.cli.common import console, friendly, out_option
 
 report_app = typer.Typer(help="The paper's tables and figures from run directories only.", no_args_is_help=True)
 _RUNS_HELP = "A run directory or a folder holding run directories (searched recursively); repeatable."
@@ -47,7 +47,7 @@ def _print_report(kind: str, out: Path, runs, entries) -> None:
 @friendly
 def report_tables(
     runs: list[Path] = typer.Option(..., "--runs", help=_RUNS_HELP),
-    out: Path = typer.Option(Path("results/report"), "--out", help="Where the tables and report.md go."),
+    out: Path = out_option(Path("results/report"), "Where the tables and report.md go."),
     spec: Path | None = typer.Option(None, "--spec", help=_SPEC_HELP),
 ) -> None:
     """Main results, composition, Search-Select, accounting ledger, equal wall clock, the four ablations, advantage
@@ -64,7 +64,7 @@ def report_tables(
 @friendly
 def report_plots(
     runs: list[Path] = typer.Option(..., "--runs", help=_RUNS_HELP),
-    out: Path = typer.Option(Path("results/report"), "--out", help="Where the figures and report.md go."),
+    out: Path = out_option(Path("results/report"), "Where the figures and report.md go."),
     spec: Path | None = typer.Option(None, "--spec", help=_SPEC_HELP),
 ) -> None:
     """Sample efficiency (pass@1 against on-policy trajectories and wall clock), training reward, the ablation

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import typer
 
-from crr.cli.common import console, friendly
+from crr.cli.common import console, friendly, out_option
 
 
 @friendly
 def view_command(
     runs: list[Path] = typer.Argument(..., help="Training or evaluation run directories, or folders holding them "
                                                 "(searched recursively)."),
-    out: Path | None = typer.Option(None, "--out", help="The HTML file to write (default: view.html in the one run "
-                                                        "named, else crr-view.html here)."),
+    out: Path | None = out_option(None, "The HTML file to write (default: view.html in the one run named, else "
+                                        "crr-view.html here)."),
 ) -> None:
     """Write one HTML file (no server, no network) showing training runs (learning curves, every trajectory as a
     timeline coloured by advantage, the forks off their steps) and evaluations (the task-by-task table, each
