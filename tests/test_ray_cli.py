@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -115,6 +117,34 @@ def test_ray_beside_another_engine_is_one_line_and_exit_2(tmp_path):
     opt = crr("tool", "--tasks", "nano-band", "--instance", "x", "--engine", "docker", "--engine-opt", "memory=4g",
               "--call", "{}")
     assert opt.exit_code == 2 and "'docker' takes no option memory" in opt.output   # checked by the engine
+
+
+def test_an_address_where_no_ray_answers_is_one_line_and_exit_2():
+    """`--ray HOST:PORT` where nothing listens, or a server that is not Ray: crr's one line at once, not minutes of
+    Ray's C++ client retrying on stderr (a subprocess: that client writes to the process's file descriptor 2)."""
+    from http.server import HTTPServer, SimpleHTTPRequestHandler
+
+    from crr.tasks.loaders import load_tasks
+
+    with socket.socket() as s:   # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    web = HTTPServer(("0.0.0.0", 0), SimpleHTTPRequestHandler)   # Ray dials the node's IP for 127.0.0.1
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    call = json.dumps({"name": "view_file", "arguments": {"path": "setup.py"}})
+    try:
+        for port in (free, web.server_port):
+            out = subprocess.run([sys.executable, "-m", "crr", "tool", "--tasks", "nano-band", "--instance",
+                                  load_tasks("nano-band")[0].instance_id, "--engine", "ray:local", "--ray",
+                                  f"127.0.0.1:{port}", "--call", call], capture_output=True, text=True, timeout=120,
+                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
+            lines = (out.stdout + out.stderr).strip().splitlines()
+            assert out.returncode == 2 and len(lines) == 1, out.stdout + out.stderr
+            assert lines[0].startswith(f"error: cannot connect to a Ray cluster at '127.0.0.1:{port}': no Ray "
+                                       "cluster answers at "), lines
+    finally:
+        web.shutdown()
+        web.server_close()
 
 
 def test_without_a_ray_engine_ray_is_never_imported(tmp_path):

@@ -87,7 +87,8 @@ def test_expert_data_is_deterministic(data, micro_dir):
 def test_expert_data_resumes_with_the_episodes_played(data, micro_dir, tmp_path):
     """An interrupted `crr sft` keeps its finished episodes: built again in (a copy of) the run that played them,
     nothing is played twice and the rows come back whole; an episode whose row was lost (an interrupt between
-    the row and its record) is played again."""
+    the row and its record) is played again. `progress` gets the kept episodes' records first (the bar of
+    `crr sft --resume` starts from them), then the new one's."""
     from crr.tasks.loaders import load_tasks
 
     dataset, tokenizer, run = data
@@ -97,6 +98,8 @@ def test_expert_data_resumes_with_the_episodes_played(data, micro_dir, tmp_path)
     lines = rows_file.read_text().splitlines(keepends=True)
     assert len(lines) == len(dataset) >= 1
     rows_file.write_text("".join(lines[:-1]))
+    lost = json.loads(lines[-1])
+    records = copy.records("expert.jsonl")
     played, engine = [], get_engine("local")
     try:
         resumed = build_sft_dataset(load_tasks(str(micro_dir)), engine, seed=0, tokenizer=tokenizer,
@@ -104,7 +107,10 @@ def test_expert_data_resumes_with_the_episodes_played(data, micro_dir, tmp_path)
                                     run=copy, progress=played.append)
     finally:
         engine.close()
-    assert len(played) == 1 and resumed["input_ids"] == dataset["input_ids"]
+    assert resumed["input_ids"] == dataset["input_ids"]
+    assert len(copy.records("expert.jsonl")) == len(records) + 1   # only the lost one played again
+    assert played[:-1] == [r for r in records if (r["instance_id"], r["seed"]) != (lost["instance_id"], lost["seed"])]
+    assert (played[-1]["instance_id"], played[-1]["seed"]) == (lost["instance_id"], lost["seed"])
 
 
 def _masked_runs(ids: list[int], mask: list[int]) -> list[list[int]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from agent_tasks import CALC, F2P, P2P, TESTS, calc_task, file_diff
@@ -102,20 +104,25 @@ def test_a_test_patch_that_cannot_apply_is_reward_zero_not_infra(engine, make_ta
     assert result.note.endswith("(the test patch did not apply over the agent's changes)")
 
 
-def test_a_closed_sandbox_is_an_infra_error_not_reward_zero(engine, task):
+def test_a_closed_sandbox_is_an_infra_error_not_reward_zero(engine, task, caplog):
+    """...and no warning: a sandbox closed under the verifier is its owner shutting down (a SIGTERM mid-filter
+    closes the engine), not a failure to report."""
     sb = engine.start(task)
     sb.close()
-    result = verify(sb, task, timeout=120)
+    with caplog.at_level(logging.WARNING, logger="crr.agent.verifier"):
+        result = verify(sb, task, timeout=120)
     assert result.reward is None and result.resolution is None
     assert "could not take the model patch" in result.infra_error
+    assert caplog.records == []
 
 
-def test_an_eval_script_that_never_reaches_the_tests_is_infra(engine, make_task):
+def test_an_eval_script_that_never_reaches_the_tests_is_infra(engine, make_task, caplog):
     broken = "#!/bin/bash\nset -uxo pipefail\nsource /nonexistent/activate\nexit 1\n"
     task = calc_task(make_task, eval_script=broken)
-    with engine.start(task) as sb:
+    with engine.start(task) as sb, caplog.at_level(logging.WARNING, logger="crr.agent.verifier"):
         result = verify(sb, task, timeout=120)
     assert result.reward is None and result.infra_error == "the eval script stopped before the tests started"
+    assert [r.getMessage() for r in caplog.records] == ["verifier infra error: " + result.infra_error]
 
 
 def test_a_test_runner_the_image_lacks_is_infra_not_reward_zero(engine, make_task):

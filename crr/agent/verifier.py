@@ -189,14 +189,14 @@ def verify(sandbox: Sandbox, task: Task, timeout: float = VERIFY_TIMEOUT_S,
         patch = model_patch(sandbox)
         hidden = hidden_harness_files(sandbox, patch)
     except CRRError as e:
-        return _infra(f"could not take the model patch: {e}", "", "")
+        return _infra(f"could not take the model patch: {e}", "", "", sandbox)
     script, log_path = f"{SCRATCH_DIR}/eval.sh", f"{SCRATCH_DIR}/eval.log"
     try:
         sandbox.write_file(script, spec.eval_script.encode())
         run = sandbox.exec(f"bash {script} 2>&1 | head -c {MAX_LOG_BYTES} > {log_path}", timeout=timeout)
         text = sandbox.read_file(log_path).decode("utf-8", errors="replace")
     except CRRError as e:  # SandboxError included: the sandbox, not the agent, failed
-        return audit(_infra(f"the test run failed in the sandbox: {e}", patch, ""), task, hidden)
+        return audit(_infra(f"the test run failed in the sandbox: {e}", patch, "", sandbox), task, hidden)
     return grade(task, text, patch, timed_out=run.timed_out, timeout=timeout, seed=seed, hidden=hidden)
 
 
@@ -257,7 +257,10 @@ def _grade(task: Task, text: str, patch: str, *, timed_out: bool, timeout: float
                           log=truncate(text, LOG_KEEP_CHARS), note=note, timed_out=timed_out)
 
 
-def _infra(reason: str, patch: str, text: str) -> VerifierResult:
-    log.warning("verifier infra error: %s", reason)
+def _infra(reason: str, patch: str, text: str, sandbox: Sandbox | None = None) -> VerifierResult:
+    """An infrastructure failure's result, with a warning, unless the sandbox was closed under the verifier: its
+    owner is shutting down (a SIGTERM mid-filter closes the engine) and keeps no result of it."""
+    closed = getattr(sandbox, "closed", False)  # crr.sandbox.base.ClosingSandbox's (local, Docker, Ray)
+    (log.debug if closed else log.warning)("verifier infra error: %s", reason)
     return VerifierResult(reward=None, resolution=None, statuses={}, model_patch=patch,
                           log=truncate(text, LOG_KEEP_CHARS), infra_error=reason)

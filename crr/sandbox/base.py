@@ -112,6 +112,11 @@ class ClosingSandbox:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    @property
+    def closed(self) -> bool:
+        """Whether close() has begun: a call that fails now fails because its owner is shutting down."""
+        return self._closed
+
     def _check_open(self) -> None:
         if self._closed:
             raise CRRError(f"sandbox of {self.task.instance_id} is closed")

@@ -57,6 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Self
 
+import grpc
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -447,8 +448,33 @@ def _connect(address: str | None) -> None:
         return
     opts = {"resources": {RESOURCE: os.cpu_count() or 1}, "include_dashboard": False} if address == "local" else {}
     try:
+        _check_answers(address)
         ray.init(address=address, configure_logging=False, **opts)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise CRRError(f"cannot connect to a Ray cluster at {address!r}: {str(e).rstrip('.')}. Start one "
                        f"(`ray start --head --resources='{{\"{RESOURCE}\": 8}}'`), pass its address, or pass "
                        "address='local' for a one-node Ray on this machine") from None
+
+
+def _check_answers(address: str | None) -> None:
+    """A ConnectionError unless a Ray cluster answers at the address ray.init would dial (none for "local" or a
+    ray:// client): where nothing or something else listens, Ray's C++ client retries for up to minutes,
+    printing a warning every few seconds."""
+    try:   # Ray's own helpers, private (requirements.lock pins the Ray they are read from): where a later Ray
+        # moved them, ray.init is left to find out, as it did before this check
+        from ray._private.gcs_utils import create_gcs_channel
+        from ray._private.services import canonicalize_bootstrap_address
+        from ray.core.generated.gcs_service_pb2 import GetClusterIdRequest
+        from ray.core.generated.gcs_service_pb2_grpc import NodeInfoGcsServiceStub
+    except ImportError:
+        return
+    gcs = None if "://" in (address or "") else canonicalize_bootstrap_address(address)  # as ray.init does it
+    if gcs is None:
+        return
+    with create_gcs_channel(gcs) as channel:
+        try:
+            NodeInfoGcsServiceStub(channel).GetClusterId(GetClusterIdRequest(), timeout=10)
+        except grpc.RpcError as e:  # another answer (unauthenticated, ...) is a cluster's: ray.init says more
+            if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                            grpc.StatusCode.UNIMPLEMENTED):
+                raise ConnectionError(f"no Ray cluster answers at {gcs} ({e.details()})") from None

@@ -121,8 +121,9 @@ def build_sft_dataset(tasks: list[Task], engine: ForkEngine, seed: int, tokenize
 
     Episode k of task i uses expert seed `seed * 1000 + k`. Every episode is recorded in `run`'s
     expert.jsonl and `progress` (kept or not, with why), a kept one's row in expert_rows.jsonl first, so an
-    interrupted run resumes with the episodes it finished (a record whose row is missing is played again);
-    the summary (kept fraction) goes to expert_summary.json and to the log."""
+    interrupted run resumes with the episodes it finished (a record whose row is missing is played again;
+    `progress` gets the finished ones' records first); the summary (kept fraction) goes to
+    expert_summary.json and to the log."""
     settings = settings or ExpertDataSettings()
     if not tasks:
         raise CRRError("no tasks to build expert data from")
@@ -152,6 +153,10 @@ def build_sft_dataset(tasks: list[Task], engine: ForkEngine, seed: int, tokenize
         return row, record
 
     todo = [job for job in jobs if (job[0].instance_id, job[1]) not in done]
+    if progress is not None:  # a resumed run's progress starts from the episodes it finished
+        for task, k in jobs:
+            if (task.instance_id, k) in done:
+                progress(done[(task.instance_id, k)][1])
     pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="crr-expert")
     try:
         for job, result in zip(todo, pool.map(one, todo), strict=True):
