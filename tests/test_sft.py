@@ -229,6 +229,27 @@ def test_sft_trains_on_actions_saves_and_is_deterministic(data, tiny, tmp_path):
     assert all(torch.equal(p, again.state_dict()[name]) for name, p in trained.state_dict().items())
 
 
+def test_a_resumed_sft_counts_its_tokens_on_from_the_checkpoint(data, tiny, tmp_path):
+    """TRL counts trained tokens (num_tokens) in memory only; a run interrupted after its first epoch's checkpoint
+    and resumed logs the same counts as one that was not."""
+    full, _, _ = data
+    settings = SFTSettings(epochs=2, warmup_ratio=0.0, grad_accum=1, batch_size=1, logging_steps=1)
+    whole = []
+    sft(tiny, full, tmp_path / "whole", settings, on_log=whole.append)
+
+    def stop_in_the_second_epoch(step, total):
+        if step > total // 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sft(tiny, full, tmp_path / "cut", settings, checkpoints=tmp_path / "ckpt", progress=stop_in_the_second_epoch)
+    resumed = []
+    sft(tiny, full, tmp_path / "cut", settings, checkpoints=tmp_path / "ckpt", resume=True, on_log=resumed.append)
+    counts = {r["step"]: r["num_tokens"] for r in whole if "num_tokens" in r}
+    again = {r["step"]: r["num_tokens"] for r in resumed if "num_tokens" in r}
+    assert again and min(again) > 1 and again == {k: counts[k] for k in again}, (counts, again)
+
+
 def test_group_by_length_batches_rows_of_about_one_length(data, tiny, tmp_path, monkeypatch):
     """group_by_length hands the trainer batches of rows of about one length (transformers'
     LengthGroupedSampler: sorted by length within shuffled megabatches, here of 8 rows), so batches pad less

@@ -25,6 +25,7 @@ import datasets
 import torch
 from datasets import Dataset
 from transformers import PrinterCallback, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from transformers.utils import logging as hf_logging
 
 from crr.agent.prompt import TOOL_SCHEMAS
@@ -92,6 +93,24 @@ class _Report(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.progress_fn is not None:
             self.progress_fn(state.global_step, state.max_steps)
+
+
+class _TokenCount(TrainerCallback):
+    """TRL's count of trained tokens (num_tokens) across a resume: TRL keeps it in memory and counts from 0
+    again, so each checkpoint gets the count it was saved at (FILE), and `restore` reads it back."""
+    FILE = "crr_num_tokens.json"
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        path = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}" / self.FILE
+        path.write_text(json.dumps({"num_tokens": self.trainer._total_train_tokens}) + "\n")
+
+    def restore(self, checkpoint: str) -> None:
+        saved = Path(checkpoint) / self.FILE
+        if saved.is_file():   # a checkpoint saved before this count was kept restarts it, as TRL does
+            self.trainer._total_train_tokens = json.loads(saved.read_text())["num_tokens"]
 
 
 def action_nll(model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -196,7 +215,12 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
                                             train_dataset=dataset.select_columns(["input_ids", "assistant_masks"]),
                                             processing_class=tokenizer, callbacks=[_Report(on_log, progress)])
             trainer.remove_callback(PrinterCallback)  # it prints every log record; `on_log` gets them instead
-            trainer.train(resume_from_checkpoint=resume and _has_checkpoint(ckpt_dir))
+            tokens = _TokenCount(trainer)
+            trainer.add_callback(tokens)
+            checkpoint = get_last_checkpoint(str(ckpt_dir)) if resume and ckpt_dir.is_dir() else None
+            if checkpoint is not None:
+                tokens.restore(checkpoint)
+            trainer.train(resume_from_checkpoint=checkpoint)
         with building(out, keep_theirs=lambda _: False) as tmp:
             with quiet_hf():
                 trainer.save_model(str(tmp))
@@ -227,10 +251,6 @@ def quiet_hf() -> Iterator[None]:
             datasets.enable_progress_bars()
         if was_hf:
             hf_logging.enable_progress_bar()
-
-
-def _has_checkpoint(path: Path) -> bool:
-    return any(p.name.startswith("checkpoint-") for p in path.glob("checkpoint-*"))
 
 
 def main(argv: list[str] | None = None) -> None:
