@@ -99,8 +99,13 @@ def _netns() -> Check:
 def _disk() -> Check:
     from crr.sandbox.checkout import cache_root
 
-    free_gb = shutil.disk_usage(cache_root()).free / 1e9
-    return Check("free disk", free_gb >= MIN_FREE_GB, f"{free_gb:.1f} GB free at {cache_root()}",
+    try:
+        root = cache_root()
+    except OSError as e:
+        return Check("free disk", False, f"no cache directory ({e.filename}: {e.strerror})",
+                     "set CRR_CACHE_DIR to a directory crr can create and write")
+    free_gb = shutil.disk_usage(root).free / 1e9
+    return Check("free disk", free_gb >= MIN_FREE_GB, f"{free_gb:.1f} GB free at {root}",
                  f"free at least {MIN_FREE_GB:.0f} GB or set CRR_CACHE_DIR to a larger disk")
 
 

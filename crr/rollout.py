@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -104,6 +105,12 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if self.group_size < 1:
             raise CRRError(f"group_size (G) must be at least 1, got {self.group_size}")
+        if self.seed < 0:   # (numpy's SeedSequence, which derives every round's seed, takes none below 0)
+            raise CRRError(f"seed must be >= 0, got {self.seed}")
+        if self.workers is not None and self.workers < 1:
+            raise CRRError(f"workers must be at least 1, got {self.workers}")
+        if not 0 <= self.episode.temperature < math.inf:   # (nan too)
+            raise CRRError(f"temperature must be a finite number >= 0, got {self.episode.temperature}")
 
 
 @dataclass
@@ -223,14 +230,16 @@ def start_rollout(model: str, tasks: str, n: int, out: Path, *, group_size: int 
         raise CRRError(f"--n must be at least 1, got {n}")
     opts = engine_spec(engine, engine_options, ray=ray, mode=mode).options
     task_list = load_tasks(tasks)[:n]
+    if not task_list:
+        raise CRRError(f"{tasks} holds no tasks")
     policy, tokenizer = load_policy(model)
     record = agent_record(model)
     # Nothing forks here, so no snapshots; the trainer keeps them.
     config = RolloutConfig(group_size=group_size, seed=seed, workers=workers, episode=EpisodeConfig(
         agent_format=agent_format or record.get("agent_format", "paper"),
-        max_turns=max_turns or record.get("max_turns", 50), temperature=temperature, max_new_tokens=max_new_tokens,
-        time_limit_s=time_limit, max_context_tokens=getattr(policy.config, "max_position_embeddings", None),
-        snapshots=False))
+        max_turns=record.get("max_turns", 50) if max_turns is None else max_turns, temperature=temperature,
+        max_new_tokens=max_new_tokens, time_limit_s=time_limit,
+        max_context_tokens=getattr(policy.config, "max_position_embeddings", None), snapshots=False))
     backend = TransformersBackend(policy, tokenizer, max_value_chars=max_value_chars)
     run = RunDir.create("rollout", f"n{n}-g{group_size}-seed{seed}", root=out, seeds={"rollout": seed},
                         config={"model": model, "tasks": tasks, "n": n, "engine": engine, "engine_options": opts,

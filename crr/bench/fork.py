@@ -45,13 +45,12 @@ def fork_bench(engine_name: str, mode: str | None = None, n_files: int = 5000, n
     engine's other options (crr.sandbox.engines).
     """
     inner = engine_name.removeprefix(RAY_PREFIX)
-    if inner not in MODES:
-        raise CRRError(f"unknown fork engine {engine_name!r}; choose one of "
-                       f"{', '.join([*MODES, *(RAY_PREFIX + m for m in MODES)])}")
-    if mode not in (None, "both", *MODES[inner]):
+    engine_spec(engine_name, options, ray=ray)  # an unknown engine or option fails before any work
+    if inner not in MODES and mode is not None:
+        raise CRRError(f"engine {engine_name} has no modes (local and docker have); drop --mode, got {mode!r}")
+    if inner in MODES and mode not in (None, "both", *MODES[inner]):
         raise CRRError(f"engine {engine_name} has modes {', '.join(MODES[inner])} (or both); "
                        f"got {mode!r}")
-    engine_spec(engine_name, options, ray=ray)  # an option the engine does not take fails before any work
     if n_files < 10 or repeats < 1:
         raise CRRError("the fork benchmark needs at least 10 files and 1 repeat")
     with tempfile.TemporaryDirectory(prefix="crr-fork-bench-") as tmp:

@@ -100,6 +100,13 @@ def fork_bench(engine: str = "local", steps: int = 45, at: tuple[int, ...] = (5,
         return result
 
 
+def throughput_config(group_size: int = 8, max_turns: int = 4, max_new_tokens: int = 96, temperature: float = 0.6,
+                      seed: int = 0, workers: int = 4) -> RolloutConfig:
+    """The throughput run's rollout settings, checked (a bad one is a CRRError before any work)."""
+    return RolloutConfig(group_size=group_size, seed=seed, workers=workers, episode=EpisodeConfig(
+        max_turns=max_turns, temperature=temperature, max_new_tokens=max_new_tokens, snapshots=False))
+
+
 def throughput_bench(model: str | None = None, group_size: int = 8, max_turns: int = 4, max_new_tokens: int = 96,
                      max_value_chars: int | None = 16, temperature: float = 0.6, seed: int = 0,
                      engine: str = "local", workers: int = 4, threads: int | None = None,
@@ -114,8 +121,7 @@ def throughput_bench(model: str | None = None, group_size: int = 8, max_turns: i
     model_obj, tokenizer = load_policy(model)
     backend = TransformersBackend(model_obj, tokenizer, max_value_chars=max_value_chars,
                                   **({} if prefix_cache else {"prefix_cache_bytes": 0}))
-    config = RolloutConfig(group_size=group_size, seed=seed, workers=workers, episode=EpisodeConfig(
-        max_turns=max_turns, temperature=temperature, max_new_tokens=max_new_tokens, snapshots=False))
+    config = throughput_config(group_size, max_turns, max_new_tokens, temperature, seed, workers)
     with (tempfile.TemporaryDirectory(prefix="crr-rollout-bench-") as tmp,
           get_engine(engine, **(engine_opts or {})) as eng):
         task = _micro_task(seed, Path(tmp))

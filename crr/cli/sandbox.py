@@ -82,7 +82,11 @@ def tool_command(
     if (call is None) == (script is None):
         raise CRRError("give exactly one of --call JSON or --script FILE")
     spec = engine_spec(engine, parse_options(engine_opt or []), ray=ray, mode=mode)
-    texts = [call] if call is not None else script_calls(script.read_text())
+    try:
+        texts = [call] if call is not None else script_calls(script.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise CRRError(f"{script} is not UTF-8 text (byte {e.start + 1}); a script is a JSON list or JSONL "
+                       "file of tool calls") from None
     if not texts and not run_verifier:
         raise CRRError(f"{script} holds no tool calls (with --verify, an empty script verifies the task untouched)")
     task = load_task(tasks, instance)
@@ -96,6 +100,9 @@ def tool_command(
                 style = "red" if obs.is_error else "green" if obs.terminal else "blue"
                 console.print(Panel(Text(obs.text.rstrip("\n")), title=Text(title), title_align="left",
                                     border_style=style))
+        if unplayed := len(texts) - len(records):
+            err_console.print(f"{unplayed} call{'s' if unplayed > 1 else ''} after submit_patch not played: the "
+                              "episode ended there", highlight=False)
         if run_verifier:
             result = verify(sb, task)
     if as_json:

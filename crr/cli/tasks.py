@@ -199,7 +199,7 @@ def tasks_show(
     split: str | None = typer.Option(None, "--split", help="Dataset split (datasets only)."),
     adapter: str | None = typer.Option(None, "--adapter", help="Dataset adapter for local copies: swe-bench, "
                                        "swe-gym, swe-rebench, swe-bench-live, generic."),
-    limit: int | None = typer.Option(None, "--limit", help="Show at most this many tasks."),
+    limit: int | None = typer.Option(None, "--limit", min=0, help="Show at most this many tasks."),
     as_json: bool = json_option("the validated rows"),
 ) -> None:
     """Validate a task set and list its tasks (bad rows exit 2 with FILE:LINE and the field)."""

@@ -12,6 +12,7 @@ import typer
 
 from crr.cli.common import (_resume_with, console, emit_json, err_console, friendly, json_option, long_command,
                             out_option, progress_bar, seed_option)
+from crr.errors import CRRError
 
 
 @long_command
@@ -34,7 +35,6 @@ def train_command(
 ) -> None:
     """Train with GRPO, CRR (hybrid advantages from forked counterfactuals) or Search-Select; writes a run
     directory with config.yaml, manifest.json, metrics.jsonl, ledger.json, tuples/ and checkpoints/."""
-    from crr.errors import CRRError
     from crr.train.distributed import is_main, launched_processes
     from crr.train.trainer import open_run, resolve_model, train, update_rewards
 
@@ -105,7 +105,6 @@ def _eval_source(tasks: str) -> tuple[str, str | None]:
 
 def _check_eval(tasks: str, n: int | None) -> None:
     """Bad --eval tasks or --eval-n fail before the run directory is made."""
-    from crr.errors import CRRError
     from crr.eval.evaluate import benchmark
     from crr.tasks.loaders import load_tasks
 
@@ -124,7 +123,6 @@ def _earlier_eval(run_path: Path, when: str) -> Path | None:
 def _resumed_eval(run_path: Path, tasks: str | None, n: int | None) -> tuple[str | None, int | None]:
     """--eval and --eval-n of a resumed run: what it was started with (its eval-before/ evaluation's tasks),
     which a resume may restate but not change; none if it was started without --eval."""
-    from crr.errors import CRRError
     from crr.rundir import read_run_mapping
 
     earlier = _earlier_eval(run_path, "before")
@@ -175,6 +173,8 @@ def replay_verify_command(
     fraction whose verifier returns reproduce."""
     from crr.train.replay_verify import replay_tuples
 
+    if not 0 <= seed < 2 ** 32:   # the sampler's (numpy's) seed range
+        raise CRRError(f"--seed must be between 0 and 2**32 - 1, got {seed}")
     result = replay_tuples(run_dir, sample, seed)
     if as_json:
         emit_json(result)

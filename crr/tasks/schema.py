@@ -212,11 +212,15 @@ def read_tasks_jsonl(path: Path | str) -> list[Task]:
     path = Path(path)
     tasks: list[Task] = []
     seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TaskFormatError(f"{where}: not UTF-8 text (byte {e.start + 1} of the line)") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:

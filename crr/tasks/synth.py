@@ -39,6 +39,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidName, canonicalize_name
 from unidiff import PatchSet
 
 from crr.errors import CRRError
@@ -97,6 +99,16 @@ def parse_package(text: str, requires: tuple[str, ...] = ()) -> PackageSpec:
     name, sep, version = text.partition("==")
     if not sep or not name.strip() or not version.strip():
         raise CRRError(f"--package takes NAME==VERSION (a pinned release), got {text!r}")
+    try:
+        canonicalize_name(name.strip(), validate=True)
+    except InvalidName:
+        raise CRRError(f"--package {text!r}: {name.strip()!r} is not a valid package name") from None
+    for requirement in requires:
+        try:
+            Requirement(requirement)
+        except InvalidRequirement as e:
+            raise CRRError(f"--requires {requirement!r} is not a requirement ({str(e).splitlines()[0]}); "
+                           "give e.g. hypothesis==6.100.0") from None
     return PackageSpec(name.strip(), version.strip(), tuple(requires))
 
 
@@ -122,6 +134,10 @@ def synthesise(specs: list[PackageSpec], out: Path | str, n: int, seed: int = 0,
         raise CRRError(f"--max-candidates must be at least 1, got {max_candidates}")
     if not specs:
         raise CRRError("give --package NAME==VERSION (one or more) or --curated")
+    releases = [(canonicalize_name(s.name), s.version) for s in specs]
+    if twice := next((r for r in releases if releases.count(r) > 1), None):
+        raise CRRError(f"{twice[0]} {twice[1]} is named twice (by --package, or by --package and --curated); "
+                       "name each release once")
     out = Path(out)
     settings = {"packages": [asdict(s) for s in specs], "n": n, "seed": seed, "max_candidates": max_candidates}
     started = (out / SETTINGS_FILE).is_file() and any((out / "packages").glob("*.jsonl"))
