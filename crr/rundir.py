@@ -50,7 +50,7 @@ _locks: dict[Path, int] = {}  # run directory (resolved) -> fd of the lock this 
 # Called with a run directory when this process becomes its writer: the CLI points its run log there.
 writer_hooks: list[Callable[[Path], None]] = []
 # The errors of a write that the machine refuses (disk full, quota, read-only, no permission): the user's to fix.
-OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
 # A path given to a command that cannot be what it names: an --out that is a file (or lies under one), a file
 # where a directory is wanted, a name too long. The user's to fix, like OUTPUT_ERRNOS, but no resume helps.
 PATH_ERRNOS = frozenset({errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ENAMETOOLONG})
@@ -156,12 +156,13 @@ def append_jsonl(path: Path, record: dict) -> None:
                 log.warning("%s: dropping a torn last record (%d bytes) left by an interrupted run", path, size - keep)
                 f.truncate(keep)
             start = f.seek(0, os.SEEK_END)
-            try:
-                f.write(line.encode("utf-8") + b"\n")
-                f.flush()
+            rest = memoryview(line.encode("utf-8") + b"\n")
+            try:   # past f's buffer: a write the disk takes part of leaves nothing there for the cut to flush again
+                while rest:
+                    rest = rest[os.write(f.fileno(), rest):]
                 os.fsync(f.fileno())
             except OSError:   # the disk took part of it: cut it back, so the log ends on a whole record
-                f.truncate(start)
+                os.ftruncate(f.fileno(), start)
                 raise
     except OSError as e:
         raise _refused(path, e) from None

@@ -64,3 +64,26 @@ def test_a_run_directory_has_one_writer_and_the_kernel_frees_it_with_its_owner(t
     RunDir.open(run.path, write=True)  # the writer may open its run again
     release_locks()
     assert (run.path / LOCK_FILE).read_text() == ""  # released: no pid of a past writer left in it
+
+
+def test_an_append_the_disk_refuses_part_way_leaves_whole_records(tmp_path):
+    """A record the file system takes only part of (a full disk; here a file size limit, which fails a write the
+    same way after a short one) is cut back: the log ends on its last whole record."""
+    path = tmp_path / "log.jsonl"
+    script = f"""
+import resource
+from pathlib import Path
+from crr.rundir import append_jsonl
+path = Path({str(path)!r})
+append_jsonl(path, {{"i": 0, "pad": "x" * 3000}})
+resource.setrlimit(resource.RLIMIT_FSIZE, (5000, 5000))   # Python ignores SIGXFSZ: the write fails with EFBIG
+try:
+    append_jsonl(path, {{"i": 1, "pad": "x" * 3000}})
+except OSError as e:
+    print("refused:", e)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "refused:" in out.stdout, out.stdout + out.stderr
+    data = path.read_bytes()
+    assert data.endswith(b"\n") and data.count(b"\n") == 1, (len(data), data[-40:])
+    assert [r["i"] for r in read_jsonl(path)] == [0]
