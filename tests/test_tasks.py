@@ -269,7 +269,7 @@ def test_an_unreachable_hub_says_how_to_pass_a_local_copy():
     with pytest.raises(CRRError) as e:  # the test session runs with HF_HUB_OFFLINE=1
         load_tasks("SWE-Gym/SWE-Gym")
     assert "could not reach the Hugging Face hub" in str(e.value)
-    assert "save_to_disk" in str(e.value) and "--adapter swe-gym" in str(e.value)
+    assert "save_to_disk" in str(e.value) and "--adapter swe-gym --out tasks.jsonl" in str(e.value)
 
 
 # ------------------------------------------------------------------------------------ CLI
@@ -284,6 +284,14 @@ def test_show_lists_a_dataset_copy_and_exits_2_on_a_bad_file(tmp_path):
     result = runner.invoke(app, ["tasks", "show", str(tmp_path / "rb"), "--adapter", "swe-rebench", "--json",
                                  "--limit", "1"])
     assert [r["instance_id"] for r in json.loads(result.stdout)] == ["sqlfluff__sqlfluff-5362"]
+
+    # --out: the copy as a task file, which every --tasks option reads without an adapter
+    result = runner.invoke(app, ["tasks", "show", str(tmp_path / "rb"), "--adapter", "swe-rebench",
+                                 "--out", str(tmp_path / "rb.jsonl")])
+    assert result.exit_code == 0 and "wrote 2 tasks" in result.output, result.output
+    assert load_tasks(str(tmp_path / "rb.jsonl")) == load_tasks(str(tmp_path / "rb"), adapter="swe-rebench")
+    result = runner.invoke(app, ["tasks", "show", str(tmp_path / "rb"), "--out", str(tmp_path / "rb.jsonl")])
+    assert result.exit_code == 2 and "already exists" in result.output
 
     bad = write_jsonl(tmp_path / "bad.jsonl", [row("a"), row("b", FAIL_TO_PASS=7)])
     result = runner.invoke(app, ["tasks", "show", str(bad)])

@@ -201,14 +201,22 @@ def tasks_show(
                                        "swe-gym, swe-rebench, swe-bench-live, generic."),
     limit: int | None = typer.Option(None, "--limit", min=0, help="Show at most this many tasks."),
     as_json: bool = json_option("the validated rows"),
+    out: Path | None = out_option(None, "Also write the tasks shown as a task file (JSONL) here, which every "
+                                        "--tasks option takes: how a local dataset copy read with --adapter is "
+                                        "used by the other commands."),
 ) -> None:
     """Validate a task set and list its tasks (bad rows exit 2 with FILE:LINE and the field)."""
     from rich.table import Table
 
-    from crr.tasks.loaders import load_tasks
+    from crr.tasks.loaders import load_tasks, write_tasks
 
+    if out is not None and out.exists():
+        raise CRRError(f"{out} already exists; pass a new file")
     tasks = load_tasks(source, split, adapter=adapter)
     shown = tasks if limit is None else tasks[:limit]
+    if out is not None:
+        write_tasks(shown, out)
+        err_console.print(f"wrote {len(shown)} tasks to {out}", highlight=False)
     if as_json:
         emit_json([t.to_row() for t in shown])
         return

@@ -369,7 +369,8 @@ def _open_dataset(source: str, split: str | None, local: Path | None):
         raise CRRError(
             f"could not reach the Hugging Face hub for {source} ({e}). Where the hub is reachable run "
             f"`datasets.load_dataset({source!r}, split={split!r}).save_to_disk(DIR)` (or save a .parquet), "
-            f"copy DIR here and pass DIR with --adapter {_adapter(None, source)[0]}") from None
+            f"copy DIR here and make it a task file once: `crr tasks show DIR --adapter {_adapter(None, source)[0]} "
+            f"--out tasks.jsonl`; every --tasks option takes tasks.jsonl") from None
     except datasets.exceptions.DatasetNotFoundError:
         raise CRRError(f"dataset {source} was not found on the hub or in the local cache; check the name, "
                        f"or pass a local save_to_disk directory or .parquet file") from None
