@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,8 @@ class Option:
     """What an engine option takes, as an engine class declares it in its OPTIONS (name -> Option): a value
     of `kind` (int, float, bool, str or Path; a float takes an int too), from `least` to `most` where
     given (`above`: more than that), one of `choices` where given, or None where `none` (the engine's
-    default). `note` says what the number counts (MB) or why the range."""
+    default). `note` says what the number counts (MB) or why the range. A `pattern` is a regular expression
+    the value (a string, or a whole number) matches whole, and `note` then says what it takes."""
 
     kind: type
     least: float | None = None
@@ -50,12 +52,16 @@ class Option:
     choices: tuple = ()
     none: bool = False
     note: str = ""
+    pattern: str = ""
 
     def refuses(self, value: Any) -> bool:
         if value is None:
             return not self.none
         if self.choices:
             return value not in self.choices
+        if self.pattern:
+            return isinstance(value, bool) or not isinstance(value, (str, int)) or not re.fullmatch(self.pattern,
+                                                                                                     str(value))
         if self.kind is Path:
             return not (isinstance(value, (str, os.PathLike)) and str(value))
         kinds = (int, float) if self.kind is float else self.kind
@@ -70,6 +76,8 @@ class Option:
         if self.choices:
             *rest, last = map(str, self.choices)
             return "choose " + (f"{', '.join(rest)} or {last}" if rest else last)
+        if self.pattern:
+            return f"must be {self.note}"
         what = {int: "a whole number", float: "a number", bool: "true or false", str: "a string",
                 Path: "a path"}[self.kind]
         if self.least is not None and self.most is not None:

@@ -57,6 +57,7 @@ class DockerEngine(Images, Snapshots, WarmPool, LayerCap):
     # the Docker SDK's (bytes, or a size such as 4g).
     OPTIONS: ClassVar[dict[str, Option]] = {
         "mode": Option(str, choices=("commit", "overlay")), "image": Option(str, none=True),
+        "mem_limit": Option(str, pattern=r"[1-9]\d*[bkmgBKMG]?", note="a number of bytes or a size such as 4g"),
         "cpus": Option(float, above=0), "pids_limit": Option(int, least=1),
         "fsize_limit_mb": Option(int, least=1, note="MB"), "disk_limit_mb": Option(int, least=1, note="MB"),
         "flatten_depth": Option(int, least=2, most=120, note="overlay2 fails near 125 layers"),
