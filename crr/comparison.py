@@ -12,6 +12,7 @@ its source arm, with `budget_hours` set to the ledger wall clock of the source's
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,16 +91,21 @@ def plan(spec: Comparison, out: Path, seeds: Sequence[int] | None = None,
         found = base_found(out, ev)
         done = next((e for e in found if e.complete), None)
         what = f"{ev.dataset}{f' x{ev.samples}' if ev.samples > 1 else ''}"
-        command = ev.command(None, out=base_folder(out), model=spec.base_model)
-        steps.append(Step("eval", f"base {what}", None, "done", "", done.path) if done else
-                     Step("eval", f"base {what}", None, "resume" if found else "todo", command,
-                          found[-1].path if found else None))
+        if done:
+            steps.append(Step("eval", f"base {what}", None, "done", "", done.path))
+        elif found:   # resumed as _run_eval does
+            resume = f"crr eval --resume {shlex.quote(str(found[-1].path))}"
+            steps.append(Step("eval", f"base {what}", None, "resume", resume, found[-1].path))
+        else:
+            steps.append(Step("eval", f"base {what}", None, "todo",
+                              ev.command(None, out=base_folder(out), model=spec.base_model)))
     for arm, seed in schedule(spec, seeds, arms):
         runs = _train_runs(out, arm, seed)
         if runs and runs[-1].complete:
             steps.append(Step("train", arm.name, seed, "done", "", runs[-1].path))
         elif runs:
-            steps.append(Step("train", arm.name, seed, "resume", f"crr train --resume {runs[-1].path}", runs[-1].path))
+            resume = f"crr train --resume {shlex.quote(str(runs[-1].path))}"
+            steps.append(Step("train", arm.name, seed, "resume", resume, runs[-1].path))
         else:
             steps.append(Step("train", arm.name, seed, "todo", arm.train_command(seed, out=out / "runs" / arm.name)))
     return steps
@@ -171,8 +177,8 @@ def _evaluate(arm: Arm, run: TrainRun, ev: EvalSpec, step: int, out: Path, say: 
     final = step == run.updates
     what = f"{arm.name} seed {run.seed} {ev.dataset}{f' x{ev.samples}' if ev.samples > 1 else ''} " \
            f"{'final' if final else f'checkpoint-{step}'}"
-    found = [e for e in _eval_runs(out, arm, run)
-             if e.dataset == ev.dataset and e.samples == ev.samples and (e.final if final else e.step == step)]
+    found = [e for e in _eval_runs(out, arm, run) if e.dataset == ev.dataset and e.samples == ev.samples
+             and e.made_as(ev.settings) and (e.final if final else e.step == step)]
     folder = out / "evals" / arm.name
     _run_eval(what, found, ev, folder, say, run_dir=run.path, checkpoint=None if final else str(step),
               command=ev.command(str(run.path), None if final else step, folder))
@@ -187,7 +193,7 @@ def base_found(out: Path, ev: EvalSpec) -> list[EvalRun]:
     """The evaluations of the arms' starting model in base_folder(out) made as the entry `ev` says."""
     folder = base_folder(out)
     return [e for e in (load_runs([folder]).evals if any(folder.glob("*/manifest.json")) else [])
-            if e.train is None and e.dataset == ev.dataset and e.samples == ev.samples]
+            if e.train is None and e.dataset == ev.dataset and e.samples == ev.samples and e.made_as(ev.settings)]
 
 
 def _evaluate_base(spec: Comparison, ev: EvalSpec, out: Path, say: Callable[[str], None]) -> None:

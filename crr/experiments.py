@@ -274,8 +274,8 @@ def load_comparison(path: Path | str) -> Comparison:
         if arm.budget_from is not None and (arm.budget_from not in arms or arms[arm.budget_from].budget_from):
             raise CRRError(f"{path}: arm {arm.name!r} takes its budget from {arm.budget_from!r}, which is not an "
                            "arm with a budget of its own")
-    comparison = Comparison(str(data.get("name", path.name.removesuffix(".comparison.yaml"))), path, arms, seeds,
-                            evals, bool(data.get("base", False)))
+    name = data.get("name", path.name.removesuffix(".yaml").removesuffix(".comparison"))
+    comparison = Comparison(str(name), path, arms, seeds, evals, bool(data.get("base", False)))
     models = sorted({str(a.settings.get("model")) for a in arms.values()}) if comparison.base else []
     if len(models) > 1:
         raise CRRError(f"{path}: base: true evaluates the model the arms start from, but its arms start from "

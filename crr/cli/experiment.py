@@ -36,10 +36,12 @@ def experiment_run(
     if out.exists() and not out.is_dir():
         raise CRRError(f"{out} is a file; --out takes the directory runs/, evals/ and report/ go to")
     if dry_run:
+        steps = plan(comparison, out, seed, arm)   # an unknown --seed or --arm fails before anything is printed
         console.print(f"[bold]{comparison.name}[/]: {len(comparison.arms)} arms -> {out}", highlight=False)
-        for s in plan(comparison, out, seed, arm):
+        for s in steps:
             console.print(f"  {s}", highlight=False, soft_wrap=True, markup=False)
-        console.print("each finished run RUN of arm ARM is then evaluated:", highlight=False)
+        if comparison.evals:
+            console.print("each finished run RUN of arm ARM is then evaluated:", highlight=False)
         for e in comparison.evals:
             at = ", ".join(f"{f:.0%}" for f in e.checkpoint_fractions)
             console.print(f"  {e.command('RUN', out=out / 'evals' / 'ARM')}" + (f" (also at the checkpoints nearest "

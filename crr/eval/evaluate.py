@@ -113,7 +113,7 @@ def resolve_policy(model: str | None = None, run: Path | str | None = None,
         if not Path(target).expanduser().is_dir():
             if target.startswith(("/", ".", "~")):
                 raise CRRError(f"no model directory at {target}; pass a model or LoRA adapter directory or a hub id")
-            return Policy(model=target)  # a hub id: load_policy finds it in the local cache or says why not
+            return Policy(model=_hub_model(target))
         return Policy(model=target, base_model=_adapter_base(Path(target).expanduser(), None, resolve_model))
 
     train = RunDir.open(run)
@@ -131,6 +131,19 @@ def resolve_policy(model: str | None = None, run: Path | str | None = None,
     return Policy(model=str(target), base_model=_adapter_base(target, cfg.get("model"), resolve_model),
                   train_run=str(train.path), checkpoint=None if checkpoint is None else str(target),
                   method=cfg.get("method"), train_seed=cfg.get("seed"))
+
+
+def _hub_model(name: str) -> str:
+    """A hub id whose config loads (offline: from the local Hugging Face cache), so that one that does not fails
+    before the evaluation's run directory exists."""
+    from transformers import AutoConfig  # deferred: transformers (`crr eval --help`)
+
+    try:
+        AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as e:  # unknown hub id, not in the cache offline
+        raise CRRError(f"cannot load a model from {name!r} ({' '.join(str(e).split())}); pass a model or LoRA "
+                       "adapter directory or a hub id that is in the local Hugging Face cache") from None
+    return name
 
 
 def _adapter_base(target: Path, configured: str | None, resolve_model: Callable) -> str | None:

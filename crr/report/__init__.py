@@ -12,7 +12,6 @@ each entry's status (complete, partial, missing), files, and the runs still to m
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pandas as pd
 from crr.experiments import Comparison, display_path
 from crr.report.output import missing_markdown, write_table
 from crr.report.runs import Runs, load_runs
-from crr.rundir import atomic_write_json, atomic_write_text
+from crr.rundir import atomic_write_json, atomic_write_text, read_run_mapping
 
 INDEX = "report.json"
 
@@ -71,8 +70,10 @@ def _runs_markdown(runs: Runs) -> str:
                            "trajectories": sum(it["trajectories"] for it in r.iterations),
                            "wall clock (s)": f"{r.wall_s:.1f}", "finished": "yes" if r.complete else "no",
                            "run": r.path.name} for r in sorted(runs.train, key=lambda r: (r.arm.label, r.seed))])
-    evals = pd.DataFrame([{"arm": e.label, "seed": e.seed, "dataset": e.dataset, "samples": e.samples,
-                           "update": e.step, "pass@1": "—" if not e.complete else f"{100 * e.summary['pass_at_1']:.1f}",
+    dash = lambda v: "—" if v is None else str(v)  # noqa: E731  (pandas would print None among ints as nan)
+    rate = lambda e: e.summary.get("pass_at_1") if e.complete else None  # noqa: E731  (None: all infra failures)
+    evals = pd.DataFrame([{"arm": e.label, "seed": dash(e.seed), "dataset": e.dataset, "samples": e.samples,
+                           "update": dash(e.step), "pass@1": dash(None if rate(e) is None else f"{100 * rate(e):.1f}"),
                            "run": e.path.name} for e in sorted(runs.evals, key=lambda e: (e.label, e.seed or 0, e.step or 0))])
     parts = [f"## Runs ({runs.scale} scale)\n"]
     for title, df in (("Train runs", train), ("Eval runs", evals)):
@@ -85,7 +86,7 @@ def _runs_markdown(runs: Runs) -> str:
 def _index(runs: Runs, out: Path, entries: list[Entry]) -> None:
     """Merge this command's entries into out/report.json and rewrite report.md from it."""
     path = out / INDEX
-    index = json.loads(path.read_text()) if path.is_file() else {"entries": []}
+    index = read_run_mapping(path) if path.is_file() else {"entries": []}
     mine = {(e.kind, e.name): e.__dict__ for e in entries}
     # in place of the entries this command rewrote, then the new ones, so that tables keep the paper's order
     index["entries"] = [mine.pop((e["kind"], e["name"]), e) for e in index["entries"]] + list(mine.values())

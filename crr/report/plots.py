@@ -6,6 +6,7 @@ to make, like the tables."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,10 +39,17 @@ class Plot:
 
 
 def _save(fig: Figure, out: Path, name: str) -> list[Path]:
+    """`name`.png and .pdf, each saved beside it and renamed: an interrupted save leaves the earlier file whole."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
-    fig.savefig(paths[0], dpi=150, bbox_inches="tight", metadata={"Software": None})
-    fig.savefig(paths[1], bbox_inches="tight", metadata={"CreationDate": None})   # byte-stable PDFs
+    options = ({"dpi": 150, "metadata": {"Software": None}}, {"metadata": {"CreationDate": None}})  # byte-stable PDFs
+    for path, kwargs in zip(paths, options):
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            fig.savefig(tmp, format=path.suffix[1:], bbox_inches="tight", **kwargs)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
     return paths
 
 

@@ -17,16 +17,17 @@ from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from crr.errors import CRRError
 from crr.eval.passk import instance_counts
 from crr.experiments import ABLATION_KEYS, EXPERIMENTS, Arm, Comparison, comparisons, read_preset
-from crr.rundir import read_jsonl, read_run_file
+from crr.rundir import read_jsonl, read_run_mapping
 
 log = logging.getLogger(__name__)
 
 MATCHED = "matched"
+# What an evaluation measures (not how it runs): one made with other values of these answers another question.
+MEASURED = ("n_tasks", "max_turns", "max_new_tokens", "temperature", "seed", "split")
 
 
 def arm_key(settings: dict, defaults: dict, matched_budget: bool = False) -> tuple:
@@ -196,6 +197,10 @@ class EvalRun:
     def dataset(self) -> str:
         return str(self.config.get("dataset"))
 
+    def made_as(self, settings: dict) -> bool:
+        """Whether this evaluation measured what `settings` (a comparison spec's eval entry) ask for."""
+        return all(self.config.get(k) == v for k, v in settings.items() if k in MEASURED)
+
     @property
     def samples(self) -> int:
         return int(self.config.get("samples") or 1)
@@ -244,13 +249,14 @@ class Runs:
         return sorted((r for r in self.train if r.arm.key == ref.key and (r.complete or not complete)),
                       key=lambda r: r.seed)
 
-    def evals_of(self, run: TrainRun, dataset: str, *, samples: int | None = 1, step: int | None = None) -> EvalRun | None:
-        """The latest complete eval of `run` on `dataset` (of its final weights unless `step` is given);
-        samples=None: any sample count > 1 (a pass@k evaluation)."""
+    def evals_of(self, run: TrainRun, dataset: str, *, samples: int | None = 1, step: int | None = None,
+                 settings: dict | None = None) -> EvalRun | None:
+        """The latest complete eval of `run` on `dataset` (of its final weights unless `step` is given), one made as
+        `settings` say first (EvalRun.made_as); samples=None: any sample count > 1 (a pass@k evaluation)."""
         found = [e for e in self.evals if e.complete and e.train is run and e.dataset == dataset
                  and (e.samples == samples if samples is not None else e.samples > 1)
                  and (e.final if step is None else e.step == step)]
-        return max(found, key=lambda e: e.path.name) if found else None
+        return max(found, key=lambda e: (e.made_as(settings or {}), e.path.name)) if found else None
 
 
 def discover(paths: list[Path]) -> list[Path]:
@@ -278,9 +284,10 @@ def _scale(config: dict) -> str:
     return "cpu" if config.get("use_cpu") else "paper"
 
 
-def _json(path: Path):
-    """A run file's JSON, None when absent; a corrupt one is named (the writers are atomic, so it was edited)."""
-    return read_run_file(path) if path.is_file() else None
+def _json(path: Path) -> dict | None:
+    """A run file's JSON mapping, None when absent; a corrupt one is named (the writers are atomic, so it was
+    edited)."""
+    return read_run_mapping(path) if path.is_file() else None
 
 
 def _load_train(path: Path, config: dict, catalogue: Catalogue) -> TrainRun:
@@ -304,9 +311,9 @@ def load_runs(paths: list[Path], *, require: bool = True, spec: Comparison | Non
     ignored = []
     for path in dirs:
         command = (_json(path / "manifest.json") or {}).get("command")
-        config = read_run_file(path / "config.yaml", yaml.safe_load, "YAML") if (path / "config.yaml").is_file() else {}
+        config = read_run_mapping(path / "config.yaml", "YAML") if (path / "config.yaml").is_file() else {}
         if command in ("train", "eval"):
-            raw.append((path, command, config or {}))
+            raw.append((path, command, config))
         else:
             ignored.append(f"{path} ({command} run)")
     if not raw and require:
@@ -315,8 +322,20 @@ def load_runs(paths: list[Path], *, require: bool = True, spec: Comparison | Non
     scales = {_scale(c) for _, cmd, c in raw if cmd == "train"}
     if len(scales) > 1:
         raise CRRError("--runs mixes CPU-scale and paper-scale train runs; report each scale separately")
+    if spec is not None:
+        spec_scale = _scale(next(iter(spec.arms.values())).settings)
+        if scales - {spec_scale}:
+            raise CRRError(f"{spec.path.name} is a {spec_scale}-scale comparison and --runs holds {scales.pop()}-scale "
+                           "train runs; pass the spec they were made with")
+        scales = {spec_scale}
     catalogue = Catalogue(scales.pop() if scales else "cpu", spec)
     train = [_load_train(p, c, catalogue) for p, cmd, c in raw if cmd == "train"]
+    seen: dict[tuple, TrainRun] = {}
+    for r in train:   # a seed's later run supersedes an earlier one, unless they are runs of two comparisons
+        other = seen.setdefault((r.arm.key, r.seed), r)
+        if any(other.config.get(k) != r.config.get(k) for k in ("tasks", "model")):
+            raise CRRError(f"{other.path} and {r.path} are seed {r.seed} of one arm ({r.arm.label}) trained on "
+                           "different tasks or models: runs of two comparisons; report each comparison's runs apart")
     by_path = {r.path: r for r in train}
     by_name = {r.path.name: r for r in train}
     evals = []

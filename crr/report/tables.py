@@ -153,7 +153,8 @@ class Needs:
     def eval(self, run: TrainRun, ev: EvalSpec, step: int | None = None) -> EvalRun | None:
         """The run's evaluation of this kind at `step` (None: the final model); noted missing only where the
         spec asks for it."""
-        found = self.runs.evals_of(run, ev.dataset, samples=1 if ev.samples == 1 else None, step=step)
+        found = self.runs.evals_of(run, ev.dataset, samples=1 if ev.samples == 1 else None, step=step,
+                                   settings=ev.settings)
         if found is None and run.arm.arm is not None and ev.covers(run.arm.arm.name) \
                 and (step is None or step in self.planned(run, ev)):
             final = step is None or step == run.updates
@@ -193,9 +194,10 @@ def _primary(spec: Comparison | None, runs: Runs, *, sampled: bool = False) -> E
 
 def base_evals(runs: Runs, needs: Needs, ev: EvalSpec) -> dict[str, EvalRun]:
     """The complete evaluations of this kind of untrained models (no train run: the base policy the arms start
-    from), the latest per label; a spec with `base: true` that lacks one has it noted with its command."""
+    from), the latest per label (of those made as `ev` says, if any); a spec with `base: true` that lacks one has
+    it noted with its command."""
     found = {}
-    for e in sorted(runs.evals, key=lambda e: e.path.name):
+    for e in sorted(runs.evals, key=lambda e: (e.made_as(ev.settings), e.path.name)):
         if e.complete and e.config.get("train_run") is None and e.dataset == ev.dataset and e.samples == ev.samples:
             found[e.label] = e
     spec = needs.spec

@@ -21,23 +21,32 @@ import re
 from importlib.resources import files
 from pathlib import Path
 
-import yaml
-
 from crr.agent.tools import truncate
 from crr.errors import CRRError
 from crr.eval.stats import wilson
-from crr.rundir import read_jsonl, read_run_file
+from crr.rundir import atomic_write_text, read_jsonl, read_run_mapping
 from crr.train.records import read_records
 
 _TIMESTAMP = re.compile(r"\d{8}-\d{6}-")
 _CURVES = ("reward_mean", "adv_std", "contrasts", "cf_share", "fork_share")   # of the iteration records
 
 
+def _command(path: Path) -> str | None:
+    """The crr command that made the run directory `path` (its manifest), None without a manifest."""
+    return read_run_mapping(path / "manifest.json").get("command") if (path / "manifest.json").is_file() else None
+
+
 def is_eval_run(path: Path) -> bool:
+    command = _command(path)
+    if command is not None:
+        return command == "eval"
     return (path / "results.jsonl").is_file() and (path / "transcripts.jsonl").is_file()
 
 
 def is_train_run(path: Path) -> bool:
+    command = _command(path)
+    if command is not None:
+        return command == "train"
     return (path / "metrics.jsonl").is_file() and (path / "config.yaml").is_file() and not is_eval_run(path)
 
 
@@ -51,6 +60,8 @@ def find_runs(paths: list[Path]) -> list[Path]:
         if is_eval_run(p) or is_train_run(p):
             out.append(p)
             continue
+        if _command(p) is not None:
+            raise CRRError(f"{p} is a `crr {_command(p)}` run; crr view shows `crr train` and `crr eval` runs")
         found = sorted({q.parent for name in ("results.jsonl", "config.yaml") for q in p.rglob(name)
                         if is_eval_run(q.parent) or is_train_run(q.parent)})
         # a training run's own evaluations (eval-before/, eval-after/) are part of it, not runs of their own
@@ -68,7 +79,7 @@ def label(path: Path, dataset: str | None = None) -> str:
 
 
 def load_train(path: Path) -> dict:
-    config = read_run_file(path / "config.yaml", yaml.safe_load, "YAML") or {}
+    config = read_run_mapping(path / "config.yaml", "YAML")
     metrics = list(read_jsonl(path / "metrics.jsonl"))
     iterations = {r["step"]: r for r in metrics if r.get("event") == "iteration"}   # a resume's redo wins
     trl = {r["step"]: r for r in metrics if r.get("event") == "trl" and "loss" in r}
@@ -85,7 +96,7 @@ def load_train(path: Path) -> dict:
 
 
 def load_eval(path: Path) -> dict:
-    summary = read_run_file(path / "summary.json") if (path / "summary.json").is_file() else {}
+    summary = read_run_mapping(path / "summary.json") if (path / "summary.json").is_file() else {}
     transcripts = {(t["instance_id"], t.get("sample", 0)): t["steps"] for t in read_jsonl(path / "transcripts.jsonl")}
     results = []
     for r in read_jsonl(path / "results.jsonl"):
@@ -94,7 +105,9 @@ def load_eval(path: Path) -> dict:
                                                "end_reason", "infra_error", "model_patch", "turns")}
                        | {"steps": [{**s, "observation": truncate(s.get("observation", ""))} for s in steps]})
     scored = [r["reward"] for r in results if r["reward"] is not None]
-    return {"kind": "eval", "label": label(path, summary.get("dataset")), "path": str(path), "dataset": summary.get("dataset"),
+    samples = 1 + max((r.get("sample") or 0 for r in results), default=0)   # a sampled evaluation's label says so
+    name = label(path, summary.get("dataset")) + (f" x{samples}" if samples > 1 else "")
+    return {"kind": "eval", "label": name, "path": str(path), "dataset": summary.get("dataset"),
             "model": summary.get("model"), "passes": int(sum(scored)), "scored": len(scored),
             "interval": wilson(sum(scored) / len(scored), len(scored)) if scored else None, "results": results}
 
@@ -127,6 +140,7 @@ def write_view(paths: list[Path], out: Path | None = None) -> Path:
     data = [_clean(load_train(p) if is_train_run(p) else load_eval(p)) for p in runs]
     out = Path(out) if out is not None else (runs[0] / "view.html" if len(paths) == 1 and runs == [Path(paths[0])]
                                              else Path("crr-view.html"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(data), encoding="utf-8")
+    if out.is_dir():
+        raise CRRError(f"--out {out} is a directory; name the HTML file to write")
+    atomic_write_text(out, render(data))   # an interrupted write leaves an earlier page whole
     return out
