@@ -103,14 +103,20 @@ def release_locks() -> None:
         os.close(fd)  # drops the flock
 
 
+_UMASK = os.umask(0o022)   # read once (umask can only be read by setting it), at import, before any thread
+os.umask(_UMASK)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` so that readers see the old file or the new one, never a torn one."""
+    """Write `text` to `path` so that readers see the old file or the new one, never a torn one. The file gets
+    the mode a plain one gets under the umask, not the temporary file's owner-only 0600."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
         raise _refused(path, e) from None
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -236,6 +242,8 @@ class RunDir:
     def create(cls, command: str, name: str = "run", *, root: Path | str = DEFAULT_ROOT,
                config: dict | None = None, seeds: dict | None = None) -> "RunDir":
         """Make a fresh run directory and write its config and manifest."""
+        if Path(root).exists() and not Path(root).is_dir():
+            raise CRRError(f"{root} is a file, not a directory to make run directories in")
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         base = Path(root) / f"{stamp}-{command}-{name}"
         path, n = base, 1

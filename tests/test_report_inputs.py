@@ -229,3 +229,11 @@ def test_report_refuses_one_arm_and_seed_trained_on_two_task_sets(tmp_path):
     make_run(tmp_path / "b" / "20261128-230316-train-grpo-seed11", "train", {**config, "tasks": "multi-band"})
     with pytest.raises(CRRError, match="seed 11 of one arm .grpo. trained on different tasks or models"):
         load_runs([tmp_path])
+
+
+def test_report_names_a_corrupt_manifest_of_any_run_under_runs(tmp_path):
+    run = tmp_path / "runs" / "20261130-000000-eval-x"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text("{garb")
+    result = CliRunner().invoke(app, ["report", "tables", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "manifest.json is corrupt" in result.output, result.output

@@ -87,3 +87,18 @@ except OSError as e:
     data = path.read_bytes()
     assert data.endswith(b"\n") and data.count(b"\n") == 1, (len(data), data[-40:])
     assert [r["i"] for r in read_jsonl(path)] == [0]
+
+
+def test_run_files_are_as_readable_as_the_logs_beside_them(tmp_path):
+    """config.yaml and manifest.json (written atomically, through a temporary file) get the mode a plain file
+    gets under the umask, as metrics.jsonl does, not the temporary file's owner-only 0600."""
+    run = RunDir.create("train", "modes", root=tmp_path, config={"seed": 1})
+    append_jsonl(run.path / "metrics.jsonl", {"step": 1})
+    modes = {p.name: p.stat().st_mode & 0o777 for p in run.path.iterdir() if p.name != LOCK_FILE}
+    assert modes["config.yaml"] == modes["manifest.json"] == modes["metrics.jsonl"], modes
+
+
+def test_a_root_that_is_a_file_is_named_as_such(tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(CRRError, match=r"afile is a file, not a directory to make run directories in$"):
+        RunDir.create("eval", "x", root=tmp_path / "afile")

@@ -59,7 +59,7 @@ import yaml
 from crr.credit.stats import estimator_metrics, values
 from crr.errors import CRRError
 from crr.experiments import override, read_preset
-from crr.rundir import RunDir, read_jsonl
+from crr.rundir import RunDir, read_jsonl, read_run_mapping
 from crr.seeds import derive_seed
 from crr.train.proposals import PROPOSALS
 from crr.train.selectors import SELECTORS
@@ -600,5 +600,5 @@ def metrics_frame(records: list[dict], cfg: AuditConfig) -> pd.DataFrame:
 
 def is_audit(path: Path) -> bool:
     manifest = path / "manifest.json"
-    return manifest.is_file() and json.loads(manifest.read_text()).get("command") == "credit-audit"
+    return manifest.is_file() and read_run_mapping(manifest).get("command") == "credit-audit"
 
