@@ -31,7 +31,7 @@ from crr.eval import (
     summarise_modes,
     summarise_samples,
 )
-from crr.eval.evaluate import INFRA_RETRIED, PREDICTIONS, RESULTS, SUMMARY
+from crr.eval.evaluate import INFRA_RETRIED, PREDICTIONS, RESULTS, SUMMARY, EvalConfig, resume_eval
 from crr.eval.stats import wilson
 from crr.policy.model import default_model_dir, default_policy_dir, load_policy
 from crr.policy.scripted import ScriptedBackend
@@ -448,3 +448,20 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path, lora_train_run):
     assert "--dtype is one of auto, float32, bfloat16" in refused("micro", "--dtype", "float16")
     assert "`crr eval verified DIR`" in refused("verified")  # offline: where to get the data
     assert not (tmp_path / "evals").exists()  # nothing was started
+
+
+def test_a_resume_from_another_directory_finds_the_paths_the_run_names(tmp_path, monkeypatch):
+    """Run files keep relative paths as given; resumed from elsewhere, they are read from the directory the
+    evaluation was started in (an ancestor of its run directory), not taken for hub ids, and not rewritten."""
+    project = tmp_path / "project"
+    (project / "runs" / "train-x" / "model").mkdir(parents=True)
+    monkeypatch.chdir(project)
+    run = RunDir.create("eval", "x", root="evals", config=dataclasses.asdict(EvalConfig(
+        dataset="micro-test", tasks="micro-test", model="runs/train-x/model", train_run="runs/train-x",
+        base_model="Qwen/Qwen3-0.6B")))
+    monkeypatch.chdir(tmp_path)
+    config, _ = resume_eval(project / run.path)
+    assert Path(config.model).resolve() == project / "runs" / "train-x" / "model"
+    assert Path(config.train_run).resolve() == project / "runs" / "train-x"
+    assert config.base_model == "Qwen/Qwen3-0.6B"   # a hub id stays one
+    assert RunDir.open(project / run.path).config["model"] == "runs/train-x/model"

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -340,7 +341,23 @@ def resume_eval(path: Path | str, overrides: dict | None = None) -> tuple[EvalCo
         setattr(config, key, value)
     engine_spec_of(config)  # a --ray the run's engine does not take fails here
     run.write_text("config.yaml", yaml.safe_dump(asdict(config), sort_keys=False))
-    return config, run
+    return _from_where_made(config, run.path), run
+
+
+def _from_where_made(config: EvalConfig, run_path: Path) -> EvalConfig:
+    """`config` with each relative path of it (model, base_model, train_run) that names nothing here read from
+    the directory the evaluation was started in: the nearest ancestor of its run directory under which the path
+    exists. A run's files keep paths as they were given (committed runs name no machine's directories), so a
+    resume from another directory would otherwise take them for hub ids."""
+    moved = {}
+    for key in ("model", "base_model", "train_run"):
+        value = getattr(config, key)
+        if not value or Path(value).is_absolute() or Path(value).exists():
+            continue
+        base = next((b for b in run_path.resolve().parents if (b / value).exists()), None)
+        if base is not None:
+            moved[key] = os.path.relpath(base / value)
+    return dataclasses.replace(config, **moved)
 
 
 def load_eval_tasks(config: EvalConfig) -> list[Task]:
