@@ -237,3 +237,24 @@ def test_report_names_a_corrupt_manifest_of_any_run_under_runs(tmp_path):
     (run / "manifest.json").write_text("{garb")
     result = CliRunner().invoke(app, ["report", "tables", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "r")])
     assert result.exit_code == 2 and "manifest.json is corrupt" in result.output, result.output
+
+
+def test_a_pair_without_enough_per_task_records_names_the_run_short_of_them(tmp_path):
+    from crr.report.tables import paired_table
+
+    spec = load_comparison(EXPERIMENTS / "cpu-main.comparison.yaml")
+    greedy = next(e for e in spec.evals if e.samples == 1)
+    summary = json.dumps({"pass_at_1": 0.5, "missing": 0})
+    records = "".join(json.dumps({"instance_id": f"t-{i}", "sample": 0, "reward": float(i % 2), "repo": "crr/nano"})
+                      + "\n" for i in range(3))
+    make_run(tmp_path / "20261129-072334-eval-nano-test2-default", "eval",
+             {"dataset": "nano-test2", "model": "crr/policy/default", "samples": 1, **greedy.settings},
+             summary_json=summary, results_jsonl=RESULT)
+    train = make_run(tmp_path / "20261129-063804-train-grpo-seed11", "train",
+                     {"use_cpu": True, "method": "grpo", "seed": 11}, summary_json="{}")
+    make_run(tmp_path / "20261129-064350-eval-nano-test2-train-grpo-seed11", "eval",
+             {"dataset": "nano-test2", "train_run": str(train), "samples": 1, **greedy.settings},
+             summary_json=summary, results_jsonl=records)
+    notes = paired_table(load_runs([tmp_path], spec=spec)).notes
+    assert any("fewer than two tasks" in n and "20261129-072334-eval-nano-test2-default holds fewer than two" in n
+               for n in notes), notes

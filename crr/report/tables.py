@@ -686,16 +686,19 @@ def paired_table(runs: Runs) -> Table:
                   missing=needs.missing)
     rows = []
 
-    def arm_rates(ref: ArmRef, ev: EvalSpec) -> list[dict[str, float]]:
-        return [e.task_rates for e in (needs.eval(r, ev) for r in needs.train(ref)) if e]
+    def arm_evals(ref: ArmRef, ev: EvalSpec) -> list[EvalRun]:
+        return [e for e in (needs.eval(r, ev) for r in needs.train(ref)) if e]
 
-    def pair(a: str, b: str, ev: EvalSpec, rates: list[list[dict[str, float]]], fixed_b: bool = False) -> None:
-        if not rates[0] or not rates[1]:
+    def pair(a: str, b: str, ev: EvalSpec, evals: list[list[EvalRun]], fixed_b: bool = False) -> None:
+        if not evals[0] or not evals[1]:
             return
+        rates = [[e.task_rates for e in arm] for arm in evals]
         common = sorted(set.intersection(*(set(r) for arm in rates for r in arm)))
         if len(common) < 2:
+            short = [e.path.name for arm in evals for e in arm if len(e.task_rates) < 2]
             table.notes.append(f"{a} vs {b} on {_eval_label(ev)}: fewer than two tasks with per-task records "
-                               "(results.jsonl) in both")
+                               "(results.jsonl) in both" + (f"; {', '.join(short)} holds fewer than two" if short
+                                                            else ""))
             return
         c = compare(*([[r[t] for t in common] for r in arm] for arm in rates), fixed_b=fixed_b)
         rows.append({"a": a, "b": b, "fixed_b": fixed_b, "dataset": ev.dataset, "samples": ev.samples,
@@ -711,10 +714,10 @@ def paired_table(runs: Runs) -> Table:
         if ev is None:
             continue
         for a, b in _pairs(runs, spec):
-            pair(_label(a), _label(b), ev, [arm_rates(a, ev), arm_rates(b, ev)])
+            pair(_label(a), _label(b), ev, [arm_evals(a, ev), arm_evals(b, ev)])
         for label, base in base_evals(runs, needs, ev).items():   # what RL gained over the starting model
             for ref in main_arms(runs, spec)[0]:
-                pair(_label(ref), label, ev, [arm_rates(ref, ev), [base.task_rates]], fixed_b=True)
+                pair(_label(ref), label, ev, [arm_evals(ref, ev), [base]], fixed_b=True)
     if not rows:
         return table
     data = pd.DataFrame(rows)
