@@ -129,6 +129,17 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def as_made(run_path: Path | str, value: str | None) -> str | None:
+    """A relative path a run's files name, seen from here. Run files keep paths as they were given (so that
+    committed runs name no machine's directories); resumed from another directory, such a path is read from the
+    nearest ancestor of the run directory under which it exists: the directory the run was started in. A value
+    that is absolute, exists here or exists under no ancestor (a hub id, a task set's name) is returned as it is."""
+    if not value or Path(value).is_absolute() or Path(value).exists():
+        return value
+    base = next((b for b in Path(run_path).resolve().parents if (b / value).exists()), None)
+    return value if base is None else os.path.relpath(base / value)
+
+
 def relative_to_cwd(path: Path | str) -> str | None:
     """How a command or a committed file should name `path`: relative to the working directory, so that it
     works from a fresh clone and names no machine; None when it lies outside (a relative path is as given)."""

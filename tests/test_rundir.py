@@ -102,3 +102,16 @@ def test_a_root_that_is_a_file_is_named_as_such(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(CRRError, match=r"afile is a file, not a directory to make run directories in$"):
         RunDir.create("eval", "x", root=tmp_path / "afile")
+
+
+def test_a_path_a_run_names_is_read_from_where_the_run_was_made(tmp_path, monkeypatch):
+    from crr.rundir import as_made
+
+    (tmp_path / "project" / "models" / "m").mkdir(parents=True)
+    run = tmp_path / "project" / "results" / "runs" / "r"
+    run.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert (tmp_path / as_made(run, "models/m")).resolve() == tmp_path / "project" / "models" / "m"
+    assert as_made(run, "Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B" and as_made(run, None) is None
+    monkeypatch.chdir(tmp_path / "project")
+    assert as_made(run, "models/m") == "models/m"   # where it exists here, as it is

@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -48,7 +47,7 @@ from crr.eval.passk import summarise_samples
 from crr.eval.taxonomy import error_mode, held_out_counts, summarise_modes
 from crr.policy import DTYPES, SERVER_BACKEND, check_backend
 from crr.sandbox import engine_spec_of
-from crr.rundir import RunDir
+from crr.rundir import RunDir, as_made
 from crr.seeds import derive_seed
 from crr.tasks.loaders import TASK_SETS, dataset_adapter, load_tasks
 from crr.tasks.schema import Task
@@ -345,19 +344,10 @@ def resume_eval(path: Path | str, overrides: dict | None = None) -> tuple[EvalCo
 
 
 def _from_where_made(config: EvalConfig, run_path: Path) -> EvalConfig:
-    """`config` with each relative path of it (model, base_model, train_run) that names nothing here read from
-    the directory the evaluation was started in: the nearest ancestor of its run directory under which the path
-    exists. A run's files keep paths as they were given (committed runs name no machine's directories), so a
-    resume from another directory would otherwise take them for hub ids."""
-    moved = {}
-    for key in ("model", "base_model", "train_run"):
-        value = getattr(config, key)
-        if not value or Path(value).is_absolute() or Path(value).exists():
-            continue
-        base = next((b for b in run_path.resolve().parents if (b / value).exists()), None)
-        if base is not None:
-            moved[key] = os.path.relpath(base / value)
-    return dataclasses.replace(config, **moved)
+    """`config` with its paths (model, base_model, train_run) as seen from here (crr.rundir.as_made): resumed
+    from another directory, they would otherwise be taken for hub ids."""
+    return dataclasses.replace(config, **{k: as_made(run_path, getattr(config, k))
+                                          for k in ("model", "base_model", "train_run")})
 
 
 def load_eval_tasks(config: EvalConfig) -> list[Task]:

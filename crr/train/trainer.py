@@ -77,7 +77,7 @@ from crr.policy.model import agent_record, default_policy_dir, frozen_base, load
 from crr.sandbox import engine_spec_of
 from crr.sandbox.checkout import publish
 from crr.rollout import RolloutConfig, RolloutResult, in_background, rollout, rollout_pool
-from crr.rundir import RunDir
+from crr.rundir import RunDir, as_made
 from crr.seeds import derive_seed
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
@@ -793,6 +793,7 @@ def resume_run(path: Path | str, changes: dict | None = None) -> tuple[CRRConfig
                          "changed": {k: list(v) for k, v in changed.items()}})
         log.info("resuming %s from %s", run.path, ckpt or "the start")
     barrier()   # the ledger is cut back before any process reads it
+    cfg.model, cfg.tasks = as_made(run.path, cfg.model), as_made(run.path, cfg.tasks)   # not written back
     return cfg, run, ckpt
 
 
