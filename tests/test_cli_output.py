@@ -114,3 +114,12 @@ def test_bad_input_found_inside_the_work_leaves_no_progress_bar_above_its_error(
     assert proc.returncode == 2 and out == ""
     assert err.splitlines() == ["error: --n must be at least 1, got 0"], err
     assert not (tmp_path / "t").exists()
+
+
+def test_sandbox_gc_without_a_docker_daemon_says_what_gc_can_do(monkeypatch):
+    """gc takes no --engine: its hint for a daemon it cannot reach is to start it, not to pick another engine."""
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    result = CliRunner().invoke(app, ["sandbox", "gc", "--dry-run"])
+    skipped = next(line for line in result.output.splitlines() if line.startswith("docker:"))
+    assert result.exit_code == 0 and "skipped" in skipped and "start it (dockerd)" in skipped, result.output
+    assert "--engine" not in result.output, result.output

@@ -63,15 +63,14 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 
-def docker_client() -> docker.DockerClient:
-    """A client for the local daemon, or a SandboxError that says how to get one."""
+def docker_client(fix: str = "start it (dockerd) or use --engine local") -> docker.DockerClient:
+    """A client for the local daemon, or a SandboxError that says how to get one (`fix`)."""
     try:
         client = docker.from_env(timeout=600)
         client.ping()
         return client
     except (docker.errors.DockerException, requests.RequestException, OSError) as e:
-        raise SandboxError(f"the Docker daemon is not reachable ({e}); start it (dockerd) or use "
-                           "--engine local") from None
+        raise SandboxError(f"the Docker daemon is not reachable ({e}); {fix}") from None
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ def gc(all: bool = False, dry_run: bool = False) -> list[str]:
     process is gone, and engine directories (with their mounts) on this host; with `all`, also the
     per-task image cache. Nothing without crr's label is touched, nor anything a live process owns.
     Returns what was removed (with `dry_run`: what would be)."""
-    api = docker_client().api
+    api = docker_client(fix="start it (dockerd) to remove what crashed runs left in it").api
     done: list[str] = []
     for c in api.containers(all=True, filters={"label": f"{OWNER}=crr"}):
         if _owner_alive(c["Labels"]):
