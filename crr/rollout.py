@@ -241,7 +241,7 @@ def start_rollout(model: str, tasks: str, n: int, out: Path, *, group_size: int 
         max_new_tokens=max_new_tokens, time_limit_s=time_limit,
         max_context_tokens=getattr(policy.config, "max_position_embeddings", None), snapshots=False))
     backend = TransformersBackend(policy, tokenizer, max_value_chars=max_value_chars)
-    run = RunDir.create("rollout", f"n{n}-g{group_size}-seed{seed}", root=out, seeds={"rollout": seed},
+    run = RunDir.create("rollout", f"n{len(task_list)}-g{group_size}-seed{seed}", root=out, seeds={"rollout": seed},
                         config={"model": model, "tasks": tasks, "n": n, "engine": engine, "engine_options": opts,
                                 "mode": mode, "ray": ray, "max_value_chars": max_value_chars,
                                 **dataclasses.asdict(config)})

@@ -95,7 +95,7 @@ def test_seeds_and_bad_input():
 
 def test_cli_rollout_end_to_end(task, tmp_path):
     tasks = write_tasks([task], tmp_path / "tasks.jsonl")
-    args = ["rollout", "--tasks", str(tasks), "--n", "1", "--group-size", "2", "--max-turns", "3", "--max-new-tokens", "40",
+    args = ["rollout", "--tasks", str(tasks), "--n", "5", "--group-size", "2", "--max-turns", "3", "--max-new-tokens", "40",
             "--max-value-chars", "4", "--temperature", "1.0", "--seed", "1", "--workers", "2", "--out", str(tmp_path / "runs")]
     result = CliRunner().invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
@@ -104,6 +104,7 @@ def test_cli_rollout_end_to_end(task, tmp_path):
     assert all(1 <= len(t["steps"]) <= 3 and t["reward"] in (0.0, 1.0) for t in out["trajectories"])
     run_dir = RunDir.open(out["summary"]["run_dir"])
     assert len(run_dir.records(TRAJECTORIES_FILE)) == 2 and run_dir.config["group_size"] == 2
+    assert run_dir.path.name.endswith("-rollout-n1-g2-seed1")   # the tasks it rolled out (--n 5 of a set of one)
 
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
