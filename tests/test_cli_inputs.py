@@ -3,6 +3,11 @@ and exit 2, never a traceback."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -172,3 +177,116 @@ def test_rollout_of_an_empty_task_file_makes_no_run_directory(tmp_path):
 def test_a_requirement_that_is_not_one_is_refused_before_any_lookup():
     with pytest.raises(CRRError, match="--requires 'not a req!!' is not a requirement"):
         parse_package("inflection==0.5.1", ("not a req!!",))
+
+
+def _adapter(tmp_path):
+    """A directory laid out as a saved LoRA adapter (no config.json)."""
+    adapter = tmp_path / "lora"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+    return adapter
+
+
+@pytest.mark.parametrize("kind", ["missing", "no-config", "adapter"])
+def test_sft_refuses_untrainable_model_before_run_dir(tmp_path, kind):
+    model = {"missing": tmp_path / "nope", "no-config": tmp_path, "adapter": _adapter(tmp_path)}[kind]
+    runs = tmp_path / "runs"
+    result = CliRunner().invoke(app, ["sft", "--model", str(model), "--n-tasks", "1", "--epochs", "1",
+                                      "--out", str(runs)])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and result.output.startswith("error:"), result.output
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_sft_bench_refuses_adapter(tmp_path):
+    result = CliRunner().invoke(app, ["model", "sft-bench", "--model", str(_adapter(tmp_path)), "--steps", "1"])
+    lines = result.output.splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and "LoRA adapter" in lines[0], result.output
+
+
+@pytest.mark.parametrize("tasks", ["missing.jsonl", "bad.jsonl"])
+def test_sft_refuses_bad_tasks_before_run_dir(tmp_path, tasks):
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    runs = tmp_path / "runs"
+    result = CliRunner().invoke(app, ["sft", "--tasks", str(tmp_path / tasks), "--n-tasks", "1", "--out", str(runs)])
+    assert result.exit_code == 2 and result.output.startswith("error:"), result.output
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_sft_data_only_shows_no_training_bar(tmp_path):
+    """--data-only trains nothing: no 'SFT steps 0/?' bar beside the expert's."""
+    from crr.tasks.micro import generate_micro
+
+    generate_micro(tmp_path / "set", n=1, seed=0, split="train")
+    result = CliRunner().invoke(app, ["sft", "--tasks", str(tmp_path / "set"), "--n-tasks", "1", "--data-only",
+                                      "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    assert "expert data:" in result.output and "SFT steps" not in result.output, result.output
+
+
+@pytest.mark.parametrize("value, message", [
+    ("tasks=no-such-set", "'no-such-set' is not a file, a directory, a named set"),
+    ("agent_format=bogus", "unknown agent format 'bogus'"),
+    ("engine=bogus", "unknown fork engine 'bogus'"),
+    ("model=/no/such/model", "model=/no/such/model: no such directory"),
+])
+def test_audit_refuses_bad_inputs_before_its_run_directory(tmp_path, monkeypatch, value, message):
+    """Tasks, agent format, engine and model of a new audit are checked before its run directory is made
+    (before: the directory was left behind, with the error only when the audit began)."""
+    def played(*args, **kwargs):
+        raise AssertionError("the audit was started")
+
+    monkeypatch.setattr("crr.credit.audit.audit", played)
+    out = tmp_path / "runs"
+    result = CliRunner().invoke(app, ["credit", "audit", value, "--out", str(out)])
+    release_locks()
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value, message", [
+    ("agent_format=bogus", "unknown agent format 'bogus'"),
+    ("report_to=bogus", "report_to: unknown integration(s) ['bogus']; choose from none, "),
+    ("report_to=[tensorboard,bogus]", "report_to: unknown integration(s) ['bogus']"),
+])
+def test_train_refuses_bad_inputs_before_its_run_directory(tmp_path, monkeypatch, value, message):
+    """An unknown agent format or report_to integration is a one-line error before train's run directory is
+    made (before: the directory was left behind, report_to's with a traceback once the trainer was built)."""
+    def trained(*args, **kwargs):
+        raise AssertionError("training was started")
+
+    monkeypatch.setattr("crr.train.trainer.train", trained)
+    out = tmp_path / "runs"
+    result = CliRunner().invoke(app, ["train", value, "--out", str(out)])
+    release_locks()
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output
+    assert not out.exists()
+
+
+def test_a_finished_run_is_not_trained_past_its_max_steps(tmp_path, monkeypatch):
+    """`crr train --resume` of a finished run (its last checkpoint whole, at max_steps) is refused in one line,
+    with nothing changed (before: TRL trained one update past max_steps and rewrote the run's summary)."""
+    def trained(*args, **kwargs):
+        raise AssertionError("training was started")
+
+    monkeypatch.setattr("crr.train.trainer.train", trained)
+    ref = Path(__file__).resolve().parents[1] / "results" / "reference" / "cpu-main" / "runs" / "crr"
+    source = sorted(ref.glob("*-train-crr-seed11"))[0]
+    run = tmp_path / "run"
+    for f in subprocess.run(["git", "ls-files", "."], cwd=source, capture_output=True, text=True,
+                            check=True).stdout.split():
+        (run / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / f, run / f)
+    last = run / "checkpoints" / "checkpoint-40"
+    for name in ("optimizer.pt", "adapter_model.safetensors"):   # as if its weights were kept
+        (last / name).write_bytes(b"")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for args in ([], ["--max-updates", "40"]):
+        result = CliRunner().invoke(app, ["train", "--resume", str(run), *args])
+        release_locks()
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1, result.output
+        assert "finished its 40 updates (max_steps=40); to train on, resume it with --max-updates" in lines[0]
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"} == before

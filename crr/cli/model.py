@@ -141,11 +141,13 @@ def model_sft_bench(
 ) -> None:
     """Time SFT steps: TRL's fused LM head against crr's action-token loss on the same batches."""
     from crr.bench.model import sft_step_bench
-    from crr.policy.model import default_model_dir
+    from crr.policy.model import check_trainable, default_model_dir
     from crr.sft.curriculum import LEVELS
 
     if batch < 1 or steps < 1 or level not in LEVELS:
         raise CRRError(f"--batch and --steps must be at least 1 and --level one of {LEVELS}")
+    if model is not None:
+        check_trainable(model)
     with err_console.status("SFT step bench"):
         result = sft_step_bench(model or str(default_model_dir()), batch=batch, steps=steps, level=level,
                                 bf16=bf16, threads=threads)
@@ -288,7 +290,7 @@ def sft_command(
         run = start_sft(model, recipe, out)
     err_console.print(f"run directory: {run.path}", highlight=False)
     _resume_with(f"crr sft --resume {shlex.quote(str(run.path))}")
-    progress, report = _sft_progress()
+    progress, report = _sft_progress(train=not data_only)
     with progress:
         model_out = warm_start(model, recipe, run, report, data_only=data_only)
     summary, losses = sft_results(run)
@@ -310,11 +312,12 @@ def sft_command(
         console.print(f"cached as the warm-started default: {target}", highlight=False)
 
 
-def _sft_progress():
-    """A Rich progress bar (expert episodes, then SFT steps) and the `warm_start` progress callback that drives it."""
+def _sft_progress(train: bool = True):
+    """A Rich progress bar (expert episodes, then SFT steps unless not `train`) and the `warm_start` progress
+    callback that drives it."""
     progress = progress_bar("{task.description}", "{task.fields[note]}")
     bars = {"expert": progress.add_task("expert episodes", total=None, note="", visible=False),
-            "train": progress.add_task("SFT steps", total=None, note="", start=False)}
+            "train": progress.add_task("SFT steps", total=None, note="", start=False, visible=train)}
     kept = {"n": 0}
 
     def report(stage: str, done: int, total: int, record: dict) -> None:

@@ -172,7 +172,24 @@ def load_audit_config(preset: Path | str | None = None, overrides: dict | None =
         raise CRRError(f"unknown audit config key(s) {unknown}; see experiments/credit-audit-nano.yaml")
     cfg = audit_config(data)
     check_estimators(cfg)
+    check_inputs(cfg)
     return cfg
+
+
+def check_inputs(cfg: AuditConfig) -> None:
+    """A new audit's tasks, model directory, agent format and engine, as train checks its own: a CRRError
+    before its run directory is made."""
+    from crr.agent.prompt import agent_format   # deferred: the engines and loaders
+    from crr.sandbox import engine_spec_of
+    from crr.tasks.loaders import load_tasks
+
+    if not load_tasks(cfg.tasks)[:cfg.n_tasks]:
+        raise CRRError(f"{cfg.tasks} holds no tasks")
+    if cfg.model is not None and cfg.model.startswith(("/", ".", "~")) and not Path(cfg.model).expanduser().is_dir():
+        raise CRRError(f"model={cfg.model}: no such directory; pass a model directory or a hub id")
+    if cfg.agent_format is not None:
+        agent_format(cfg.agent_format)
+    engine_spec_of(cfg)
 
 
 def audit_config(data: dict) -> AuditConfig:

@@ -188,6 +188,19 @@ def load_policy(path_or_hub_id: Path | str, device: str = "cpu",
     return model.to(device).eval(), tokenizer
 
 
+def check_trainable(name: str) -> None:
+    """Before a run starts: a local `name` must hold a whole model (config.json); a LoRA adapter loads frozen, so
+    fine-tuning cannot train it. A hub id is left to load_policy."""
+    path = Path(name).expanduser()
+    if not (name.startswith(("/", ".", "~")) or path.exists()):
+        return
+    if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+        raise CRRError(f"{name} is a LoRA adapter, which fine-tuning cannot train; pass a model directory (its base "
+                       "model, or the adapter merged into it)")
+    if not (path / "config.json").is_file():
+        raise CRRError(f"no model directory at {name} (no config.json); make one with `crr model init --out {name}`")
+
+
 def frozen_base(model: torch.nn.Module) -> PreTrainedModel:
     """The base of a LoRA (PEFT) policy as a module of its own, holding the very tensors of the base weights (no
     copy): the policy with its adapter disabled, without disabling it. The trainer's reference policy, so that

@@ -19,8 +19,10 @@ from enum import Enum
 from pathlib import Path
 
 import torch
+from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 from trl import GRPOConfig
 
+from crr.agent.prompt import agent_format
 from crr.errors import CRRError
 from crr.experiments import EXPERIMENTS, override, read_preset
 from crr.policy import DTYPES, SERVER_BACKEND, check_backend
@@ -144,6 +146,8 @@ class CRRConfig(GRPOConfig):
                            f"{self.num_generations}; take 2 <= cf_samples < num_generations (the restart rows' advantage "
                            "is taken among them, and the on-policy rows are what they reset from)")
         engine_spec_of(self)  # an option the engine does not take fails here
+        if self.agent_format is not None:
+            agent_format(self.agent_format)
         check_backend(self.backend, self.vllm_server)
         # One generation batch = one update: tasks_per_iteration x G rows, no gradient accumulation. Across
         # N processes (crr.train.distributed) each rolls out tasks_per_iteration / N whole groups.
@@ -159,6 +163,10 @@ class CRRConfig(GRPOConfig):
             updates = math.ceil(self.max_trajectories / (self.tasks_per_iteration * self.num_generations))
             self.max_steps = updates if self.max_steps is None or self.max_steps <= 0 else min(self.max_steps, updates)
         super().__post_init__()
+        unknown = [r for r in self.report_to if r not in INTEGRATION_TO_CALLBACK]   # TRL's check: once it trains
+        if unknown:
+            raise CRRError(f"report_to: unknown integration(s) {unknown}; choose from none, "
+                           f"{', '.join(INTEGRATION_TO_CALLBACK)}")
         if self.world_size != processes:
             raise CRRError(f"launched as {processes} processes, but they did not join one process group "
                            f"(world size {self.world_size}): without GPUs set use_cpu=true (gloo on CPU)")

@@ -769,6 +769,10 @@ def resume_run(path: Path | str, changes: dict | None = None) -> tuple[CRRConfig
                        f"resuming would redo updates {done + 1}-{checkpoints(run.path / CHECKPOINTS)[-1][0]} and "
                        "replace their records; nothing was changed (to redo them, remove its summary.json)")
     cfg, changed = _changed(cfg, run, changes or {}, done)
+    pending = [m for m in run.path.glob("eval-after/*/manifest.json") if not (m.parent / "summary.json").is_file()]
+    if 0 < cfg.max_steps <= done and (run.path / "summary.json").is_file() and not pending:   # TRL: one update more
+        raise CRRError(f"{run.path} finished its {done} updates (max_steps={cfg.max_steps}); to train on, resume it "
+                       f"with --max-updates above {done}; nothing was changed")
     if is_main():
         run.lock()
         # what is cut back is read first: a corrupt ledger or log refuses the resume before anything is written
