@@ -290,3 +290,11 @@ def test_a_finished_run_is_not_trained_past_its_max_steps(tmp_path, monkeypatch)
         assert result.exit_code == 2 and len(lines) == 1, result.output
         assert "finished its 40 updates (max_steps=40); to train on, resume it with --max-updates" in lines[0]
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"} == before
+
+
+@pytest.mark.parametrize("option, value", [("--workers", "0"), ("--n", "0"), ("--flaky-rate", "2"),
+                                           ("--split", "foo")])
+def test_filter_bench_refuses_bad_settings_before_its_run_directory(tmp_path, option, value):
+    result = CliRunner().invoke(app, ["filter-tasks", "bench", option, value, "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
+    assert not (tmp_path / "runs").exists()

@@ -22,8 +22,15 @@ from crr.errors import CRRError
 from crr.filter.determinism import (COMMAND, DEFAULTS, DISCARDED, INFRA_ERROR, RESULTS, filter_config,
                                     filter_tasks)
 from crr.rundir import RunDir
-from crr.tasks.micro import generate_micro
+from crr.tasks.micro import check_micro_args, generate_micro
 from crr.tasks.schema import Task
+
+
+def check_bench(n: int, flaky_rate: float, split: str, workers: int) -> None:
+    """The benchmark's own settings (the filter's are filter_config's): a CRRError before anything is made."""
+    check_micro_args(n, split, flaky_rate)
+    if workers < 1:
+        raise CRRError(f"--workers must be at least 1, got {workers}")
 
 
 def filter_bench(n: int, flaky_rate: float, seed: int, engine: str = "local", mode: str | None = None,
@@ -35,6 +42,7 @@ def filter_bench(n: int, flaky_rate: float, seed: int, engine: str = "local", mo
     settings = {**DEFAULTS, "engine": engine, "engine_options": engine_options, "mode": mode, "ray": ray,
                 "reruns": reruns, "seed": seed}
     config = filter_config(settings)  # validates before anything is generated
+    check_bench(n, flaky_rate, split, workers)
     run = RunDir.create(COMMAND, f"bench-{engine}-n{n}-r{reruns}", root=out,
                         seeds={"micro": seed, "filter": seed})
     settings["tasks"] = str((run.path / "tasks").resolve())

@@ -102,9 +102,10 @@ def filter_bench_command(
     discards of deterministic ones, infra errors, tasks/min."""
     from rich.table import Table
 
-    from crr.bench.filter import filter_bench
+    from crr.bench.filter import check_bench, filter_bench
     from crr.sandbox import parse_options
 
+    check_bench(n, flaky_rate, split, workers)   # before the line below
     progress, on_start, on_result = _filter_progress()
     err_console.print(f"generating {n} micro tasks (flaky rate {flaky_rate}), then filtering them",
                       highlight=False)

@@ -133,18 +133,9 @@ class _TestFile:
     held_out: list[str] = field(default_factory=list)  # added by the test patch
 
 
-def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rate: float = 0.0,
-                   progress: Callable[[Task], None] | None = None, tier: str = "default",
-                   workers: int = 1, first: int = 0, warm: bool = True, knobs: Knobs | None = None) -> list[Task]:
-    """Generate `n` tasks into `out_dir` (tasks.jsonl + repos/<id>.bundle) and return them.
-
-    `out_dir` must not exist or be empty; it is filled atomically (built next to it, then renamed).
-    Task i depends only on (tier, seed, split, i) and its flaky kind, so with flaky_rate 0 a larger n
-    extends a smaller one, `first` > 0 generates tasks first..first+n-1 of that same sequence (a large
-    set in chunks), and `workers` processes give the same rows as one. `warm` runs pytest in forks of a
-    warm worker (crr.tasks.warm) rather than a fresh interpreter each time: same outcomes, less time.
-    `knobs` (the multi tier only; default Knobs()) set its bug counts, issue styles and distractors.
-    """
+def check_micro_args(n: int, split: str, flaky_rate: float = 0.0, tier: str = "default", workers: int = 1,
+                     first: int = 0, knobs: Knobs | None = None) -> None:
+    """generate_micro's arguments: a CRRError for the first bad one (a caller checks them before making anything)."""
     if split not in SPLITS:
         raise CRRError(f"unknown micro split {split!r}; use one of {', '.join(SPLITS)}")
     if tier not in TIERS:
@@ -163,6 +154,21 @@ def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rat
         raise CRRError(f"--n must be at least 1, got {n}")
     if not 0.0 <= flaky_rate <= 1.0:
         raise CRRError(f"--flaky-rate must be between 0 and 1, got {flaky_rate}")
+
+
+def generate_micro(out_dir: Path | str, n: int, seed: int, split: str, flaky_rate: float = 0.0,
+                   progress: Callable[[Task], None] | None = None, tier: str = "default",
+                   workers: int = 1, first: int = 0, warm: bool = True, knobs: Knobs | None = None) -> list[Task]:
+    """Generate `n` tasks into `out_dir` (tasks.jsonl + repos/<id>.bundle) and return them.
+
+    `out_dir` must not exist or be empty; it is filled atomically (built next to it, then renamed).
+    Task i depends only on (tier, seed, split, i) and its flaky kind, so with flaky_rate 0 a larger n
+    extends a smaller one, `first` > 0 generates tasks first..first+n-1 of that same sequence (a large
+    set in chunks), and `workers` processes give the same rows as one. `warm` runs pytest in forks of a
+    warm worker (crr.tasks.warm) rather than a fresh interpreter each time: same outcomes, less time.
+    `knobs` (the multi tier only; default Knobs()) set its bug counts, issue styles and distractors.
+    """
+    check_micro_args(n, split, flaky_rate, tier, workers, first, knobs)
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise CRRError(f"{out_dir} already exists and is not an empty directory; choose a new --out "
