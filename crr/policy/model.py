@@ -11,12 +11,13 @@ recognised too but drops <think> blocks from history, so it is not prefix-preser
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -157,11 +158,30 @@ def init_tiny_model(out_dir: Path | str, seed: int = 0, size: str = "tiny") -> P
         model = Qwen3ForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    with building(out, keep_theirs=lambda _: False) as tmp:
+    with building(out, keep_theirs=lambda _: False) as tmp, quiet_hf():
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     log.info("wrote a %s model (%d parameters, vocab %d) to %s", size, param_count(model), len(tokenizer), out)
     return out
+
+
+@contextlib.contextmanager
+def quiet_hf() -> Iterator[None]:
+    """No tqdm bars from datasets and transformers (library code; the CLI draws its own) while a model is saved
+    or trained."""
+    import datasets  # deferred: a heavy library that loading a policy does not need
+
+    was_datasets = datasets.is_progress_bar_enabled()
+    was_hf = hf_logging.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_datasets:
+            datasets.enable_progress_bars()
+        if was_hf:
+            hf_logging.enable_progress_bar()
 
 
 def param_count(model: torch.nn.Module) -> int:

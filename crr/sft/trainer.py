@@ -12,12 +12,11 @@ data built elsewhere:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,12 +25,11 @@ import torch
 from datasets import Dataset
 from transformers import PrinterCallback, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
-from transformers.utils import logging as hf_logging
 
 from crr.agent.prompt import TOOL_SCHEMAS
 from crr.errors import CRRError
 from crr.policy.grammar import ToolCallGrammar
-from crr.policy.model import load_policy, write_agent_record
+from crr.policy.model import load_policy, quiet_hf, write_agent_record
 from crr.sandbox.checkout import building
 from crr.sft.rows import action_parts
 
@@ -235,22 +233,6 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
             shutil.rmtree(ckpt_dir, ignore_errors=True)
     log.info("saved the warm-started model to %s", out)
     return out
-
-
-@contextlib.contextmanager
-def quiet_hf() -> Iterator[None]:
-    """No tqdm bars from datasets and transformers while training (library code; the CLI draws its own)."""
-    was_datasets = datasets.is_progress_bar_enabled()
-    was_hf = hf_logging.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_datasets:
-            datasets.enable_progress_bars()
-        if was_hf:
-            hf_logging.enable_progress_bar()
 
 
 def main(argv: list[str] | None = None) -> None:

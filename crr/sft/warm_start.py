@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 import threading
 from collections.abc import Callable
@@ -62,7 +61,7 @@ from crr.rundir import RunDir
 from crr.sft.curriculum import DEFAULT_LEVELS, LEVELS, curriculum_rows
 from crr.sft.rows import action_parts, sft_row
 from crr.sft.trainer import SFTSettings, quiet_hf, sft
-from crr.tasks.loaders import MICRO_DEFAULT_N, MICRO_SETS, TASK_SETS, load_micro, load_tasks
+from crr.tasks.loaders import MICRO_DEFAULT_N, MICRO_SETS, TASK_SETS, hub_dataset, load_micro, load_tasks
 from crr.tasks.schema import Task
 
 log = logging.getLogger(__name__)
@@ -305,8 +304,7 @@ def _settings_of(stage: dict) -> dict:
 def start_sft(model: str, recipe: SFTRecipe, out: Path) -> RunDir:
     """A new `crr sft` run directory under `out`: the model to warm-start and the recipe in its config."""
     check_trainable(model)  # a bad model fails here, not after a run directory and the expert's episodes
-    if recipe.tasks not in TASK_SETS and (Path(recipe.tasks).expanduser().exists()
-                                          or not re.fullmatch(r"[\w.-]+/[\w.-]+", recipe.tasks)):
+    if recipe.tasks not in TASK_SETS and not hub_dataset(recipe.tasks):
         load_tasks(recipe.tasks)  # so does a missing or malformed local task source (hub ids, named sets: later)
     return RunDir.create("sft", f"{Path(recipe.tasks).name}-seed{recipe.seed}", root=out, seeds={"sft": recipe.seed},
                          config={"model": model, "recipe": asdict(recipe)})

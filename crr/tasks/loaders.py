@@ -113,6 +113,14 @@ def _hub(dataset: str) -> Callable[[str | None], list[Task]]:
 
 # ------------------------------------------------------------------------------------ entry points
 
+def hub_dataset(source: str) -> bool:
+    """Whether load_tasks reads `source` from the Hugging Face hub: a dataset name (owner/name), not a named set
+    or a local path."""
+    path = Path(source).expanduser()
+    return (source not in TASK_SETS and not path.exists() and path.suffix not in (".jsonl", ".json", ".parquet")
+            and not source.startswith((".", "/", "~")) and re.fullmatch(r"[\w.-]+/[\w.-]+", source) is not None)
+
+
 def load_tasks(source: str, split: str | None = None, *, adapter: str | None = None) -> list[Task]:
     """Tasks from a named set (TASK_SETS), a JSONL file, a directory with tasks.jsonl, or a dataset."""
     if source in TASK_SETS:
@@ -133,7 +141,7 @@ def load_tasks(source: str, split: str | None = None, *, adapter: str | None = N
                        f"pass a task file, a directory made by `crr tasks micro`, or a dataset")
     if path.suffix in (".jsonl", ".json", ".parquet") or source.startswith((".", "/", "~")):
         raise CRRError(f"{source} does not exist; check the path")
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", source):
+    if hub_dataset(source):
         return _load_dataset_rows(source, split, adapter)
     raise CRRError(f"{source!r} is not a file, a directory, a named set ({', '.join(TASK_SETS)}) "
                    "or a dataset name like SWE-Gym/SWE-Gym")
