@@ -4,6 +4,7 @@ reproduces it exactly and records every update once; `crr replay verify` re-exec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from typer.testing import CliRunner
 from crr.cli import app
 from crr.policy.model import default_model_dir
 from crr.rundir import RunDir, release_locks
+from crr.tasks.loaders import load_tasks, write_tasks
 from crr.train.trainer import checkpoint_gap, checkpoints, resume_run, update_rewards
 from crr.train.tuples import read_tuples
 
@@ -112,6 +114,25 @@ def test_crr_end_to_end_and_resume(ran_tasks_file, tmp_path):
     assert report["sampled"] == min(3, len(after.dropna(subset=["cf_reward"]))) and report["fraction"] == 1.0
     refused = CliRunner().invoke(app, ["replay", "verify", str(run), "--sample", "-1"])
     assert refused.exit_code == 2 and "--sample must be at least 1" in refused.output, refused.output
+
+
+def test_a_run_stopped_after_its_last_checkpoint_is_finished_without_training(ran_tasks_file, tmp_path):
+    """Stopped after checkpoint-1 of 1 but before its summary, in an epoch of two updates (two tasks, one an
+    update): the resume writes the model and summary from that checkpoint (before: TRL's loop, which skips the
+    epoch's done batches and checks for the stop after a step, trained and recorded a second update)."""
+    (task,) = load_tasks(ran_tasks_file)
+    tasks = write_tasks([task, dataclasses.replace(task, instance_id="ran-again")], tmp_path / "tasks.jsonl")
+    _, run = run_train(["--method", "grpo", "--out", str(tmp_path / "runs"), "--max-updates", "1", f"tasks={tasks}",
+                        *SMALL, "n_tasks=2"], tmp_path / "runs")
+    (run / "summary.json").unlink()
+    shutil.rmtree(run / "model")
+    out, _ = run_train(["--resume", str(run)], tmp_path / "runs")
+    assert [step for step, _ in checkpoints(run / "checkpoints")] == [1], out
+    assert json.loads((run / "summary.json").read_text())["updates"] == 1
+    assert_each_update_once(run, 1)
+    final, saved = load_file(run / "model" / "adapter_model.safetensors"), \
+        load_file(run / "checkpoints" / "checkpoint-1" / "adapter_model.safetensors")
+    assert final.keys() == saved.keys() and all(np.array_equal(final[k].float(), saved[k].float()) for k in final)
 
 
 @pytest.mark.parametrize("method", ["grpo", "search-select", "mc-values"])

@@ -62,7 +62,8 @@ import yaml
 from datasets import Dataset
 from peft import LoraConfig, PeftModel
 from safetensors import SafetensorError
-from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+from transformers import PrinterCallback, ProgressCallback, TrainerCallback, TrainerState
+from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
@@ -842,7 +843,15 @@ def train(cfg: CRRConfig, run: RunDir, checkpoint: str | None = None, *,
     with engine_spec_of(cfg).make() as engine:
         trainer = CRRTrainer(cfg, model, tokenizer, tasks, run, engine, on_iteration=on_iteration)
         try:
-            trainer.train(resume_from_checkpoint=checkpoint)
+            if checkpoint and int(Path(checkpoint).name.rsplit("-", 1)[1]) >= cfg.max_steps > 0:
+                # The run holds all its updates (it stopped after its last checkpoint, or only its --eval after
+                # training is left): TRL's loop would train one more before its stop check, so the checkpoint's
+                # weights and state are loaded as its resume loads them (Trainer._load_from_checkpoint knows
+                # every layout: a full model, a LoRA adapter, FSDP shards), and nothing is trained.
+                trainer._load_from_checkpoint(checkpoint)
+                trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE_NAME))
+            else:
+                trainer.train(resume_from_checkpoint=checkpoint)
         finally:
             trainer.pool.close()
         final = run.path / "model"
