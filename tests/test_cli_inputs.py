@@ -298,3 +298,38 @@ def test_filter_bench_refuses_bad_settings_before_its_run_directory(tmp_path, op
     result = CliRunner().invoke(app, ["filter-tasks", "bench", option, value, "--out", str(tmp_path / "runs")])
     assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["train", "model={model}"], ["credit", "audit", "model={model}"], ["sft", "--model", "{model}"],
+    ["model", "sft-bench", "--model", "{model}", "--steps", "1"], ["eval", "micro", "--model", "{model}"]])
+@pytest.mark.parametrize("kind, message", [
+    ("file", "is a file; pass a model directory"), ("missing", ": no such directory; pass a model directory"),
+    ("empty", ": that directory holds no model (config.json")])
+def test_every_command_names_a_bad_model_path_alike(tmp_path, monkeypatch, command, kind, message):
+    """One check (crr.policy.check_model) for every command that takes a model: a file, a missing path and a
+    directory without a model are one line each, before any run directory (before: four checks with four
+    messages; a file was told to `crr model init --out FILE`, which refuses a file)."""
+    model = tmp_path / "m"
+    if kind == "file":
+        model.write_text("")
+    elif kind == "empty":
+        model.mkdir()
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, [*(a.format(model=model) for a in command), "--out", str(tmp_path / "runs")]
+                                if command[:2] != ["model", "sft-bench"] else [a.format(model=model) for a in command])
+    release_locks()
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("command", [["train", "model={model}"], ["sft", "--model", "{model}"]])
+def test_training_refuses_a_lora_adapter_and_generation_takes_it(tmp_path, command):
+    adapter = _adapter(tmp_path)
+    result = CliRunner().invoke(app, [*(a.format(model=adapter) for a in command), "--out", str(tmp_path / "runs")])
+    release_locks()
+    assert result.exit_code == 2 and "is a LoRA adapter, and this command takes a whole model" in result.output
+    from crr.policy import check_model
+
+    check_model(str(adapter), f"--model {adapter}", adapter=True)   # eval and the credit audit merge it

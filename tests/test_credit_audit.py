@@ -208,3 +208,27 @@ def test_audit_end_to_end_resume_and_report(tmp_path, monkeypatch):
     assert report.exit_code == 0, report.output
     assert (tmp_path / "report" / "credit_audit.csv").is_file()
     assert "credit_audit" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_a_lora_policy_is_audited_merged_into_its_base(tmp_path):
+    """A trained LoRA policy (crr train's model/: an adapter with its agent record) is audited as eval samples
+    it, merged into its base (before: loaded as a model directory, which has no tokenizer or weights)."""
+    import shutil
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from crr.policy.model import AGENT_FILE, default_policy_dir, load_policy
+
+    model, _ = load_policy(default_policy_dir())
+    torch.manual_seed(0)
+    adapter = tmp_path / "model"
+    get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules="all-linear", init_lora_weights=False,
+                                     task_type="CAUSAL_LM")).save_pretrained(adapter)
+    shutil.copyfile(default_policy_dir() / AGENT_FILE, adapter / AGENT_FILE)
+    result = CliRunner().invoke(app, ["credit", "audit", *TINY, "estimators=[grpo]", f"model={adapter}",
+                                      "--out", str(tmp_path / "runs"), "--engine", "local"])
+    release_locks()
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    (path,) = (tmp_path / "runs").glob("*-credit-audit-*")
+    assert len(audit_records(path)) == 2

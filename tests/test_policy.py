@@ -139,9 +139,12 @@ def test_init_is_deterministic_per_seed_and_refuses_to_overwrite(tiny_dir, tmp_p
     assert result.exit_code == 2 and "not an empty directory" in result.output
     with pytest.raises(CRRError, match="unknown model size"):
         init_tiny_model(tmp_path / "x", size="huge")
-    with pytest.raises(CRRError, match="no model directory"):
+    with pytest.raises(CRRError, match="missing: no such directory; pass a model directory or a hub id"):
         load_policy(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
+    with pytest.raises(CRRError, match="empty: that directory holds no model"):
+        load_policy(tmp_path / "empty")
+    (tmp_path / "empty" / "config.json").write_text("{}")   # no tokenizer, no weights
     with pytest.raises(CRRError, match="cannot load a model") as e:
         load_policy(tmp_path / "empty")
     assert "\n" not in str(e.value)   # transformers' several-line reason, on one line

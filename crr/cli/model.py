@@ -141,13 +141,14 @@ def model_sft_bench(
 ) -> None:
     """Time SFT steps: TRL's fused LM head against crr's action-token loss on the same batches."""
     from crr.bench.model import sft_step_bench
-    from crr.policy.model import check_trainable, default_model_dir
+    from crr.policy import check_model
+    from crr.policy.model import default_model_dir
     from crr.sft.curriculum import LEVELS
 
     if batch < 1 or steps < 1 or level not in LEVELS:
         raise CRRError(f"--batch and --steps must be at least 1 and --level one of {LEVELS}")
     if model is not None:
-        check_trainable(model)
+        check_model(model, f"--model {model}", adapter=False)
     with err_console.status("SFT step bench"):
         result = sft_step_bench(model or str(default_model_dir()), batch=batch, steps=steps, level=level,
                                 bf16=bf16, threads=threads)

@@ -58,6 +58,7 @@ import yaml
 
 from crr.credit.stats import estimator_metrics, values
 from crr.errors import CRRError
+from crr.policy import check_model
 from crr.experiments import override, read_preset
 from crr.rundir import RunDir, read_jsonl, read_run_mapping
 from crr.seeds import derive_seed
@@ -185,8 +186,8 @@ def check_inputs(cfg: AuditConfig) -> None:
 
     if not load_tasks(cfg.tasks)[:cfg.n_tasks]:
         raise CRRError(f"{cfg.tasks} holds no tasks")
-    if cfg.model is not None and cfg.model.startswith(("/", ".", "~")) and not Path(cfg.model).expanduser().is_dir():
-        raise CRRError(f"model={cfg.model}: no such directory; pass a model directory or a hub id")
+    if cfg.model is not None:
+        check_model(cfg.model, f"model={cfg.model}", adapter=True)
     if cfg.agent_format is not None:
         agent_format(cfg.agent_format)
     engine_spec_of(cfg)
@@ -450,7 +451,8 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
 
     from crr.agent.episode import EpisodeConfig
     from crr.policy.backend import TransformersBackend
-    from crr.policy.model import agent_record, default_policy_dir, load_policy
+    from crr.eval.evaluate import load_eval_policy, resolve_policy
+    from crr.policy.model import agent_record, default_policy_dir
     from crr.sandbox import engine_spec_of
     from crr.rollout import rollout_pool
     from crr.tasks.loaders import load_tasks
@@ -467,7 +469,7 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
     model_dir = cfg.model or str(default_policy_dir())
     record = agent_record(model_dir)
     torch.manual_seed(cfg.seed)
-    model, tokenizer = load_policy(model_dir)
+    model, tokenizer = load_eval_policy(resolve_policy(model_dir))   # a LoRA adapter merged into its base, as eval's
     episode = EpisodeConfig(max_turns=cfg.max_turns or record.get("max_turns", 50), temperature=cfg.temperature,
                             max_new_tokens=cfg.max_new_tokens, time_limit_s=cfg.episode_time_limit_s,
                             snapshots=True, digests=True, agent_format=cfg.agent_format or record.get("agent_format", "paper"))

@@ -45,7 +45,7 @@ import yaml
 from crr.errors import CRRError
 from crr.eval.passk import summarise_samples
 from crr.eval.taxonomy import error_mode, held_out_counts, summarise_modes
-from crr.policy import DTYPES, SERVER_BACKEND, check_backend
+from crr.policy import DTYPES, SERVER_BACKEND, check_backend, check_model
 from crr.sandbox import engine_spec_of
 from crr.rundir import RunDir, as_made
 from crr.seeds import derive_seed
@@ -110,9 +110,8 @@ def resolve_policy(model: str | None = None, run: Path | str | None = None,
             raise CRRError(f"--checkpoint {checkpoint}: no such directory; a checkpoint number needs --run RUN_DIR")
         # crr train's own choice when its config leaves `model` unset
         target = str(checkpoint or model or resolve_model(SimpleNamespace(model=None)))
+        check_model(target, f"--checkpoint {target}" if checkpoint else f"--model {target}", adapter=True)
         if not Path(target).expanduser().is_dir():
-            if target.startswith(("/", ".", "~")):
-                raise CRRError(f"no model directory at {target}; pass a model or LoRA adapter directory or a hub id")
             return Policy(model=_hub_model(target))
         return Policy(model=target, base_model=_adapter_base(Path(target).expanduser(), None, resolve_model))
 

@@ -35,3 +35,29 @@ def check_backend(backend: str, vllm_server: str | None, options: bool = False) 
                        f"backend is {backend}): add {name('backend', SERVER_BACKEND)}, or drop the server URL")
     if vllm_server and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", vllm_server):
         raise CRRError(f"{name('vllm_server', repr(vllm_server))} is not an http(s) URL (e.g. http://127.0.0.1:8000)")
+
+
+def check_model(name: str, label: str, *, adapter: bool) -> None:
+    """Before any work, that a model named by a local path is one: a directory holding config.json or, where
+    `adapter` (generation: eval, the credit audit), a LoRA adapter (adapter_config.json), which a run trains
+    on a whole model, not on a frozen adapter. A name that is no local path is a hub id, left to the loader.
+    `label` names the setting in the message (`model=PATH`, `--model PATH`)."""
+    from pathlib import Path
+
+    from crr.errors import CRRError
+
+    path = Path(name).expanduser()
+    if not (name.startswith(("/", ".", "~")) or path.exists()):
+        return
+    kinds = f"a model directory{', a LoRA adapter directory' if adapter else ''} or a hub id"
+    if not path.exists():
+        raise CRRError(f"{label}: no such directory; pass {kinds}")
+    if not path.is_dir():
+        raise CRRError(f"{label} is a file; pass {kinds}")
+    if (path / "config.json").is_file() or adapter and (path / "adapter_config.json").is_file():
+        return
+    if (path / "adapter_config.json").is_file():
+        raise CRRError(f"{label} is a LoRA adapter, and this command takes a whole model: pass the adapter's base "
+                       "model, or the adapter merged into it (crr eval and crr credit audit take an adapter)")
+    raise CRRError(f"{label}: that directory holds no model (config.json){' or adapter' if adapter else ''}; pass a "
+                   "directory made by `crr model init`, `crr sft` or `crr train`, or a hub id")

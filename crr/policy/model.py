@@ -35,6 +35,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from crr.errors import CRRError
+from crr.policy import check_model
 from crr.policy.corpus import corpus
 from crr.sandbox.checkout import building
 
@@ -192,8 +193,7 @@ def load_policy(path_or_hub_id: Path | str, device: str = "cpu",
                 dtype: torch.dtype | str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Any causal LM transformers can load (local directory or hub id), ready for left-padded batches."""
     name = str(path_or_hub_id)
-    if name.startswith(("/", ".", "~")) and not Path(name).expanduser().is_dir():
-        raise CRRError(f"no model directory at {name}; make one with `crr model init --out {name}`")
+    check_model(name, name, adapter=False)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype if dtype is not None else "auto")
@@ -206,19 +206,6 @@ def load_policy(path_or_hub_id: Path | str, device: str = "cpu",
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device).eval(), tokenizer
-
-
-def check_trainable(name: str) -> None:
-    """Before a run starts: a local `name` must hold a whole model (config.json); a LoRA adapter loads frozen, so
-    fine-tuning cannot train it. A hub id is left to load_policy."""
-    path = Path(name).expanduser()
-    if not (name.startswith(("/", ".", "~")) or path.exists()):
-        return
-    if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
-        raise CRRError(f"{name} is a LoRA adapter, which fine-tuning cannot train; pass a model directory (its base "
-                       "model, or the adapter merged into it)")
-    if not (path / "config.json").is_file():
-        raise CRRError(f"no model directory at {name} (no config.json); make one with `crr model init --out {name}`")
 
 
 def frozen_base(model: torch.nn.Module) -> PreTrainedModel:

@@ -43,10 +43,10 @@ from crr.agent.expert import ExpertConfig, call_json, explore_script
 from crr.agent.prompt import DEFAULT_MAX_TURNS, agent_format
 from crr.errors import CRRError, SandboxError
 from crr.experiments import read_yaml
+from crr.policy import check_model
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import (
     SFT_RECIPE_VERSION,  # noqa: F401  (re-exported)
-    check_trainable,
     default_model_dir,
     default_sft_model_dir,
     load_policy,
@@ -303,7 +303,7 @@ def _settings_of(stage: dict) -> dict:
 
 def start_sft(model: str, recipe: SFTRecipe, out: Path) -> RunDir:
     """A new `crr sft` run directory under `out`: the model to warm-start and the recipe in its config."""
-    check_trainable(model)  # a bad model fails here, not after a run directory and the expert's episodes
+    check_model(model, f"--model {model}", adapter=False)  # a bad model fails here, not after a run directory and the expert's episodes
     if recipe.tasks not in TASK_SETS and not hub_dataset(recipe.tasks):
         load_tasks(recipe.tasks)  # so does a missing or malformed local task source (hub ids, named sets: later)
     return RunDir.create("sft", f"{Path(recipe.tasks).name}-seed{recipe.seed}", root=out, seeds={"sft": recipe.seed},

@@ -25,7 +25,7 @@ from trl import GRPOConfig
 from crr.agent.prompt import agent_format
 from crr.errors import CRRError
 from crr.experiments import EXPERIMENTS, override, read_preset
-from crr.policy import DTYPES, SERVER_BACKEND, check_backend
+from crr.policy import DTYPES, SERVER_BACKEND, check_backend, check_model
 from crr.sandbox import engine_spec_of
 from crr.train.advantages import check as check_estimator
 from crr.train.distributed import launched_processes
@@ -244,12 +244,7 @@ def validate(cfg: CRRConfig) -> None:
             continue
         check_value(f.name, value, types_[f.name], RANGES.get(f.name))
     if cfg.model is not None:
-        path = Path(cfg.model).expanduser()
-        if path.is_dir() and not (path / "config.json").is_file():
-            raise CRRError(f"model={cfg.model}: that directory holds no model (config.json); pass a directory made "
-                           "by `crr model init` or `crr sft`, or a hub id")
-        if not path.is_dir() and cfg.model.startswith(("/", ".", "~")):
-            raise CRRError(f"model={cfg.model}: no such directory; pass a model directory or a hub id")
+        check_model(cfg.model, f"model={cfg.model}", adapter=False)
 
 
 def _is_plain(value) -> bool:
