@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -200,6 +201,21 @@ def test_resume_skips_decided_tasks_retries_infra_errors_and_rebuilds_outputs(tm
     changed = runner.invoke(app, ["filter-tasks", "--out", str(run_dir), "--reruns", "5"])
     assert changed.exit_code == 2 and "reruns 3 -> 5" in changed.output
     assert RunDir.open(run_dir).records(RESULTS) == after
+
+    # a task set whose decided task has changed since (here its FAIL_TO_PASS), or that lost one, is refused
+    # before any sandbox starts; a changed statement or label is not what a verdict was decided on
+    rows = path.read_text()
+    write_tasks([replace(tasks[0], problem_statement="reworded", metadata={"flaky": True}), *tasks[1:]], path)
+    assert runner.invoke(app, ["filter-tasks", "--resume", str(run_dir)]).exit_code == 0
+    after = RunDir.open(run_dir).records(RESULTS)   # (its infra error retried once more)
+    for edited in ([replace(tasks[0], FAIL_TO_PASS=tasks[0].FAIL_TO_PASS[:1] + ("tests/x.py::new",)), *tasks[1:]],
+                   tasks[1:]):
+        write_tasks(edited, path)
+        refused = runner.invoke(app, ["filter-tasks", "--resume", str(run_dir)])
+        assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
+        assert "(e.g. calc-1); resume the run with the task set it was started with" in refused.output
+        assert RunDir.open(run_dir).records(RESULTS) == after
+    path.write_text(rows)
 
 
 def test_a_torn_last_record_is_dropped_and_its_task_rerun(tmp_path, make_task):

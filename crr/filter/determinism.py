@@ -24,7 +24,8 @@ The run directory holds the append-only `results.jsonl` (one record per finished
 finishes, so a crash or Ctrl-C loses only the tasks in flight) and, rebuilt from it at the end of
 every run or resume, `admitted.jsonl` (task rows for `crr train`), `discarded.jsonl`,
 `infra_errors.jsonl`, `discard_table.{md,csv}` (per repository, like the paper's Table) and
-`summary.json`.
+`summary.json`. Each record keeps a digest of the task fields its verdict was decided on (`task_digest`), so a
+resume whose task set has changed a decided task, or lost one, is refused before any sandbox starts.
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ def check_task(engine: ForkEngine, task: Task, config: FilterConfig, recorder: F
     with the gold patch there and its HTTP traffic saved under `cassettes`."""
     start = time.monotonic()
     pre_seed, *seeds = run_seeds(task.instance_id, config)
-    record = {"instance_id": task.instance_id, "repo": task.repo, "seeds": [pre_seed, *seeds]}
+    record = {"instance_id": task.instance_id, "repo": task.repo, "task_digest": task_digest(task),
+              "seeds": [pre_seed, *seeds]}
 
     def done(verdict: str, reason: str | None = None, detail: str = "", tests: dict | None = None) -> dict:
         return {**record, "verdict": verdict, "reason": reason, "detail": detail, "tests": tests or {},
@@ -165,6 +167,20 @@ def check_task(engine: ForkEngine, task: Task, config: FilterConfig, recorder: F
         return done(DISCARDED, FAILS_UNDER_GOLD, "; ".join(notes) or "held-out tests fail with the gold "
                     "patch in every rerun", failing)
     return done(ADMITTED)
+
+
+# A task's fields that decide its verdict: not its statement, its agent's test command or its labels, nor where its
+# files lie (repo_src, the cassette's path: base_commit and the cassette's sha256 name their content).
+VERDICT_FIELDS = ("repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS", "version", "image",
+                  "eval_script", "log_parser", "test_cmd", "mirror", "sdist")
+
+
+def task_digest(task: Task) -> str:
+    """A digest of what decides `task`'s verdict (VERDICT_FIELDS), kept in its record, so that a resume whose
+    task set has changed a decided task is refused instead of keeping a verdict on another task."""
+    row = {name: getattr(task, name) for name in VERDICT_FIELDS}
+    row["http_replay"] = task.http_replay and task.http_replay["sha256"]
+    return hashlib.sha256(json.dumps(row, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
 def _run(engine: ForkEngine, task: Task, seed: int, gold: bool, timeout: float,
@@ -234,7 +250,9 @@ def open_run(settings: dict, out: Path | str, resume: Path | str | None = None
             what = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
             raise CRRError(f"{run.path} was made with other settings ({what}); resume it without them "
                            "or start a new run")
-        return run, stored, _load(stored)
+        tasks = _load(stored)
+        _check_recorded(run, tasks)
+        return run, stored, tasks
     merged = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
     if merged["tasks"] is None:
         raise CRRError("give --tasks FILE|DIR|DATASET (or --resume RUN_DIR)")
@@ -300,9 +318,8 @@ def filter_tasks(tasks: Iterable[Task], run: RunDir, config: FilterConfig, worke
     if workers is not None and workers < 1:
         raise CRRError(f"--workers must be at least 1, got {workers}")
     tasks = _unique(tasks)
-    ids = {t.instance_id for t in tasks}
-    decided = {r["instance_id"]: r["verdict"] for r in run.records(RESULTS)
-               if r["verdict"] != INFRA_ERROR and r["instance_id"] in ids}
+    _check_recorded(run, tasks)
+    decided = {r["instance_id"]: r["verdict"] for r in run.records(RESULTS) if r["verdict"] != INFRA_ERROR}
     todo = sorted((t for t in tasks if t.instance_id not in decided), key=lambda t: t.instance_id)
     if on_start:
         on_start(len(tasks), dict(Counter(decided.values())))
@@ -341,13 +358,7 @@ def write_outputs(run: RunDir, tasks: Iterable[Task], tasks_per_min: float | Non
     results.jsonl, in instance-id order; the last record of a task wins."""
     tasks = _unique(tasks)
     by_id = {t.instance_id: t for t in tasks}
-    latest: dict[str, dict] = {}
-    for record in run.records(RESULTS):
-        latest[record["instance_id"]] = record
-    unknown = sorted(set(latest) - set(by_id))
-    if unknown:
-        raise CRRError(f"{run.path / RESULTS} has results for tasks not in this task set (e.g. "
-                       f"{unknown[0]}); resume a run with the task set it was started with")
+    latest = _check_recorded(run, tasks)
     records = [latest[i] for i in sorted(latest)]
     verdicts = {v: [r for r in records if r["verdict"] == v] for v in (ADMITTED, DISCARDED, INFRA_ERROR)}
     write_tasks([_admitted(by_id[r["instance_id"]], r, run) for r in verdicts[ADMITTED]],
@@ -387,6 +398,21 @@ def discard_table(records: list[dict]) -> pd.DataFrame:
     table.loc[len(table)] = ["all", len(rows), int(rows["discarded"].sum())]
     table["discard rate (%)"] = (100 * table["discarded"] / table["tasks evaluated"]).round(1)
     return table.reset_index(drop=True)
+
+
+def _check_recorded(run: RunDir, tasks: list[Task]) -> dict[str, dict]:
+    """The last record of each task in results.jsonl; a CRRError, before any task is checked, when a recorded
+    task is not in `tasks` or was decided on other fields than its row has now (task_digest)."""
+    by_id = {t.instance_id: t for t in tasks}
+    latest = {r["instance_id"]: r for r in run.records(RESULTS)}
+    unknown = sorted(set(latest) - set(by_id))
+    changed = sorted(i for i, r in latest.items() if i in by_id and r["verdict"] != INFRA_ERROR
+                     and r.get("task_digest", task_digest(by_id[i])) != task_digest(by_id[i]))
+    for ids, what in ((unknown, "tasks not in this task set"), (changed, "tasks whose rows have changed since")):
+        if ids:
+            raise CRRError(f"{run.path / RESULTS} has verdicts on {len(ids)} {what} (e.g. {ids[0]}); resume the "
+                           "run with the task set it was started with, or start a new run")
+    return latest
 
 
 def _unique(tasks: Iterable[Task]) -> list[Task]:
