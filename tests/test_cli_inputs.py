@@ -148,16 +148,18 @@ def test_doctor_reports_a_cache_directory_it_cannot_make(tmp_path, monkeypatch):
     assert not check.ok and "CRR_CACHE_DIR" in check.fix
 
 
-@pytest.mark.parametrize("option", ["--group-size", "--max-turns", "--max-new-tokens"])
-def test_rollout_bench_refuses_bad_throughput_settings_before_the_fork_bench(monkeypatch, option):
+@pytest.mark.parametrize("option, value, message", [
+    ("--group-size", "0", "must be at least 1"), ("--max-turns", "0", "must be at least 1"),
+    ("--max-new-tokens", "0", "must be at least 1"), ("--model", "/no/such/model", "no such directory")])
+def test_rollout_bench_refuses_bad_throughput_settings_before_the_fork_bench(monkeypatch, option, value, message):
     import crr.bench.rollout
 
     def fork_bench(*args, **kwargs):
         raise AssertionError("the fork bench ran before the settings were checked")
 
     monkeypatch.setattr(crr.bench.rollout, "fork_bench", fork_bench)
-    result = CliRunner().invoke(app, ["rollout", "bench", option, "0"])
-    assert result.exit_code == 2 and "must be at least 1" in result.output, result.output
+    result = CliRunner().invoke(app, ["rollout", "bench", option, value])
+    assert result.exit_code == 2 and message in result.output, result.output
 
 
 def test_tasks_show_refuses_a_negative_limit(tmp_path, task):

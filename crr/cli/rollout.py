@@ -132,6 +132,7 @@ def rollout_bench_command(
     """Rollout throughput (generated tokens/s, trajectories/min at G) and fork-by-index latency at t=5
     and t=40: restore of the per-step snapshot vs replay of the prefix verified by tree digest."""
     from crr.bench.rollout import fork_bench, throughput_bench, throughput_config
+    from crr.policy import check_model
     from crr.sandbox import engine_spec, parse_options
 
     if only not in (None, "throughput", "fork"):
@@ -141,6 +142,8 @@ def rollout_bench_command(
     opts = engine_spec(engine, parse_options(engine_opt or []), ray=ray, mode=mode).options
     if only in (None, "throughput"):
         throughput_config(group_size, max_turns, max_new_tokens)  # a bad setting fails before the fork bench
+        if model is not None:
+            check_model(model, f"--model {model}", adapter=False)   # so does a bad model path
     result: dict = {}
     if only in (None, "fork"):
         with err_console.status(f"fork bench: a {fork_steps}-step scripted trajectory on the {engine} engine"):
