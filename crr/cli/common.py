@@ -106,7 +106,8 @@ def _library_output() -> Iterator[None]:
 def _sigterm_interrupts() -> Iterator[list[int]]:
     """SIGTERM (what Slurm, Kubernetes and `timeout` send) takes SIGINT's path: a KeyboardInterrupt in
     the main thread, so that the same `finally` blocks close every sandbox. Yields the signals received;
-    one more SIGTERM while the command cleans up is ignored (a scheduler's SIGKILL still ends it)."""
+    after the first, more SIGINTs and SIGTERMs are ignored until the process ends (a scheduler's SIGKILL still
+    ends it)."""
     received: list[int] = []
 
     def interrupt(signum, frame) -> None:
@@ -117,11 +118,17 @@ def _sigterm_interrupts() -> Iterator[list[int]]:
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         yield received
         return
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    # SIGINT too: a second Ctrl-C would raise in the `finally` blocks the first one started, leaving sandbox
+    # directories behind and exiting by the signal; only where Python raises for it (a job started with SIGINT
+    # ignored keeps ignoring it)
+    python_raises = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    handled = [signal.SIGTERM, *([signal.SIGINT] if python_raises else [])]
+    previous = {signum: signal.signal(signum, interrupt) for signum in handled}
     try:
         yield received
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():   # interrupted: the process is on its way out, let it finish
+            signal.signal(signum, signal.SIG_IGN if received else handler)
 
 
 def _resume_with(command: str) -> None:

@@ -52,6 +52,10 @@ def train_command(
                                            budget_hours=budget_hours)
     err_console.print(f"run directory: {run.path}", highlight=False)
     _resume_with(f"crr train --resume {shlex.quote(str(run.path))}")
+    if eval_tasks is not None and _earlier_eval(run.path, "before") is None:
+        # a resume learns --eval from eval-before/'s evaluation: until that exists, it must be told again
+        _resume_with(shlex.join(["crr", "train", "--resume", str(run.path), "--eval", eval_tasks,
+                                 *(["--eval-n", str(eval_n)] if eval_n is not None else [])]))
     if eval_tasks is not None:
         before = _held_out_pass(eval_tasks, eval_n, cfg, run, "before", model=resolve_model(cfg))
     progress = progress_bar("train", "updates", disable=not is_main())
@@ -76,8 +80,8 @@ def train_command(
                       f"of the last {quarter}: {sum(rewards[-quarter:]) / quarter:.2f}", highlight=False, soft_wrap=True)
     if eval_tasks is not None:
         after = _held_out_pass(eval_tasks, eval_n, cfg, run, "after", run_dir=run.path)
-        console.print(f"held-out pass@1 ({eval_tasks}, greedy): before [bold]{before:.1%}[/] -> after "
-                      f"[bold]{after:.1%}[/]", highlight=False)
+        console.print(f"held-out pass@1 ({eval_tasks}, greedy): before [bold]{_pct(before)}[/] -> after "
+                      f"[bold]{_pct(after)}[/]", highlight=False)
 
 
 def _iteration_line(r: dict) -> str:
@@ -137,7 +141,7 @@ def _resumed_eval(run_path: Path, tasks: str | None, n: int | None) -> tuple[str
 
 
 def _held_out_pass(tasks: str, n: int | None, cfg, run, when: str, model: str | None = None,
-                   run_dir: Path | None = None) -> float:
+                   run_dir: Path | None = None) -> float | None:
     """Greedy pass@1 of the policy before or after training (a crr eval run directory inside the train run; one
     an interrupted run started is resumed)."""
     from crr.eval.evaluate import evaluate, open_eval
@@ -151,11 +155,18 @@ def _held_out_pass(tasks: str, n: int | None, cfg, run, when: str, model: str | 
                                      n_tasks=n, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
                                      engine=cfg.engine, engine_options=cfg.engine_options, ray=cfg.ray,
                                      mode=cfg.mode, agent_format=cfg.agent_format, workers=cfg.workers)
+        _resume_with(f"crr train --resume {shlex.quote(str(run.path))}")   # the evaluation records --eval now
     with err_console.status(f"evaluating the policy {when} training on {tasks}"):
         summary = evaluate(config, eval_run)
+    infra = f" ({summary['infra_errors']} infrastructure failures)" if summary["infra_errors"] else ""
     console.print(f"pass@1 {when} training ({config.dataset}, greedy, {summary['n_instances']} tasks): "
-                  f"{summary['pass_at_1']:.1%}", highlight=False)
+                  f"{_pct(summary['pass_at_1'])}{infra}", highlight=False)
     return summary["pass_at_1"]
+
+
+def _pct(rate: float | None) -> str:
+    """A pass rate; "-" where no sample was scored (every one an infrastructure failure)."""
+    return "-" if rate is None else f"{rate:.1%}"
 
 
 replay_app = typer.Typer(help="Replay recorded counterfactual tuples.", no_args_is_help=True)
