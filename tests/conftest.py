@@ -177,12 +177,19 @@ def engine():
         yield eng
 
 
+# Execs `python -m crr ARGS` with SIGINT at its default, as a shell starts a command: pytest-xdist's workers ignore
+# SIGINT, a child inherits that, and Python keeps an inherited "ignore" (so a Ctrl-C test would test nothing).
+_AS_FROM_A_SHELL = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                    "os.execv(sys.executable, [sys.executable, '-m', 'crr', *sys.argv[1:]])")
+
+
 def crr_process(*args: str, **popen_kw) -> subprocess.Popen:
-    """`crr ARGS` as a child process running this source tree (not whichever crr is installed)."""
+    """`crr ARGS` as a child process running this source tree (not whichever crr is installed), started as a shell
+    starts it (the same pid, its command line `python -m crr ARGS`)."""
     import sys
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), **popen_kw.pop("env", {})}
-    return subprocess.Popen([sys.executable, "-m", "crr", *args], env=env, **popen_kw)
+    return subprocess.Popen([sys.executable, "-c", _AS_FROM_A_SHELL, *args], env=env, **popen_kw)
 
 
 def procs_with(*argv: str) -> list[int]:
