@@ -407,7 +407,7 @@ def _check_recorded(run: RunDir, tasks: list[Task]) -> dict[str, dict]:
     latest = {r["instance_id"]: r for r in run.records(RESULTS)}
     unknown = sorted(set(latest) - set(by_id))
     changed = sorted(i for i, r in latest.items() if i in by_id and r["verdict"] != INFRA_ERROR
-                     and r.get("task_digest", task_digest(by_id[i])) != task_digest(by_id[i]))
+                     and "task_digest" in r and r["task_digest"] != task_digest(by_id[i]))   # (older runs: none)
     for ids, what in ((unknown, "tasks not in this task set"), (changed, "tasks whose rows have changed since")):
         if ids:
             raise CRRError(f"{run.path / RESULTS} has verdicts on {len(ids)} {what} (e.g. {ids[0]}); resume the "

@@ -39,9 +39,9 @@ def check_backend(backend: str, vllm_server: str | None, options: bool = False) 
 
 def check_model(name: str, label: str, *, adapter: bool) -> None:
     """Before any work, that a model named by a local path is one: a directory holding config.json or, where
-    `adapter` (generation: eval, the credit audit), a LoRA adapter (adapter_config.json), which a run trains
-    on a whole model, not on a frozen adapter. A name that is no local path is a hub id, left to the loader.
-    `label` names the setting in the message (`model=PATH`, `--model PATH`)."""
+    `adapter` (the commands that only generate: eval, the credit audit, which merge it into its base), a LoRA
+    adapter (adapter_config.json); training needs a whole model. A name that is no local path is a hub id, left
+    to the loader. `label` names the setting in the message (`model=PATH`, `--model PATH`)."""
     from pathlib import Path
 
     from crr.errors import CRRError
@@ -59,5 +59,6 @@ def check_model(name: str, label: str, *, adapter: bool) -> None:
     if (path / "adapter_config.json").is_file():
         raise CRRError(f"{label} is a LoRA adapter, and this command takes a whole model: pass the adapter's base "
                        "model, or the adapter merged into it (crr eval and crr credit audit take an adapter)")
+    made = "`crr model init`, `crr sft` or `crr train`" if adapter else "`crr model init` or `crr sft`"
     raise CRRError(f"{label}: that directory holds no model (config.json){' or adapter' if adapter else ''}; pass a "
-                   "directory made by `crr model init`, `crr sft` or `crr train`, or a hub id")
+                   f"directory made by {made}, or a hub id")
