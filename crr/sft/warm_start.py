@@ -303,7 +303,8 @@ def _settings_of(stage: dict) -> dict:
 
 def start_sft(model: str, recipe: SFTRecipe, out: Path) -> RunDir:
     """A new `crr sft` run directory under `out`: the model to warm-start and the recipe in its config."""
-    check_model(model, f"--model {model}", adapter=False)  # a bad model fails here, not after a run directory and the expert's episodes
+    # a bad model fails here, not after a run directory and the expert's episodes
+    check_model(model, f"--model {model}", adapter=False)
     if recipe.tasks not in TASK_SETS and not hub_dataset(recipe.tasks):
         load_tasks(recipe.tasks)  # so does a missing or malformed local task source (hub ids, named sets: later)
     return RunDir.create("sft", f"{Path(recipe.tasks).name}-seed{recipe.seed}", root=out, seeds={"sft": recipe.seed},
