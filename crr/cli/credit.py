@@ -68,7 +68,7 @@ def audit_command(
     # variants added to a recorded audit reach its config only once every record has them: an interrupted
     # addition resumes with the same variants=... (without, the resume ends at once, the addition half done)
     _resume_with(shlex.join(["crr", "credit", "audit", "--resume", str(run.path),
-                             *(overrides or [] if resume is not None else [])]))
+                             *((overrides or []) if resume is not None else [])]))
     progress = progress_bar("credit audit", "{task.fields[rate]}")
     bar = progress.add_task("credit audit", total=None, rate="")
 

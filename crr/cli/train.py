@@ -51,11 +51,7 @@ def train_command(
                                            max_trajectories=max_trajectories, max_steps=max_updates,
                                            budget_hours=budget_hours)
     err_console.print(f"run directory: {run.path}", highlight=False)
-    _resume_with(f"crr train --resume {shlex.quote(str(run.path))}")
-    if eval_tasks is not None and _earlier_eval(run.path, "before") is None:
-        # a resume learns --eval from eval-before/'s evaluation: until that exists, it must be told again
-        _resume_with(shlex.join(["crr", "train", "--resume", str(run.path), "--eval", eval_tasks,
-                                 *(["--eval-n", str(eval_n)] if eval_n is not None else [])]))
+    _resume_train(run.path, eval_tasks, eval_n)
     if eval_tasks is not None:
         before = _held_out_pass(eval_tasks, eval_n, cfg, run, "before", model=resolve_model(cfg))
     progress = progress_bar("train", "updates", disable=not is_main())
@@ -118,6 +114,14 @@ def _check_eval(tasks: str, n: int | None) -> None:
     load_tasks(source, adapter=adapter)
 
 
+def _resume_train(run_path: Path, eval_tasks: str | None, eval_n: int | None) -> None:
+    """Names the command that resumes this train run: with --eval (and --eval-n) until its eval-before/ holds the
+    evaluation a resume learns them from."""
+    told = ["--eval", eval_tasks, *(["--eval-n", str(eval_n)] if eval_n is not None else [])]
+    needed = eval_tasks is not None and _earlier_eval(run_path, "before") is None
+    _resume_with(shlex.join(["crr", "train", "--resume", str(run_path), *(told if needed else [])]))
+
+
 def _earlier_eval(run_path: Path, when: str) -> Path | None:
     """The evaluation an interrupted train run started in eval-{when}/ (None: none was started)."""
     found = sorted((run_path / f"eval-{when}").glob("*/manifest.json"))
@@ -155,7 +159,7 @@ def _held_out_pass(tasks: str, n: int | None, cfg, run, when: str, model: str | 
                                      n_tasks=n, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
                                      engine=cfg.engine, engine_options=cfg.engine_options, ray=cfg.ray,
                                      mode=cfg.mode, agent_format=cfg.agent_format, workers=cfg.workers)
-        _resume_with(f"crr train --resume {shlex.quote(str(run.path))}")   # the evaluation records --eval now
+        _resume_train(run.path, tasks, n)   # the evaluation records --eval now
     with err_console.status(f"evaluating the policy {when} training on {tasks}"):
         summary = evaluate(config, eval_run)
     infra = f" ({summary['infra_errors']} infrastructure failures)" if summary["infra_errors"] else ""

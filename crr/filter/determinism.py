@@ -318,8 +318,7 @@ def filter_tasks(tasks: Iterable[Task], run: RunDir, config: FilterConfig, worke
     if workers is not None and workers < 1:
         raise CRRError(f"--workers must be at least 1, got {workers}")
     tasks = _unique(tasks)
-    _check_recorded(run, tasks)
-    decided = {r["instance_id"]: r["verdict"] for r in run.records(RESULTS) if r["verdict"] != INFRA_ERROR}
+    decided = {i: r["verdict"] for i, r in _check_recorded(run, tasks).items() if r["verdict"] != INFRA_ERROR}
     todo = sorted((t for t in tasks if t.instance_id not in decided), key=lambda t: t.instance_id)
     if on_start:
         on_start(len(tasks), dict(Counter(decided.values())))

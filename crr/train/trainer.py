@@ -771,7 +771,7 @@ def resume_run(path: Path | str, changes: dict | None = None) -> tuple[CRRConfig
                        "replace their records; nothing was changed (to redo them, remove its summary.json)")
     cfg, changed = _changed(cfg, run, changes or {}, done)
     pending = [m for m in run.path.glob("eval-after/*/manifest.json") if not (m.parent / "summary.json").is_file()]
-    if 0 < cfg.max_steps <= done and (run.path / "summary.json").is_file() and not pending:   # TRL: one update more
+    if 0 < cfg.max_steps <= done and (run.path / "summary.json").is_file() and not pending:   # nothing left to do
         raise CRRError(f"{run.path} finished its {done} updates (max_steps={cfg.max_steps}); to train on, resume it "
                        f"with --max-updates above {done}; nothing was changed")
     if is_main():
@@ -843,13 +843,14 @@ def train(cfg: CRRConfig, run: RunDir, checkpoint: str | None = None, *,
     with engine_spec_of(cfg).make() as engine:
         trainer = CRRTrainer(cfg, model, tokenizer, tasks, run, engine, on_iteration=on_iteration)
         try:
-            if checkpoint and int(Path(checkpoint).name.rsplit("-", 1)[1]) >= cfg.max_steps > 0:
+            state = checkpoint and TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE_NAME))
+            if state and state.global_step >= cfg.max_steps > 0:
                 # The run holds all its updates (it stopped after its last checkpoint, or only its --eval after
                 # training is left): TRL's loop would train one more before its stop check, so the checkpoint's
                 # weights and state are loaded as its resume loads them (Trainer._load_from_checkpoint knows
                 # every layout: a full model, a LoRA adapter, FSDP shards), and nothing is trained.
                 trainer._load_from_checkpoint(checkpoint)
-                trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE_NAME))
+                trainer.state = state
             else:
                 trainer.train(resume_from_checkpoint=checkpoint)
         finally:
