@@ -100,3 +100,21 @@ def test_every_option_of_the_ray_wrapper_is_declared():
     params = inspect.signature(ray_engine.RayEngine).parameters
     assert {p for p, v in params.items() if v.kind is v.KEYWORD_ONLY} - {"factory"} == set(RAY_OPTIONS)
 
+
+
+def test_a_flag_and_an_engine_option_that_disagree_are_refused(tmp_path):
+    # --mode and --ray are sugar for the options mode= and address=: given both ways on one command line, differently,
+    # neither silently wins
+    out = tmp_path / "runs"
+    for args, says in (
+            (["--engine", "docker", "--mode", "commit", "--engine-opt", "mode=overlay"],
+             "--mode commit and --engine-opt mode=overlay disagree; give one of them"),
+            (["--engine", "ray:local", "--ray", "local", "--engine-opt", "address=auto"],
+             "--ray local and --engine-opt address=auto disagree; give one of them")):
+        result = CliRunner().invoke(app, ["eval", "nano-test", *args, "--out", str(out)])
+        assert (result.exit_code, result.output) == (2, f"error: {says}\n"), args
+        assert not out.exists()
+    # the same value both ways is one setting
+    from crr.cli.common import engine_settings
+    assert engine_settings("docker", ["mode=overlay"], mode="overlay") == {
+        "engine": "docker", "engine_options": {"mode": "overlay"}, "mode": "overlay"}

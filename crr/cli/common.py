@@ -275,11 +275,16 @@ def engine_opt_option() -> Any:
 def engine_settings(engine: str | None, engine_opt: list[str] | None, ray: str | None = None,
                     mode: str | None = None) -> dict:
     """The engine settings a command was given, as config keys (engine, engine_options, ray, mode): those
-    not given are left out, so that a config's own stay."""
+    not given are left out, so that a config's own stay. `--mode M` and `--ray A` are sugar for the options
+    mode= and address= (crr.sandbox.engine_spec), so the same command line giving one both ways, differently,
+    is refused rather than one silently winning."""
     from crr.sandbox import parse_options
 
-    given = {"engine": engine, "engine_options": parse_options(engine_opt) if engine_opt else None, "ray": ray,
-             "mode": mode}
+    options = parse_options(engine_opt) if engine_opt else None
+    for flag, value, key in (("--mode", mode, "mode"), ("--ray", ray, "address")):
+        if value is not None and options and key in options and options[key] != value:
+            raise CRRError(f"{flag} {value} and --engine-opt {key}={options[key]} disagree; give one of them")
+    given = {"engine": engine, "engine_options": options, "ray": ray, "mode": mode}
     return {k: v for k, v in given.items() if v is not None}
 
 
