@@ -64,11 +64,11 @@ def audit_command(
     else:
         cfg = load_audit_config(config, {**parse_overrides(overrides or []), **given})
         run = start_audit(cfg, out)
-    err_console.print(f"run directory: {run.path}", highlight=False)
     # variants added to a recorded audit reach its config only once every record has them: an interrupted
     # addition resumes with the same variants=... (without, the resume ends at once, the addition half done)
     _resume_with(shlex.join(["crr", "credit", "audit", "--resume", str(run.path),
                              *((overrides or []) if resume is not None else [])]))
+    err_console.print(f"run directory: {run.path}", highlight=False)
     progress = progress_bar("credit audit", "{task.fields[rate]}")
     bar = progress.add_task("credit audit", total=None, rate="")
 

@@ -73,8 +73,8 @@ def eval_command(
                                 n_tasks=n_tasks, max_turns=max_turns, max_new_tokens=max_new_tokens, split=split,
                                 **engine_settings(engine, engine_opt, ray, mode), workers=workers, batch=batch,
                                 backend=backend, vllm_server=vllm_server, dtype=dtype)
-    err_console.print(f"run directory: {run.path}", highlight=False)
     _resume_with(f"crr eval --resume {shlex.quote(str(run.path))}")
+    err_console.print(f"run directory: {run.path}", highlight=False)
     progress = progress_bar(f"eval {config.dataset}", "{task.fields[note]}")
     bar = progress.add_task(config.dataset, total=None, note="")
     passed = {"n": 0, "scored": 0}

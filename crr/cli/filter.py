@@ -70,8 +70,8 @@ def filter_tasks_command(
     run, settings, candidates = open_run({"tasks": tasks, **engine_settings(engine, engine_opt, ray, mode),
                                           "reruns": reruns, "limit": limit, "seed": seed, "timeout": timeout,
                                           "record_http": record_http or None}, out, resume)
-    err_console.print(f"run directory: {run.path}", highlight=False, soft_wrap=True)
     _resume_with(f"crr filter-tasks --resume {shlex.quote(str(run.path))}")
+    err_console.print(f"run directory: {run.path}", highlight=False, soft_wrap=True)
     progress, on_start, on_result = _filter_progress()
     with progress:
         summary = filter_tasks(candidates, run, filter_config(settings), workers=workers,

@@ -289,8 +289,8 @@ def sft_command(
             with err_console.status("loading the default tiny model (built on first use)"):
                 model = str(default_model_dir())
         run = start_sft(model, recipe, out)
-    err_console.print(f"run directory: {run.path}", highlight=False)
     _resume_with(f"crr sft --resume {shlex.quote(str(run.path))}")
+    err_console.print(f"run directory: {run.path}", highlight=False)
     progress, report = _sft_progress(train=not data_only)
     with progress:
         model_out = warm_start(model, recipe, run, report, data_only=data_only)

@@ -50,8 +50,8 @@ def train_command(
     cfg, run, checkpoint, tasks = open_run(resume, config, overrides, out, method=method, seed=seed,
                                            max_trajectories=max_trajectories, max_steps=max_updates,
                                            budget_hours=budget_hours)
-    err_console.print(f"run directory: {run.path}", highlight=False)
     _resume_train(run.path, eval_tasks, eval_n)
+    err_console.print(f"run directory: {run.path}", highlight=False)
     if eval_tasks is not None:
         before = _held_out_pass(eval_tasks, eval_n, cfg, run, "before", model=resolve_model(cfg))
     progress = progress_bar("train", "updates", disable=not is_main())
