@@ -1,5 +1,5 @@
 """`python -m crr ...`: the same as the `crr` console script."""
 
-from crr.cli import app
+from crr.cli import main
 
-app(prog_name="crr")
+main()

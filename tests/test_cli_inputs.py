@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import typer
+from conftest import crr_process
 from typer.testing import CliRunner
 
 from crr.bench.fork import fork_bench
@@ -335,3 +337,26 @@ def test_training_refuses_a_lora_adapter_and_generation_takes_it(tmp_path, comma
     from crr.policy import check_model
 
     check_model(str(adapter), f"--model {adapter}", adapter=True)   # eval and the credit audit merge it
+
+
+@pytest.mark.parametrize(("args", "says", "help_of"), [
+    (["eval", "--foo"], "error: No such option: --foo", "crr eval"),
+    (["train", "--seed", "abc"], "error: Invalid value for '--seed'", "crr train"),
+    (["nosuch"], "error: No such command 'nosuch'.", "crr"),
+    (["credit"], "error: Missing command.", "crr credit"),
+])
+def test_a_usage_error_is_one_line_and_exit_2(args, says, help_of):
+    # Typer finds these before any crr code runs, and draws them as a box of 4-6 lines; `crr` (the console script
+    # pyproject.toml installs) and `python -m crr` both print crr's one line instead, naming the help to read
+    script = Path(sys.executable).with_name("crr")
+    for proc in (crr_process(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+                 subprocess.Popen([str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)):
+        out, err = proc.communicate(timeout=120)
+        assert (proc.returncode, out, len(err.splitlines())) == (2, "", 1), err
+        assert err.startswith(says) and err.endswith(f" (see {help_of} --help)\n"), err
+
+
+def test_a_group_without_its_command_prints_its_help_and_no_error_line():
+    proc = crr_process("model", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (2, "") and "Usage: crr model [OPTIONS] COMMAND" in out

@@ -1,19 +1,23 @@
 """The `crr` command line: thin over the library. Parses options, calls crr.*, renders with Rich.
 
-Errors of the CRRError family print as one red line and exit 2; `crr --debug ...` shows tracebacks.
+Errors of the CRRError family print as one red line and exit 2; `crr --debug ...` shows tracebacks. So do
+the usage errors Typer finds before a command runs (an unknown option or command, a value of the wrong type), in
+`main`.
 
 One module per command group (tasks, sandbox, filter, model, rollout, train, eval, report, experiment,
 doctor, demo); what they share (consoles, `friendly`/`long_command`, library output, `emit_json`, the
-options several commands take) is in crr.cli.common. This module builds `app`, the console script's entry
-point (`crr = "crr.cli:app"`). Importing the command modules must stay cheap, so that `crr --help` is fast:
+options several commands take) is in crr.cli.common. This module builds `app`, and `main`, the console
+script's entry point (`crr = "crr.cli:main"`) and `python -m crr`'s. Importing the command modules must stay cheap, so that `crr --help` is fast:
 torch, trl, transformers and datasets are imported inside the command functions that need them.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import typer
+from rich.text import Text
 
 from crr.cli import demo, doctor
 from crr.cli.common import (_library_output, _state, console, emit_json, err_console, friendly, long_command,
@@ -69,3 +73,21 @@ app.add_typer(experiment_app, name="experiment")
 app.add_typer(rollout_app, name="rollout")
 app.add_typer(replay_app, name="replay")
 app.add_typer(credit_app, name="credit")
+
+
+def main() -> None:
+    """`crr`: the app, with Typer's usage errors as crr's one line (exit 2) where Typer draws a box of 4-6 lines
+    (the usage, a hint and the message in a panel). Run without standalone mode, Typer raises them instead of
+    printing them; they derive from its public TyperException (typer._click's exceptions are private)."""
+    try:
+        code = app(prog_name="crr", standalone_mode=False)
+    except typer.exceptions.TyperException as e:
+        ctx, message = getattr(e, "ctx", None), e.format_message()
+        if message:   # (a group run without a command has printed its help: nothing to add)
+            see = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            err_console.print(Text.assemble(("error:", "bold red"), f" {message}{see}"))
+        sys.exit(getattr(e, "exit_code", 2))
+    except typer.Abort:
+        err_console.print("Aborted!")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
