@@ -86,8 +86,8 @@ def main() -> None:
         if message:   # (a group run without a command has printed its help: nothing to add)
             see = f" (see {ctx.command_path} --help)" if ctx is not None else ""
             err_console.print(Text.assemble(("error:", "bold red"), f" {message}{see}"))
-        sys.exit(getattr(e, "exit_code", 2))
+        sys.exit(e.exit_code)
     except typer.Abort:
         err_console.print("Aborted!")
         sys.exit(1)
-    sys.exit(code if isinstance(code, int) else 0)
+    sys.exit(code if isinstance(code, int) else 0)   # an Exit's code (crr's commands return None)
