@@ -7,8 +7,9 @@ the usage errors Typer finds before a command runs (an unknown option or command
 One module per command group (tasks, sandbox, filter, model, rollout, train, eval, report, experiment,
 doctor, demo); what they share (consoles, `friendly`/`long_command`, library output, `emit_json`, the
 options several commands take) is in crr.cli.common. This module builds `app`, and `main`, the console
-script's entry point (`crr = "crr.cli:main"`) and `python -m crr`'s. Importing the command modules must stay cheap, so that `crr --help` is fast:
-torch, trl, transformers and datasets are imported inside the command functions that need them.
+script's entry point (`crr = "crr.cli:main"`) and `python -m crr`'s. Importing the command modules must stay
+cheap, so that `crr --help` is fast: torch, trl, transformers and datasets are imported inside the command
+functions that need them.
 """
 
 from __future__ import annotations
