@@ -18,11 +18,10 @@ import os
 import sys
 
 import typer
-from rich.text import Text
 
 from crr.cli import demo, doctor
 from crr.cli.common import (_library_output, _state, console, emit_json, err_console, friendly, long_command,
-                            trust_task_code_option)
+                            print_error, trust_task_code_option)
 from crr.cli.credit import credit_app
 from crr.cli.eval import eval_command
 from crr.cli.experiment import experiment_app
@@ -86,7 +85,7 @@ def main() -> None:
         ctx, message = getattr(e, "ctx", None), e.format_message()
         if message:   # (a group run without a command has printed its help: nothing to add)
             see = f" (see {ctx.command_path} --help)" if ctx is not None else ""
-            err_console.print(Text.assemble(("error:", "bold red"), f" {message}{see}"))
+            print_error(f"{message}{see}")
         sys.exit(e.exit_code)
     except typer.Abort:
         err_console.print("Aborted!")

@@ -146,9 +146,14 @@ def _same_command() -> str:
     return shlex.join(["crr", *sys.argv[1:]])
 
 
+def print_error(message: str) -> None:
+    """crr's error line: `error: MESSAGE`, the first word red, on stderr."""
+    err_console.print(Text.assemble(("error:", "bold red"), f" {message}"))
+
+
 def _exit_with_error(message: str) -> NoReturn:
     """One red error line, exit 2."""
-    err_console.print(Text.assemble(("error:", "bold red"), f" {message}"))
+    print_error(message)
     raise typer.Exit(2) from None
 
 
