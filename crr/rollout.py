@@ -229,17 +229,21 @@ def start_rollout(model: str, tasks: str, n: int, out: Path, *, group_size: int 
     if n < 1:
         raise CRRError(f"--n must be at least 1, got {n}")
     opts = engine_spec(engine, engine_options, ray=ray, mode=mode).options
+    # The settings as given are checked before the task set (a named set is generated on its first use) and the
+    # model are loaded, so that a bad value is refused at once. Nothing forks here, so no snapshots.
+    given = {"agent_format": agent_format, "max_turns": max_turns}
+    config = RolloutConfig(group_size=group_size, seed=seed, workers=workers, episode=EpisodeConfig(
+        temperature=temperature, max_new_tokens=max_new_tokens, time_limit_s=time_limit, snapshots=False,
+        **{k: v for k, v in given.items() if v is not None}))
     task_list = load_tasks(tasks)[:n]
     if not task_list:
         raise CRRError(f"{tasks} holds no tasks")
     policy, tokenizer = load_policy(model)
-    record = agent_record(model)
-    # Nothing forks here, so no snapshots; the trainer keeps them.
-    config = RolloutConfig(group_size=group_size, seed=seed, workers=workers, episode=EpisodeConfig(
-        agent_format=agent_format or record.get("agent_format", "paper"),
-        max_turns=record.get("max_turns", 50) if max_turns is None else max_turns, temperature=temperature,
-        max_new_tokens=max_new_tokens, time_limit_s=time_limit,
-        max_context_tokens=getattr(policy.config, "max_position_embeddings", None), snapshots=False))
+    record = agent_record(model)   # the episodes as the model was trained to see them, where not given
+    config.episode = dataclasses.replace(
+        config.episode, agent_format=agent_format or record.get("agent_format", "paper"),
+        max_turns=record.get("max_turns", 50) if max_turns is None else max_turns,
+        max_context_tokens=getattr(policy.config, "max_position_embeddings", None))
     backend = TransformersBackend(policy, tokenizer, max_value_chars=max_value_chars)
     run = RunDir.create("rollout", f"n{len(task_list)}-g{group_size}-seed{seed}", root=out, seeds={"rollout": seed},
                         config={"model": model, "tasks": tasks, "n": n, "engine": engine, "engine_options": opts,

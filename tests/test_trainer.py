@@ -180,7 +180,7 @@ def test_other_methods_end_to_end(method, ran_tasks_file, tmp_path):
         assert it["replay_noise_steps"] > 0 and 0 <= it["replay_noise_injected"] <= it["replay_noise_steps"]
 
 
-def test_bad_input_is_a_clear_error(tmp_path):
+def test_bad_input_is_a_clear_error(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["train", "--out", str(tmp_path), "nonsense=1"])
     assert result.exit_code == 2 and "unknown config key" in result.output
     result = CliRunner().invoke(app, ["train", "--method", "ppo", "--out", str(tmp_path)])
@@ -198,6 +198,8 @@ def test_bad_input_is_a_clear_error(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     result = CliRunner().invoke(app, ["eval", "tasks", str(tmp_path / "empty.jsonl"), "--out", str(tmp_path / "runs")])
     assert result.exit_code == 2 and "empty.jsonl holds no tasks" in result.output
+    # refused before its task set is loaded (a named set is generated on its first use, a minute on two cores)
+    monkeypatch.setattr("crr.rollout.load_tasks", lambda *_: pytest.fail("tasks loaded before the settings were checked"))
     result = CliRunner().invoke(app, ["rollout", "--tasks", "nano-val", "--time-limit", "nan", "--out", str(tmp_path / "runs")])
     assert result.exit_code == 2 and "time_limit_s must be positive, got nan" in result.output
     assert not (tmp_path / "runs").exists()

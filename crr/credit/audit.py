@@ -481,30 +481,34 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
         try:
             forks = _Forks(run, backend, engine, tokenizer, episode, pool)
 
-            def finished(n: int, total: int, i: int, t0: float, before: int, **extra) -> None:
-                """A task's metrics record and progress."""
+            def counts() -> tuple[float, int, int]:
+                return time.perf_counter(), forks.rollouts, forks.oracle_verdicts.reused
+
+            def finished(n: int, total: int, i: int, before: tuple[float, int, int], **extra) -> None:
+                """A task's metrics record (its own seconds, rollouts and spared oracle test runs) and progress."""
+                t0, rollouts, reused = before
                 info = {"event": "task", "task_index": i, "task_id": tasks[i].instance_id, **extra,
-                        "wall_s": time.perf_counter() - t0, "rollouts": forks.rollouts - before,
-                        "oracle_verdicts_reused": forks.oracle_verdicts.reused}   # so far, all tasks
+                        "wall_s": time.perf_counter() - t0, "rollouts": forks.rollouts - rollouts,
+                        "oracle_verdicts_reused": forks.oracle_verdicts.reused - reused}
                 run.log_metrics(info)
                 if on_task is not None:
                     on_task(n + 1, total, info)
 
             for n, i in enumerate(todo):
-                t0, before = time.perf_counter(), forks.rollouts
+                before = counts()
                 for rec in audit_task(cfg, tasks[i], i, forks):
                     if (i, rec["sibling"]) not in done:
                         run.append(RECORDS, rec)
-                finished(n, len(todo), i, t0, before)
+                finished(n, len(todo), i, before)
             recorded = audit_records(run.path)
             lacking = _lacking(cfg, recorded)
             for n, (i, missing) in enumerate(sorted(lacking.items())):
-                t0, before = time.perf_counter(), forks.rollouts
+                before = counts()
                 mine = [r for r in recorded if r["task_index"] == i]
                 for added in added_variants(cfg, tasks[i], i, forks, mine, sorted({v for _, v in missing})):
                     if (added["sibling"], added["variant"]) in missing:
                         run.append(VARIANTS, added)
-                finished(n, len(lacking), i, t0, before, variants_added=True)
+                finished(n, len(lacking), i, before, variants_added=True)
         finally:
             pool.close()
     _save_variants(cfg, run)
