@@ -4,6 +4,7 @@ on-policy trajectories"; Method, "Implementation": rollout and fork workers in l
     result = rollout(tasks, backend, engine, tokenizer, RolloutConfig(group_size=8, seed=11), run=RunDir.create(...))
     job = start_rollout(model_dir, "micro-test", n=4, out=Path("results/runs"))   # `crr rollout`
     result = job.execute()
+    job = resume_rollout(run_dir)    # `crr rollout --resume RUN_DIR`: an interrupted one plays what it lacks
 
 It lives at the top of the package, not in crr/agent/, because it joins the agent (episodes), the
 policy (one generation backend), the fork engine, a worker pool and the run directory.
@@ -35,7 +36,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ from crr.policy.model import agent_record, load_policy
 from crr.policy.scripted import ScriptedCall
 from crr.sandbox import engine_spec, engine_workers, get_engine
 from crr.sandbox.base import ForkEngine
-from crr.rundir import RunDir
+from crr.rundir import RunDir, as_made
 from crr.seeds import derive_seed
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
@@ -132,22 +133,25 @@ def sample_seed(seed: int, round_index: int) -> int:
 def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngine, tokenizer: PreTrainedTokenizerBase,
             config: RolloutConfig | None = None, *, run: RunDir | None = None, pool: WorkerPool | None = None,
             on_trajectory: Callable[[Trajectory], None] | None = None, join: Join | None = None,
-            verdicts: Verdicts | None = None) -> RolloutResult:
+            verdicts: Verdicts | None = None, done: Sequence[Trajectory] = ()) -> RolloutResult:
     """Run G trajectories of every task; write each to `run` as it finishes; return them and a summary.
 
     The trajectories keep their snapshots (for `fork_at`) until `release()`; the engine and pool are the
     caller's (when none is given, `rollout_pool(engine, config.workers)` is made here and closed). `join`
     adds episodes to the rounds as they run (`drive`; the trainer's forks during the rollout): the result
     holds the G trajectories per task only. `verdicts` (crr.agent.verdicts): a run's verdicts by final state,
-    which spare the test run of an episode that ends where an earlier one ended.
+    which spare the test run of an episode that ends where an earlier one ended. `done`: the trajectories a
+    resumed run already holds; their (task, sibling) pairs are not played again, and the result and summary
+    hold them too (its throughput figures count what was played here).
     """
     config = config or RolloutConfig()
     tasks = list(tasks)
     if not tasks:
         raise CRRError("no tasks to roll out")
     ecfg = config.episode
+    have = {(t.task_index, t.sibling) for t in done}
     episodes = [Episode(task, engine, tokenizer, ecfg, task_index=i, sibling=g, seed=config.seed, verdicts=verdicts)
-                for i, task in enumerate(tasks) for g in range(config.group_size)]
+                for i, task in enumerate(tasks) for g in range(config.group_size) if (i, g) not in have]
     # Reused prefixes change a row's numbers by rounding only, but a rollout's trajectories should be a
     # function of its seed and the weights alone, whatever the backend generated before.
     backend.clear_cache()
@@ -177,8 +181,9 @@ def rollout(tasks: Iterable[Task], backend: GenerationBackend, engine: ForkEngin
     finally:
         if own_pool:
             pool.close()
-    trajectories = [finished[k] for k in range(len(episodes))]
-    summary = summarise(trajectories, wall_s=time.monotonic() - start, gen_s=gen_s)
+    played = [finished[k] for k in range(len(episodes))]
+    trajectories = sorted([*done, *played], key=lambda t: (t.task_index, t.sibling))
+    summary = summarise(trajectories, wall_s=time.monotonic() - start, gen_s=gen_s, played=played)
     if run is not None:
         run.write_json("summary.json", summary)
         run.log_metrics({"event": "rollout", **{k: v for k, v in summary.items() if not isinstance(v, dict)}})
@@ -195,7 +200,8 @@ def run_episode(task: Task, backend: GenerationBackend, engine: ForkEngine, toke
 
 @dataclass
 class PolicyRollout:
-    """`crr rollout`'s work, ready to run: the policy loaded, its tasks, the run directory made."""
+    """`crr rollout`'s work, ready to run: the policy loaded, its tasks, the run directory made (and, resumed,
+    the trajectories it already holds)."""
     run: RunDir
     tasks: list[Task]
     backend: GenerationBackend
@@ -203,17 +209,19 @@ class PolicyRollout:
     config: RolloutConfig
     engine: str
     engine_options: dict
+    done: list[Trajectory] = field(default_factory=list)
 
     @property
     def total(self) -> int:
-        return len(self.tasks) * self.config.group_size
+        """The trajectories left to play."""
+        return len(self.tasks) * self.config.group_size - len(self.done)
 
     def execute(self, on_trajectory: Callable[[Trajectory], None] | None = None) -> RolloutResult:
         """`rollout` on a fork engine of its own, closed at the end."""
         engine = get_engine(self.engine, **self.engine_options)
         try:
             return rollout(self.tasks, self.backend, engine, self.tokenizer, self.config, run=self.run,
-                           on_trajectory=on_trajectory)
+                           on_trajectory=on_trajectory, done=self.done)
         finally:
             engine.close()
 
@@ -235,9 +243,7 @@ def start_rollout(model: str, tasks: str, n: int, out: Path, *, group_size: int 
     config = RolloutConfig(group_size=group_size, seed=seed, workers=workers, episode=EpisodeConfig(
         temperature=temperature, max_new_tokens=max_new_tokens, time_limit_s=time_limit, snapshots=False,
         **{k: v for k, v in given.items() if v is not None}))
-    task_list = load_tasks(tasks)[:n]
-    if not task_list:
-        raise CRRError(f"{tasks} holds no tasks")
+    task_list = _tasks(tasks, n)
     policy, tokenizer = load_policy(model)
     record = agent_record(model)   # the episodes as the model was trained to see them, where not given
     config.episode = dataclasses.replace(
@@ -250,6 +256,42 @@ def start_rollout(model: str, tasks: str, n: int, out: Path, *, group_size: int 
                                 "mode": mode, "ray": ray, "max_value_chars": max_value_chars,
                                 **dataclasses.asdict(config)})
     return PolicyRollout(run, task_list, backend, tokenizer, config, engine, opts)
+
+
+def resume_rollout(path: Path | str) -> PolicyRollout:
+    """An interrupted `crr rollout`, with the settings it was started with: `execute` plays only the (task,
+    sibling) pairs its trajectories.jsonl lacks (a record torn by a kill is played again), with the same seed
+    (the rounds' batches are smaller, so those trajectories are other draws than an uninterrupted run's)."""
+    run = RunDir.open(path)
+    if run.manifest.get("command") != "rollout":
+        raise CRRError(f"{path} is a `crr {run.manifest.get('command')}` run, not a rollout; --resume takes a "
+                       "directory made by crr rollout")
+    run.lock()
+    given = run.config
+    try:
+        config = RolloutConfig(group_size=given["group_size"], seed=given["seed"], workers=given["workers"],
+                               episode=EpisodeConfig(**given["episode"]))
+        model, tasks, n = as_made(run.path, given["model"]), as_made(run.path, given["tasks"]), given["n"]
+        engine, opts, max_value_chars = given["engine"], given["engine_options"], given["max_value_chars"]
+    except (KeyError, TypeError) as e:   # keys missing or unknown
+        raise CRRError(f"{run.path / 'config.yaml'} is corrupt (not a rollout's config: {e})") from None
+    task_list = _tasks(tasks, n)
+    done = [Trajectory.from_dict(d) for d in run.records(TRAJECTORIES_FILE)]
+    for t in done:
+        if not (t.task_index < len(task_list) and task_list[t.task_index].instance_id == t.task_id
+                and 0 <= t.sibling < config.group_size):
+            raise CRRError(f"{run.path / TRAJECTORIES_FILE} holds {t.task_id} #{t.sibling} at task {t.task_index}, "
+                           f"which {tasks} (the first {n}) does not have there: the task set has changed since")
+    policy, tokenizer = load_policy(model)
+    backend = TransformersBackend(policy, tokenizer, max_value_chars=max_value_chars)
+    return PolicyRollout(run, task_list, backend, tokenizer, config, engine, opts, done)
+
+
+def _tasks(tasks: str, n: int) -> list[Task]:
+    task_list = load_tasks(tasks)[:n]
+    if not task_list:
+        raise CRRError(f"{tasks} holds no tasks")
+    return task_list
 
 
 class Join(Protocol):
@@ -344,12 +386,15 @@ def in_background(fn: Callable[[], T]) -> Iterator[Future[T]]:
         yield helper.submit(fn)
 
 
-def summarise(trajectories: list[Trajectory], wall_s: float, gen_s: float) -> dict:
+def summarise(trajectories: list[Trajectory], wall_s: float, gen_s: float,
+              played: list[Trajectory] | None = None) -> dict:
     """Pass rate over the trajectories the verifier scored (infrastructure failures excluded), token
-    counts and throughput."""
+    counts, and the throughput of those `played` in wall_s (default: all of them)."""
+    played = trajectories if played is None else played
     scored = [t for t in trajectories if t.reward is not None]
     steps = [s for t in trajectories for s in t.steps]
     generated = sum(len(s.action_ids) for s in steps)
+    generated_here = sum(t.generated_tokens for t in played)
     return {
         "trajectories": len(trajectories),
         "scored": len(scored),
@@ -367,6 +412,7 @@ def summarise(trajectories: list[Trajectory], wall_s: float, gen_s: float) -> di
         "context_mismatches": sum(s.context_matches is False for s in steps),
         "wall_s": wall_s,
         "generation_s": gen_s,
-        "generated_tokens_per_s": generated / gen_s if gen_s else None,
-        "trajectories_per_min": 60 * len(trajectories) / wall_s if wall_s else None,
+        "played": len(played),
+        "generated_tokens_per_s": generated_here / gen_s if gen_s else None,
+        "trajectories_per_min": 60 * len(played) / wall_s if wall_s else None,
     }

@@ -113,6 +113,44 @@ def test_cli_rollout_end_to_end(task, tmp_path):
     assert bad.exit_code == 2 and "does not exist" in bad.output
 
 
+def test_an_interrupted_rollout_resumes_and_plays_each_trajectory_once(task, tmp_path):
+    from crr.rollout import start_rollout
+    from crr.rundir import release_locks
+
+    tasks = write_tasks([task], tmp_path / "tasks.jsonl")
+    job = start_rollout(str(default_model_dir()), str(tasks), 1, tmp_path / "runs", group_size=3, seed=2, workers=2,
+                        temperature=1.0, max_turns=3, max_new_tokens=40, max_value_chars=4)
+
+    def interrupt(_):
+        raise KeyboardInterrupt   # as SIGINT would, once the first trajectory is written
+
+    with pytest.raises(KeyboardInterrupt):
+        job.execute(on_trajectory=interrupt)
+    release_locks()   # the interrupted process is gone
+    first = job.run.records(TRAJECTORIES_FILE)
+    assert len(first) == 1 and not (job.run.path / "summary.json").exists()
+
+    # other settings beside --resume are refused before anything runs
+    refused = CliRunner().invoke(app, ["rollout", "--resume", str(job.run.path), "--n", "2", "--seed", "3"])
+    assert refused.exit_code == 2 and "keeps the settings it was started with; drop --n, --seed" in refused.output
+    result = CliRunner().invoke(app, ["rollout", "--resume", str(job.run.path), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    records = job.run.records(TRAJECTORIES_FILE)
+    assert sorted(r["sibling"] for r in records) == [0, 1, 2] and records[0] == first[0]   # each once, the first kept
+    assert out["summary"]["trajectories"] == 3 and out["summary"]["played"] == 2
+    assert [t["sibling"] for t in out["trajectories"]] == [0, 1, 2]
+    assert json.loads((job.run.path / "summary.json").read_text())["trajectories"] == 3
+    # a finished rollout resumes to the same result, playing nothing
+    again = CliRunner().invoke(app, ["rollout", "--resume", str(job.run.path), "--json"])
+    assert again.exit_code == 0 and json.loads(again.stdout)["summary"]["played"] == 0
+    assert len(job.run.records(TRAJECTORIES_FILE)) == 3
+    other = RunDir.create("eval", "x", root=tmp_path / "runs")
+    release_locks()
+    wrong = CliRunner().invoke(app, ["rollout", "--resume", str(other.path)])
+    assert wrong.exit_code == 2 and "is a `crr eval` run, not a rollout" in wrong.output
+
+
 def test_rollout_bench_with_and_without_prefix_reuse():
     args = ["rollout", "bench", "--only", "throughput", "--group", "2", "--max-turns", "3", "--max-new-tokens", "40",
             "--max-value-chars", "4", "--threads", "1"]

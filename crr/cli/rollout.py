@@ -5,12 +5,13 @@ torch and transformers are imported inside the commands (through crr.policy), ne
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import typer
 from rich.text import Text
 
-from crr.cli.common import (console, emit_json, engine_opt_option, engine_option, engine_settings,
+from crr.cli.common import (_resume_with, console, emit_json, engine_opt_option, engine_option, engine_settings,
                             err_console, friendly, json_option, long_command, max_new_tokens_option,
                             max_value_chars_option, mode_option, model_option, out_option, progress_bar,
                             ray_option, seed_option, tasks_option, temperature_option, threads_option)
@@ -44,6 +45,8 @@ def rollout_command(
     workers: int | None = typer.Option(None, "--workers", help="Concurrent tool executions (default 4; on a Ray "
                                        "engine, the cluster's sandbox slots)."),
     out: Path = out_option(),
+    resume: Path | None = typer.Option(None, "--resume", help="An interrupted `crr rollout` run directory: play "
+                                       "the trajectories it lacks, with its settings (give no others)."),
     as_json: bool = json_option("the results"),
 ) -> None:
     """Run the policy on N tasks, G trajectories each; print each transcript (call, H_t, tool type, a
@@ -52,15 +55,23 @@ def rollout_command(
         return
 
     from crr.policy.model import default_policy_dir
-    from crr.rollout import TRAJECTORIES_FILE, start_rollout
+    from crr.rollout import TRAJECTORIES_FILE, resume_rollout, start_rollout
 
-    if model is None:
-        with err_console.status("loading the default model (the random tiny one is built on first use)"):
-            model = str(default_policy_dir())
-    job = start_rollout(model, tasks, n, out, group_size=group_size, seed=seed, workers=workers,
-                        **engine_settings(engine, engine_opt, ray, mode), temperature=temperature,
-                        max_turns=max_turns, max_new_tokens=max_new_tokens, agent_format=agent_format,
-                        max_value_chars=max_value_chars, time_limit=time_limit)
+    if resume is not None:
+        given = [p.opts[0] for p in ctx.command.params if p.name not in ("resume", "as_json")
+                 and ctx.get_parameter_source(p.name).name not in ("DEFAULT", "DEFAULT_MAP")]
+        if given:
+            raise CRRError(f"a resumed rollout keeps the settings it was started with; drop {', '.join(given)}")
+        job = resume_rollout(resume)
+    else:
+        if model is None:
+            with err_console.status("loading the default model (the random tiny one is built on first use)"):
+                model = str(default_policy_dir())
+        job = start_rollout(model, tasks, n, out, group_size=group_size, seed=seed, workers=workers,
+                            **engine_settings(engine, engine_opt, ray, mode), temperature=temperature,
+                            max_turns=max_turns, max_new_tokens=max_new_tokens, agent_format=agent_format,
+                            max_value_chars=max_value_chars, time_limit=time_limit)
+    _resume_with(f"crr rollout --resume {shlex.quote(str(job.run.path))}")
     err_console.print(f"run directory: {job.run.path}", highlight=False)
     progress = progress_bar("rollout")
     bar = progress.add_task("rollout", total=job.total)
