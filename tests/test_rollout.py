@@ -109,6 +109,14 @@ def test_cli_rollout_end_to_end(task, tmp_path):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "calc-1 #0" in result.stdout and "calc-1 #1" in result.stdout and "pass rate" in result.stdout
+    # crr view shows a rollout as an evaluation whose samples are the siblings (the page's data block)
+    view = CliRunner().invoke(app, ["view", str(run_dir.path), "--out", str(tmp_path / "v.html")])
+    assert view.exit_code == 0, view.output
+    page = (tmp_path / "v.html").read_text()
+    [shown] = json.loads(page[page.index("{\"runs\""):page.index("</script>", page.index("{\"runs\""))])["runs"]
+    assert shown["kind"] == "eval" and shown["label"] == "rollout-n1-g2-seed1" and shown["scored"] == 2
+    assert [(r["instance_id"], r["sample"], r["reward"], len(r["steps"])) for r in shown["results"]] == \
+        [(t["task_id"], t["sibling"], t["reward"], len(t["steps"])) for t in out["trajectories"]]
     bad = CliRunner().invoke(app, ["rollout", "--tasks", str(tmp_path / "missing.jsonl")])
     assert bad.exit_code == 2 and "does not exist" in bad.output
 

@@ -10,7 +10,8 @@ by the advantage the update gave them (tool call, observation, an edit's diff), 
 forked off their step (their actions and return), and a filter for the steps where the run's advantage
 differs from GRPO's. Evaluations (`crr eval` runs: results.jsonl, transcripts.jsonl, summary.json) show the
 task-by-task table of the runs (a filter for the tasks some run solves and another does not), each transcript,
-the patch and the error mode of crr.eval.taxonomy. A folder that is not a run is searched for runs inside.
+the patch and the error mode of crr.eval.taxonomy. A `crr rollout` run (trajectories.jsonl) is shown as an
+evaluation whose samples are each task's G siblings. A folder that is not a run is searched for runs inside.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ def is_eval_run(path: Path) -> bool:
     return (path / "results.jsonl").is_file() and (path / "transcripts.jsonl").is_file()
 
 
+def is_rollout_run(path: Path) -> bool:
+    return _command(path) == "rollout"
+
+
 def is_train_run(path: Path) -> bool:
     command = _command(path)
     if command is not None:
@@ -57,18 +62,23 @@ def find_runs(paths: list[Path]) -> list[Path]:
         if not p.is_dir():
             raise CRRError(f"{p}: {'not a' if p.exists() else 'no such'} directory; pass a run directory or a "
                            "folder of them")
-        if is_eval_run(p) or is_train_run(p):
+        if _shown(p):
             out.append(p)
             continue
         if _command(p) is not None:
-            raise CRRError(f"{p} is a `crr {_command(p)}` run; crr view shows `crr train` and `crr eval` runs")
-        found = sorted({q.parent for name in ("results.jsonl", "config.yaml") for q in p.rglob(name)
-                        if is_eval_run(q.parent) or is_train_run(q.parent)})
+            raise CRRError(f"{p} is a `crr {_command(p)}` run; crr view shows `crr train`, `crr eval` and "
+                           "`crr rollout` runs")
+        found = sorted({q.parent for q in p.rglob("config.yaml") if _shown(q.parent)}
+                       | {q.parent for q in p.rglob("results.jsonl") if is_eval_run(q.parent)})
         # a training run's own evaluations (eval-before/, eval-after/) are part of it, not runs of their own
         out.extend(q for q in found if not any(o in q.parents for o in found))
     if not out:
-        raise CRRError(f"no training or evaluation run in {', '.join(map(str, paths))}")
+        raise CRRError(f"no training, evaluation or rollout run in {', '.join(map(str, paths))}")
     return out
+
+
+def _shown(path: Path) -> bool:
+    return is_eval_run(path) or is_train_run(path) or is_rollout_run(path)
 
 
 def label(path: Path, dataset: str | None = None) -> str:
@@ -98,17 +108,36 @@ def load_train(path: Path) -> dict:
 def load_eval(path: Path) -> dict:
     summary = read_run_mapping(path / "summary.json") if (path / "summary.json").is_file() else {}
     transcripts = {(t["instance_id"], t.get("sample", 0)): t["steps"] for t in read_jsonl(path / "transcripts.jsonl")}
-    results = []
-    for r in read_jsonl(path / "results.jsonl"):
-        steps = transcripts.get((r["instance_id"], r.get("sample", 0)), [])
-        results.append({k: r.get(k) for k in ("instance_id", "sample", "reward", "error_mode", "resolution",
-                                               "end_reason", "infra_error", "model_patch", "turns")}
-                       | {"steps": [{**s, "observation": truncate(s.get("observation", ""))} for s in steps]})
-    scored = [r["reward"] for r in results if r["reward"] is not None]
+    results = [_result(r, transcripts.get((r["instance_id"], r.get("sample", 0)), []))
+               for r in read_jsonl(path / "results.jsonl")]
     samples = 1 + max((r.get("sample") or 0 for r in results), default=0)   # a sampled evaluation's label says so
     name = label(path, summary.get("dataset")) + (f" x{samples}" if samples > 1 else "")
-    return {"kind": "eval", "label": name, "path": str(path), "dataset": summary.get("dataset"),
-            "model": summary.get("model"), "passes": int(sum(scored)), "scored": len(scored),
+    return _evaluation(path, name, summary.get("dataset"), summary.get("model"), results)
+
+
+def load_rollout(path: Path) -> dict:
+    """A `crr rollout` run as an evaluation: each task's G siblings are its samples (with no error mode, which
+    needs the task's gold patch: `crr eval` gives them)."""
+    from crr.rollout import TRAJECTORIES_FILE   # deferred: torch and transformers, for rollout runs only
+
+    config = read_run_mapping(path / "config.yaml", "YAML")
+    results = [_result({**t, "instance_id": t["task_id"], "sample": t["sibling"], "turns": len(t["steps"])},
+                       t["steps"]) for t in read_jsonl(path / TRAJECTORIES_FILE)]
+    return _evaluation(path, label(path), config.get("tasks"), config.get("model"), results)
+
+
+def _result(record: dict, steps: list[dict]) -> dict:
+    """One sample of an evaluation's table: its outcome and its transcript."""
+    return ({k: record.get(k) for k in ("instance_id", "sample", "reward", "error_mode", "resolution", "end_reason",
+                                        "infra_error", "model_patch", "turns")}
+            | {"steps": [{"t": s.get("t"), "action": s.get("action"), "is_error": s.get("is_error"),
+                          "observation": truncate(s.get("observation", ""))} for s in steps]})
+
+
+def _evaluation(path: Path, name: str, dataset: str | None, model: str | None, results: list[dict]) -> dict:
+    scored = [r["reward"] for r in results if r["reward"] is not None]
+    return {"kind": "eval", "label": name, "path": str(path), "dataset": dataset, "model": model,
+            "passes": int(sum(scored)), "scored": len(scored),
             "interval": wilson(sum(scored) / len(scored), len(scored)) if scored else None, "results": results}
 
 
@@ -137,7 +166,8 @@ def write_view(paths: list[Path], out: Path | None = None) -> Path:
     """Write the page for the runs in `paths` to `out` (default: view.html in the one run named, else
     crr-view.html here) and return its path."""
     runs = find_runs(paths)
-    data = [_clean(load_train(p) if is_train_run(p) else load_eval(p)) for p in runs]
+    data = [_clean(load_train(p) if is_train_run(p) else load_rollout(p) if is_rollout_run(p) else load_eval(p))
+            for p in runs]
     out = Path(out) if out is not None else (runs[0] / "view.html" if len(paths) == 1 and runs == [Path(paths[0])]
                                              else Path("crr-view.html"))
     if out.is_dir():
