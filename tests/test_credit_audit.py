@@ -68,6 +68,13 @@ def test_bad_values_are_one_line_before_anything_is_made(tmp_path, monkeypatch):
         assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (value, result.output)
         assert message in lines[0], (value, lines[0])
     assert not out.exists()
+    # a bad agent format or engine is refused before the task set is loaded (a named set is generated on its first use)
+    monkeypatch.setattr("crr.tasks.loaders.load_tasks", lambda *_: pytest.fail("tasks loaded before the settings"))
+    for value, message in {"agent_format=nope": "unknown agent format 'nope'", "engine=nope": "unknown fork engine"}.items():
+        result = CliRunner().invoke(app, ["credit", "audit", "tasks=multi-val", value, "--out", str(out)])
+        assert result.exit_code == 2 and message in result.output, (value, result.output)
+    monkeypatch.undo()
+    monkeypatch.setattr("crr.credit.audit.audit", played)
     sft = RunDir.create("sft", root=tmp_path / "sft")   # another command's run: refused before it is locked
     release_locks()
     before = {p: p.stat().st_mtime_ns for p in sft.path.iterdir()}

@@ -178,19 +178,19 @@ def load_audit_config(preset: Path | str | None = None, overrides: dict | None =
 
 
 def check_inputs(cfg: AuditConfig) -> None:
-    """A new audit's tasks, model directory, agent format and engine, as train checks its own: a CRRError
-    before its run directory is made."""
+    """A new audit's agent format, engine, model directory and tasks, as train checks its own: a CRRError
+    before its run directory is made (the tasks last: a named set is generated on its first use)."""
     from crr.agent.prompt import agent_format   # deferred: the engines and loaders
     from crr.sandbox import engine_spec_of
     from crr.tasks.loaders import load_tasks
 
-    if not load_tasks(cfg.tasks)[:cfg.n_tasks]:
-        raise CRRError(f"{cfg.tasks} holds no tasks")
-    if cfg.model is not None:
-        check_model(cfg.model, f"model={cfg.model}", adapter=True)
     if cfg.agent_format is not None:
         agent_format(cfg.agent_format)
     engine_spec_of(cfg)
+    if cfg.model is not None:
+        check_model(cfg.model, f"model={cfg.model}", adapter=True)
+    if not load_tasks(cfg.tasks)[:cfg.n_tasks]:
+        raise CRRError(f"{cfg.tasks} holds no tasks")
 
 
 def audit_config(data: dict) -> AuditConfig:
