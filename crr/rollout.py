@@ -48,6 +48,7 @@ from transformers import PreTrainedTokenizerBase
 from crr.agent.episode import Episode, EpisodeConfig, Trajectory
 from crr.agent.verdicts import Verdicts
 from crr.errors import CRRError
+from crr.policy import check_model
 from crr.policy.backend import GenerationBackend, StepSample, TransformersBackend
 from crr.policy.model import agent_record, load_policy
 from crr.policy.scripted import ScriptedCall
@@ -239,6 +240,7 @@ def start_rollout(model: str, tasks: str, n: int, out: Path, *, group_size: int 
     opts = engine_spec(engine, engine_options, ray=ray, mode=mode).options
     # The settings as given are checked before the task set (a named set is generated on its first use) and the
     # model are loaded, so that a bad value is refused at once. Nothing forks here, so no snapshots.
+    check_model(model, f"--model {model}", adapter=False)
     given = {"agent_format": agent_format, "max_turns": max_turns}
     config = RolloutConfig(group_size=group_size, seed=seed, workers=workers, episode=EpisodeConfig(
         temperature=temperature, max_new_tokens=max_new_tokens, time_limit_s=time_limit, snapshots=False,

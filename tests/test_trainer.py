@@ -202,6 +202,8 @@ def test_bad_input_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr("crr.rollout.load_tasks", lambda *_: pytest.fail("tasks loaded before the settings were checked"))
     result = CliRunner().invoke(app, ["rollout", "--tasks", "nano-val", "--time-limit", "nan", "--out", str(tmp_path / "runs")])
     assert result.exit_code == 2 and "time_limit_s must be positive, got nan" in result.output
+    result = CliRunner().invoke(app, ["rollout", "--tasks", "nano-val", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "nope: no such directory" in result.output
     assert not (tmp_path / "runs").exists()
 
 
