@@ -105,6 +105,14 @@ def test_rollout_refuses_bad_settings_before_making_a_run_directory(task, tmp_pa
     assert not (tmp_path / "runs").exists()
 
 
+def test_filter_tasks_refuses_bad_workers_before_making_a_run_directory(task, tmp_path):
+    tasks = write_tasks([task], tmp_path / "tasks.jsonl")
+    result = CliRunner().invoke(app, ["filter-tasks", "--tasks", str(tasks), "--workers", "0",
+                                      "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "greater than or equal to 1" in result.output, result.output
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("seed", ["-1", str(2 ** 32)])
 def test_replay_verify_refuses_a_seed_it_cannot_sample_with(tmp_path, seed):
     run = RunDir.create("train", root=tmp_path, config={"tasks": "micro-test"})

@@ -49,7 +49,7 @@ def filter_tasks_command(
     engine_opt: list[str] = engine_opt_option(),
     mode: str | None = mode_option(),
     reruns: int | None = typer.Option(None, "--reruns", help="Gold-patch reruns per task (default 3)."),
-    workers: int | None = typer.Option(None, "--workers", help="Tasks checked in parallel (default 2; on a Ray "
+    workers: int | None = typer.Option(None, "--workers", min=1, help="Tasks checked in parallel (default 2; on a Ray "
                                        "engine, the cluster's sandbox slots)."),
     out: Path = out_option(Path("results/runs"), "Where run directories go (or a filter run directory to "
                                                  "resume)."),
