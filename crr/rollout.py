@@ -55,7 +55,7 @@ from crr.policy.scripted import ScriptedCall
 from crr.sandbox import engine_spec, engine_workers, get_engine
 from crr.sandbox.base import ForkEngine
 from crr.rundir import RunDir, as_made
-from crr.seeds import derive_seed
+from crr.seeds import check_seed, derive_seed
 from crr.tasks.loaders import load_tasks
 from crr.tasks.schema import Task
 
@@ -107,8 +107,7 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if self.group_size < 1:
             raise CRRError(f"group_size (G) must be at least 1, got {self.group_size}")
-        if self.seed < 0:   # (numpy's SeedSequence, which derives every round's seed, takes none below 0)
-            raise CRRError(f"seed must be >= 0, got {self.seed}")
+        check_seed(self.seed)
         if self.workers is not None and self.workers < 1:
             raise CRRError(f"workers must be at least 1, got {self.workers}")
         if not 0 <= self.episode.temperature < math.inf:   # (nan too)

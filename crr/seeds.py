@@ -3,6 +3,7 @@
     derive_seed(seed, round_index)          # a rollout round's generation seed (crr.rollout.sample_seed)
     derive_seed(seed, pass_index, chunk)    # an evaluation chunk's rollout seed
     keyed_random("micro", seed, split, index, attempt)   # a generated task's choices (crr.tasks.micro)
+    check_seed(seed)                        # a run's seed, before anything is drawn with it
 
 Two offsets stay as they are: a training iteration's seed s = derive_seed(seed, step) drives its rollout
 rounds (derive_seed(s, round)) and its selector (numpy's default_rng(s)), while its forks draw from s + 1
@@ -23,12 +24,22 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
+from crr.errors import CRRError
+
+MAX_SEED = 2**32 - 1   # the largest seed every consumer takes: numpy's legacy seeding (transformers' set_seed)
+
+
+def check_seed(seed: int, name: str = "seed") -> None:
+    """A CRRError unless `seed` is one every stream can be seeded with (0..MAX_SEED)."""
+    if not 0 <= seed <= MAX_SEED:
+        raise CRRError(f"{name} must be between 0 and {MAX_SEED}, got {seed}")
 
 
 def derive_seed(seed: int, *keys: int) -> int:
     """A 32-bit seed for the stream (seed, *keys): numpy's SeedSequence hash of the whole key, so that
     different keys give independent streams and the same key the same stream on every machine."""
+    import numpy as np   # deferred: the CLI reads MAX_SEED as it starts, before any command needs numpy
+
     return int(np.random.SeedSequence([seed, *keys]).generate_state(1)[0])
 
 

@@ -95,7 +95,7 @@ def test_a_task_file_that_is_not_utf8_names_its_line(tmp_path, task):
     ("--temperature", "nan", "temperature must be a finite number"),
     ("--temperature", "-1", "temperature must be a finite number"),
     ("--workers", "0", "workers must be at least 1"),
-    ("--seed", "-1", "seed must be >= 0"),
+    ("--seed", "-1", "greater than or equal to 0"),
 ])
 def test_rollout_refuses_bad_settings_before_making_a_run_directory(task, tmp_path, option, value, message):
     tasks = write_tasks([task], tmp_path / "tasks.jsonl")
@@ -103,6 +103,28 @@ def test_rollout_refuses_bad_settings_before_making_a_run_directory(task, tmp_pa
                                       "--out", str(tmp_path / "runs"), option, value])
     assert result.exit_code == 2 and message in result.output, result.output
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("command", [["eval", "micro"], ["sft"], ["rollout"],
+                                     ["filter-tasks", "--tasks", "micro-test"]])
+def test_a_seed_no_stream_takes_is_refused_as_it_is_parsed(command, tmp_path):
+    # (eval and sft took -1 as far as their first draw: a traceback, with the run directory made)
+    for seed in ("-1", str(2 ** 32)):
+        result = CliRunner().invoke(app, [*command, "--seed", seed, "--out", str(tmp_path / "runs")])
+        assert result.exit_code == 2 and "--seed" in result.output, result.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_configs_refuse_a_seed_no_stream_takes():
+    from crr.eval.evaluate import EvalConfig
+    from crr.rollout import RolloutConfig
+    from crr.sft.warm_start import SFTRecipe
+
+    for make in (lambda s: EvalConfig("micro-test", "micro-test", model="m", seed=s), lambda s: RolloutConfig(seed=s),
+                 lambda s: SFTRecipe(seed=s), lambda s: SFTRecipe(curriculum_seed=s)):
+        for seed in (-1, 2 ** 32):
+            with pytest.raises(CRRError, match=f"seed must be between 0 and 4294967295, got {seed}"):
+                make(seed)
 
 
 def test_filter_tasks_refuses_bad_workers_before_making_a_run_directory(task, tmp_path):

@@ -45,7 +45,7 @@ BAD_VALUES = {
     "horizon=-1": "horizon=-1: must be >= 1",
     "bootstrap=0": "bootstrap=0: must be >= 1",
     "eta=-1": "eta=-1: must be >= 0",
-    "seed=-1": "seed=-1: must be >= 0",
+    "seed=-1": "seed=-1: must be in [0, 4294967295]",
     "selector=bogus": "unknown selector 'bogus'; choose one of entropy_type, ",
     "proposal=bogus": "unknown proposal 'bogus'; choose one of tempered, ",
     "variants={v: {horizon: 0}}": "variant 'v': horizon=0: must be >= 1",

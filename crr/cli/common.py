@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.text import Text
 
 from crr.errors import CRRError
+from crr.seeds import MAX_SEED
 
 
 class _Console(Console):
@@ -314,7 +315,7 @@ def mode_option(default: str | None = None,
 
 
 def seed_option(default: int | None = 0, help: str = "Drives every sampling seed.") -> Any:
-    return typer.Option(default, "--seed", help=help)
+    return typer.Option(default, "--seed", min=0, max=MAX_SEED, help=help)
 
 
 def temperature_option(default: float | None = 0.6, help: str = "0 is greedy; 0.6 the paper's rollouts.") -> Any:

@@ -48,7 +48,7 @@ from crr.eval.taxonomy import error_mode, held_out_counts, summarise_modes
 from crr.policy import DTYPES, SERVER_BACKEND, check_backend, check_model
 from crr.sandbox import engine_spec_of
 from crr.rundir import RunDir, as_made
-from crr.seeds import derive_seed
+from crr.seeds import check_seed, derive_seed
 from crr.tasks.loaders import TASK_SETS, dataset_adapter, load_tasks
 from crr.tasks.schema import Task
 
@@ -227,6 +227,7 @@ class EvalConfig:
                 raise CRRError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.n_tasks is not None and self.n_tasks < 1:
             raise CRRError(f"--n-tasks must be at least 1, got {self.n_tasks}")
+        check_seed(self.seed, "--seed")
         engine_spec_of(self)  # an option the engine does not take fails here
         check_backend(self.backend, self.vllm_server, options=True)
 

@@ -58,6 +58,7 @@ from crr.sandbox import engine_spec_of
 from crr.sandbox.base import ForkEngine
 from crr.sandbox.checkout import building
 from crr.rundir import RunDir
+from crr.seeds import check_seed
 from crr.sft.curriculum import DEFAULT_LEVELS, LEVELS, curriculum_rows
 from crr.sft.rows import action_parts, sft_row
 from crr.sft.trainer import SFTSettings, quiet_hf, sft
@@ -274,6 +275,9 @@ class SFTRecipe:
             replace(self.train, **_settings_of(stage))  # unknown keys: TypeError
         if self.n_tasks is not None and self.n_tasks < 1:
             raise CRRError(f"n_tasks must be at least 1, got {self.n_tasks}")
+        check_seed(self.seed)
+        if self.curriculum_seed is not None:
+            check_seed(self.curriculum_seed, "curriculum_seed")
         engine_spec_of(self)  # an option the engine does not take fails here
 
     @classmethod

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from crr.errors import CRRError
+from crr.seeds import MAX_SEED
 
 
 @dataclass(frozen=True)
@@ -30,11 +31,15 @@ class Range:
                 and (self.high is None or value <= self.high))
 
     def __str__(self) -> str:
-        low = None if self.low is None else f"{'>' if self.open_low else '>='} {self.low:g}"
+        low = None if self.low is None else f"{'>' if self.open_low else '>='} {_number(self.low)}"
         text = (low if self.high is None else
-                f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}]" if self.low is not None
-                else f"<= {self.high:g}")
-        return text + ("" if self.unset is None else f" (or {self.unset:g}: unset)")
+                f"in {'(' if self.open_low else '['}{_number(self.low)}, {_number(self.high)}]" if self.low is not None
+                else f"<= {_number(self.high)}")
+        return text + ("" if self.unset is None else f" (or {_number(self.unset)}: unset)")
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"   # a bound such as 2**32 - 1 in full
 
 
 _POSITIVE, _NON_NEGATIVE, _AT_LEAST_1, _UNIT = Range(0, open_low=True), Range(0), Range(1), Range(0, 1)
@@ -44,8 +49,9 @@ _POSITIVE, _NON_NEGATIVE, _AT_LEAST_1, _UNIT = Range(0, open_low=True), Range(0)
 RANGES: dict[str, Range] = {
     **dict.fromkeys(("learning_rate", "temperature", "rollout_temperature", "cf_temperature", "epsilon",
                      "episode_time_limit_s", "budget_hours", "lora_alpha", "num_train_epochs", "top_p"), _POSITIVE),
-    **dict.fromkeys(("beta", "k", "eta", "lambda_type", "seed", "weight_decay", "warmup_steps", "max_grad_norm", "adam_epsilon",
+    **dict.fromkeys(("beta", "k", "eta", "lambda_type", "weight_decay", "warmup_steps", "max_grad_norm", "adam_epsilon",
                      "dataloader_num_workers"), _NON_NEGATIVE),
+    "seed": Range(0, MAX_SEED),
     **dict.fromkeys(("tasks_per_iteration", "max_turns", "max_new_tokens", "cf_samples", "save_every",
                      "diagnostics_every", "workers", "n_tasks", "max_trajectories", "lora_r", "horizon",
                      "num_iterations", "logging_steps", "fork_cost_multiplier"),
