@@ -55,6 +55,7 @@ from unidiff.errors import UnidiffParseError
 from crr.agent.tools import SCRATCH_DIR, model_patch, truncate
 from crr.errors import CRRError
 from crr.sandbox.base import Sandbox
+from crr.seeds import MAX_SEED, check_seed
 from crr.tasks.evalscript import eval_script_lines, seeded_order, test_directives  # noqa: F401  (verifier API)
 from crr.tasks.schema import Task
 
@@ -63,7 +64,7 @@ log = logging.getLogger(__name__)
 VERIFY_TIMEOUT_S = 1800     # swebench's own default per instance
 LOG_KEEP_CHARS = 10_000     # VerifierResult.log keeps the first and last this many characters
 MAX_LOG_BYTES = 16_000_000  # a test run that prints forever is cut here (inside the sandbox)
-MAX_HASH_SEED = 2**32 - 1   # PYTHONHASHSEED's largest value
+MAX_HASH_SEED = MAX_SEED    # PYTHONHASHSEED's largest value, 2**32 - 1 as numpy's
 
 _RUNNER_EXIT = re.compile(re.escape(TEST_EXIT_CODE) + r": (\d+)")
 
@@ -168,8 +169,8 @@ def hidden_harness_files(sandbox: Sandbox, patch: str) -> list[str]:
 def swebench_spec(task: Task, seed: int | None = None) -> TestSpec:
     """swebench's TestSpec for the task; its eval script records the test command's exit code and,
     with a seed, exports PYTHONHASHSEED (a task's own eval script keeps its own test order)."""
-    if seed is not None and not 0 <= seed <= MAX_HASH_SEED:
-        raise CRRError(f"seed must be between 0 and {MAX_HASH_SEED} (PYTHONHASHSEED's range), got {seed}")
+    if seed is not None:
+        check_seed(seed)
     lines = parse_eval_script(task.eval_script) if task.eval_script else eval_script_lines(task, seed)
     if not any(TEST_EXIT_CODE in line for line in lines):
         lines = record_test_exit_code(lines)
