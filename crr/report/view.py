@@ -118,11 +118,9 @@ def load_eval(path: Path) -> dict:
 def load_rollout(path: Path) -> dict:
     """A `crr rollout` run as an evaluation: each task's G siblings are its samples (with no error mode, which
     needs the task's gold patch: `crr eval` gives them)."""
-    from crr.rollout import TRAJECTORIES_FILE   # deferred: torch and transformers, for rollout runs only
-
     config = read_run_mapping(path / "config.yaml", "YAML")
     results = [_result({**t, "instance_id": t["task_id"], "sample": t["sibling"], "turns": len(t["steps"])},
-                       t["steps"]) for t in read_jsonl(path / TRAJECTORIES_FILE)]
+                       t["steps"]) for t in read_jsonl(path / "trajectories.jsonl")]
     return _evaluation(path, label(path), config.get("tasks"), config.get("model"), results)
 
 
