@@ -18,7 +18,12 @@ from typer.testing import CliRunner
 from crr.agent.prompt import SYSTEM_PROMPT, TOOL_SCHEMAS
 from crr.agent.tools import parse_tool_call
 from crr.errors import CRRError
-from crr.policy.backend import DEFAULT_MAX_EXCLUSION_TRIES, TransformersBackend, rejection_sample
+from crr.policy.backend import (
+    DEFAULT_MAX_EXCLUSION_TRIES,
+    SHARED_PREFIX_MIN_TOKENS,
+    TransformersBackend,
+    rejection_sample,
+)
 from crr.policy.grammar import ToolCallGrammar
 from crr.policy.model import (
     MODEL_VERSION,
@@ -357,6 +362,44 @@ def test_prefix_reuse_across_turns_matches_a_fresh_prefill(policy):
                          reuse.generate(prompts, temperature=0.0, seed=0, max_new_tokens=BUDGET))
 
 
+def test_what_rows_share_is_encoded_once_and_samples_what_a_fresh_prefill_samples(policy):
+    """A first call of G siblings of two tasks: the prefix both prompts open with is encoded once, then each
+    prompt once, and the batch's prefill feeds each row its last prompt token and the call's opening; every row
+    samples what it samples without a prefix cache, with the same numbers."""
+    model, tokenizer = policy
+    fresh = TransformersBackend(model, tokenizer, tools=COMPACT_TOOLS, max_value_chars=MAX_VALUE_CHARS,
+                                prefix_cache_bytes=0)
+    shared = TransformersBackend(model, tokenizer, tools=COMPACT_TOOLS, max_value_chars=MAX_VALUE_CHARS)
+    tasks = [fresh.prompt_ids(conversation(issue)) for issue in
+             ("Fix the off-by-one error in calc/core.py " * 6, "The parser drops the last field of a row " * 6)]
+    prompts = [p for p in tasks for _ in range(3)]
+    common = next(k for k, (a, b) in enumerate(zip(*tasks)) if a != b)
+    assert common >= SHARED_PREFIX_MIN_TOKENS and min(map(len, tasks)) - common >= SHARED_PREFIX_MIN_TOKENS
+    fed = []
+
+    def count(module, args, kwargs):   # (rows, tokens a row) of each forward pass
+        fed.append(tuple(kwargs["input_ids"].shape))
+
+    hook = model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        samples = shared.generate(prompts, temperature=1.0, seed=5, max_new_tokens=BUDGET)
+    finally:
+        hook.remove()
+    _assert_same_samples(fresh.generate(prompts, temperature=1.0, seed=5, max_new_tokens=BUDGET), samples)
+    opening = len(shared.grammar.matcher()._forced)   # the tokens every call opens with, fed with the prompts
+    assert fed[:3] == [(1, common), (2, max(len(p) - 1 for p in tasks) - common), (len(prompts), 1 + opening)]
+    assert shared.prefix_cache.prefilled_tokens == sum(len(p) - 1 for p in tasks) - common + len(prompts)
+    # nothing is shared twice: the next call of the same prompts feeds each row its last token only
+    fed.clear()
+    hook = model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        again = shared.generate(prompts, temperature=1.0, seed=6, max_new_tokens=BUDGET)
+    finally:
+        hook.remove()
+    assert fed[0] == (len(prompts), 1 + opening)
+    _assert_same_samples(fresh.generate(prompts, temperature=1.0, seed=6, max_new_tokens=BUDGET), again)
+
+
 def test_a_lora_policy_decodes_from_its_merged_weights_in_float32_and_their_updates(tiny_dir, batch):
     """A float32 LoRA policy decodes from a merged copy (no adapter layers in it), which computes the adapter's
     function: every sample's log-probabilities are the LoRA model's own (a teacher-forced pass through the
@@ -506,9 +549,11 @@ def test_rows_leave_the_batch_as_they_finish_and_sample_as_if_they_had_stayed(po
             samples = backend.generate(prompts, temperature=1.0, seed=3, max_new_tokens=max_new_tokens)
             actions = [s.action_ids for s in samples]
             assert actions == reference_sample(model, backend.grammar, prompts, 1.0, 3, max_new_tokens)
-            # a pass samples each of its rows' next free token, the tokens the grammar forces after it fed with it
+            # a pass samples each of its rows' next free token, the tokens the grammar forces after it fed with it;
+            # at the first call the prefix every prompt opens with is encoded once, before the batch's prefill
             passes = [_passes(backend.grammar, a) for a in actions]
-            assert steps == [len(prompts)] + [sum(n >= k for n in passes) for k in range(1, max(passes) + 1)]
+            assert steps == [1] * (not cut) + [len(prompts)] + [sum(n >= k for n in passes)
+                                                                 for k in range(1, max(passes) + 1)]
             assert max(passes) < max(map(len, actions)) / 2   # forced tokens ride along
             lengths = sorted(map(len, actions))
             assert lengths[0] < lengths[-1]  # rows did finish at different steps

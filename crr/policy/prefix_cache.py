@@ -7,6 +7,8 @@ finished generation, the keys and values of every token the model was fed (the p
 up to its last token), and a new prompt reuses the longest cached prefix of itself: only the rest is
 prefilled. (vLLM does the same with its automatic prefix caching; `model.generate` keeps a cache within
 one call only, and a batch of rows with different cached lengths needs the left-aligned assembly below.)
+Rows of one call that share a prefix the cache lacks (a task's G siblings at their first call, the system prompt
+of a batch of tasks) have it encoded once, stored, then reused by each (TransformersBackend._share_prefixes).
 Within a call, full-attention models decode into a DecodeCache, which grows in place and lets finished rows go.
 
 Entries are per sequence, on the model's device, and bounded in bytes with least-recently-used eviction;
@@ -51,6 +53,19 @@ class PrefixCache:
     def lookup(self, ids: list[int]) -> tuple[int, KV | None]:
         """(n, kv): the longest cached prefix of `ids`, at most len(ids) - 1 tokens (the last prompt token
         is always fed: its logits give the first action token); kv holds at least n tokens."""
+        best_key, best = self._longest(ids)
+        self.reused_tokens += best
+        self.prefilled_tokens += len(ids) - best
+        if best_key is None:
+            return 0, None
+        self._entries.move_to_end(best_key)
+        return best, self._entries[best_key].kv
+
+    def cached(self, ids: list[int]) -> int:
+        """How many tokens of `ids` `lookup` would reuse, without counting or touching anything."""
+        return self._longest(ids)[1]
+
+    def _longest(self, ids: list[int]) -> tuple[int | None, int]:
         query = np.asarray(ids, dtype=np.int64)
         best_key, best = None, 0
         for key, entry in self._entries.items():
@@ -61,12 +76,7 @@ class PrefixCache:
             common = int(differ[0]) if len(differ) else n
             if common > best:
                 best_key, best = key, common
-        self.reused_tokens += best
-        self.prefilled_tokens += len(ids) - best
-        if best_key is None:
-            return 0, None
-        self._entries.move_to_end(best_key)
-        return best, self._entries[best_key].kv
+        return best_key, best
 
     def store(self, ids: list[int], kv: KV) -> None:
         """Keep the keys and values of `ids` (one per token); entries that `ids` extends are dropped."""
