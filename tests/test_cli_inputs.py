@@ -127,6 +127,16 @@ def test_configs_refuse_a_seed_no_stream_takes():
                 make(seed)
 
 
+def test_a_string_bound_below_one_is_refused_as_it_is_parsed(tmp_path):
+    # (crr rollout took --max-value-chars 0 as far as the grammar, once the model had loaded: about 10 s)
+    for command, bad in ((["rollout", "--tasks", "micro-test", "--out", str(tmp_path / "runs")], "0"),
+                         (["model", "generate", "--prompt", "hi"], "0"), (["model", "bench"], "0"),
+                         (["rollout", "bench"], "-1")):   # rollout bench takes 0 as unbounded
+        result = CliRunner().invoke(app, [*command, "--max-value-chars", bad])
+        assert result.exit_code == 2 and "--max-value-chars" in result.output, (command, result.output)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_filter_tasks_refuses_bad_workers_before_making_a_run_directory(task, tmp_path):
     tasks = write_tasks([task], tmp_path / "tasks.jsonl")
     result = CliRunner().invoke(app, ["filter-tasks", "--tasks", str(tasks), "--workers", "0",

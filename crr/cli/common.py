@@ -328,8 +328,10 @@ def max_new_tokens_option(default: int | None, help: str = "Token budget of one 
 
 def max_value_chars_option(default: int | None = None,
                            help: str = "Bound every string argument to this many characters (complete calls "
-                                       "from untrained models; slower masks).") -> Any:
-    return typer.Option(default, "--max-value-chars", help=help)
+                                       "from untrained models; slower masks).", minimum: int = 1) -> Any:
+    """`minimum`: 1, or 0 where 0 means unbounded (`crr rollout bench`); refused as it is parsed, before a model
+    loads."""
+    return typer.Option(default, "--max-value-chars", min=minimum, help=help)
 
 
 def threads_option() -> Any:

@@ -127,7 +127,7 @@ def rollout_bench_command(
     max_new_tokens: int = max_new_tokens_option(96),
     max_value_chars: int = max_value_chars_option(16, help="Bound every string argument to this many characters "
                                                   "(the untrained default model rambles); 0: unbounded, as a "
-                                                  "trained policy runs."),
+                                                  "trained policy runs.", minimum=0),
     engine: str = engine_option(),
     ray: str | None = ray_option(),
     engine_opt: list[str] = engine_opt_option(),
