@@ -105,6 +105,7 @@ from crr.train.distributed import barrier, broadcast, gather, gather_one, is_mai
 from crr.train.ledger import Ledger, merge
 from crr.train.replay_noise import RerunOutputs
 from crr.train.selectors import SelectorParams, select_each, sibling_values
+from crr.train.shared_prompt import shared_prompt_logps
 from crr.train.tuples import drop_parts_from, write_part
 
 log = logging.getLogger(__name__)
@@ -530,11 +531,19 @@ class CRRTrainer(GRPOTrainer):
             out["old_per_token_logps"] = old
         return out
 
-    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
-        """TRL's, and after the loss's forward pass (the one with gradients) of an update whose branches ran
-        beside it: the wait for them, then their advantages in every chunk of the update's rows, which TRL
-        reads next (`_rollout`)."""
-        out = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **rest):
+        """TRL's, with each distinct prompt of a chunk encoded once (crr.train.shared_prompt; TRL's own pass for
+        rows with images or an auxiliary loss, or nothing to share); and after the loss's forward pass (the one
+        with gradients) of an update whose branches ran beside it: the wait for them, then their advantages in
+        every chunk of the update's rows, which TRL reads next (`_rollout`)."""
+        shared = None   # (one process: DDP's reducer expects one forward pass per backward)
+        if self.accelerator.num_processes == 1 and not compute_aux_loss and all(v is None for v in rest.values()):
+            with self.accelerator.autocast():
+                shared = shared_prompt_logps(model, input_ids, attention_mask, logits_to_keep,
+                                             batch_size or input_ids.size(0), compute_entropy)
+        out = (*shared, None) if shared is not None else super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **rest)
         if self._late is not None and torch.is_grad_enabled():
             first = self._buffered_inputs[0]
             advantages = self._advantages(self._land(), first["advantages"].shape[1]).to(first["advantages"].device)
