@@ -76,3 +76,22 @@ def test_nothing_to_share_is_left_to_trl(model):
     assert shared_prompt_logps(model, ids, mask, COMPLETION, 3, False) is None
     ids, mask = batch([0, 0, 1, 1])
     assert shared_prompt_logps(model, ids, mask, COMPLETION, 1, False) is None   # chunks of one row
+
+
+def test_a_pass_with_gradients_through_checkpointed_layers_is_left_to_trl(model):
+    """Checkpointed layers drop the cache they are given (they would score the completions without their prompt):
+    with gradients such a pass is TRL's; without (the reference pass) nothing is checkpointed and it is shared."""
+    ids, mask = batch([0, 0, 1, 1])
+    base = model.get_base_model()
+    base.gradient_checkpointing_enable()
+    try:
+        assert base.training
+        assert shared_prompt_logps(model, ids, mask, COMPLETION, 4, False) is None
+        with torch.no_grad():
+            shared = shared_prompt_logps(model, ids, mask, COMPLETION, 4, False)
+            reference = trl_pass(model, ids, mask)[0]
+        assert shared is not None
+        scored = mask[:, -COMPLETION:].bool()
+        assert torch.allclose(shared[0][scored], reference[scored], atol=1e-5)
+    finally:
+        base.gradient_checkpointing_disable()

@@ -12,7 +12,8 @@ entropies equal TRL's up to floating-point rounding, and so do the gradients (te
 
 Used by CRRTrainer._get_per_token_logps_and_entropies for the loss's pass and the reference pass, in a run of one
 process (under DDP a module runs one forward pass per backward); rows with images, a mixture-of-experts auxiliary
-loss, or layers that keep less than every token (sliding windows) take TRL's own path.
+loss, or layers that keep less than every token (sliding windows) take TRL's own path, and so does a pass with
+gradients through checkpointed layers (the paper preset's `gradient_checkpointing`), which drop a cache.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ def shared_prompt_logps(model: torch.nn.Module, input_ids: torch.Tensor, attenti
     prompt = input_ids.shape[1] - logits_to_keep
     if prompt < 2 or not full_attention(model.config):
         return None
+    if torch.is_grad_enabled() and any(getattr(m, "gradient_checkpointing", False) and m.training
+                                       for m in model.modules()):
+        return None   # a checkpointed layer drops the cache it is given (transformers' GradientCheckpointingLayer)
     chunks = [(start, min(start + batch_size, input_ids.shape[0])) for start in range(0, input_ids.shape[0], batch_size)]
     heads = torch.cat([input_ids[:, :prompt], attention_mask[:, :prompt]], dim=1)
     if all(len(torch.unique(heads[a:b], dim=0)) == b - a for a, b in chunks):
