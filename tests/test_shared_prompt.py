@@ -49,13 +49,15 @@ def with_grads(model, ids, mask, fn):
     model.zero_grad()
     logps, entropies = fn()
     (logps * mask[:, -COMPLETION:]).sum().backward()
-    return logps.detach(), entropies.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    return logps.detach(), entropies.detach(), grads
 
 
 def test_each_distinct_prompt_is_encoded_once_and_the_loss_and_its_gradients_are_trls(model):
     ids, mask = batch([0, 0, 0, 1, 1, 2])   # two groups of siblings and a lone row, prompts padded differently
     fed = []
-    hook = model.register_forward_pre_hook(lambda m, a, kw: fed.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    hook = model.register_forward_pre_hook(lambda m, a, kw: fed.append(tuple(kw["input_ids"].shape)),
+                                           with_kwargs=True)
     try:
         shared = with_grads(model, ids, mask, lambda: shared_prompt_logps(model, ids, mask, COMPLETION, 4, True))
     finally:

@@ -501,12 +501,12 @@ class TransformersBackend:
     def _share_prefixes(self, model: PreTrainedModel, prompts: list[list[int]]) -> None:
         """Encode once, into the prefix cache, what several rows would each encode: first the prefix every
         distinct prompt opens with (the system prompt and tools of the first call of a batch of tasks), then
-        each prompt that several rows are (a task's G siblings, or an evaluation's n samples, at their first
-        call), so that the batch's prefill feeds each row only what is its own. A rollout's first call was
-        G copies of the same prefill: 2.4 s of 16 rows against 0.27 s of 2 for two nano tasks' 964-token
-        prompts (docs/training.md, "Shared prefixes"). The keys and values a row reuses are those its own
-        prefill computes, up to rounding (the module docstring of crr.policy.prefix_cache), so what a row
-        samples does not depend on whether its prefix was shared. What is shorter than
+        each prompt that several rows are (a task's G siblings at their first call), so that the batch's prefill
+        feeds each row only what is its own. A rollout's first call was G copies of the same prefill: 2.4 s of
+        16 rows against 0.27 s of 2 for two nano tasks' 964-token paper-format prompts (docs/training.md,
+        "Shared prefixes"). The keys and values a row reuses are those its own prefill computes, up to rounding
+        (the module docstring of crr.policy.prefix_cache), so what a row samples does not depend on whether its
+        prefix was shared. What is shorter than
         SHARED_PREFIX_MIN_TOKENS is fed with each row: a pass of its own costs more than it saves."""
         cache = self.prefix_cache
         distinct = [list(p) for p in dict.fromkeys(map(tuple, prompts))]

@@ -1,14 +1,15 @@
 """The learner's forward passes with each distinct prompt encoded once (shared-prefix GRPO, as Prefix Grouper,
 arXiv 2506.05433, does for the loss).
 
-A GRPO batch holds G rows per task whose prompt (s_0: the system prompt, the tools, the issue) is the same, and
-TRL encodes it in every row: for the CPU preset's nano rows about 960 prompt tokens beside a completion of a few
-hundred. Here the rows of a chunk that share their prompt tokens (and padding) are grouped: each distinct prompt but
-its last token is encoded once into a key/value cache, the cache is expanded to the group's rows (an index, so the
-gradient of every row flows back into the one encoding), and the completions are scored after it with TRL's fused
-LM head, exactly as TRL scores them after the full sequence: the same positions (a row's position ids count from
-the first column, padding included, in both), the same mask, the same labels. Per token, log-probabilities and
-entropies equal TRL's up to floating-point rounding, and so do the gradients (tests/test_trainer.py).
+A GRPO batch holds G rows per task whose prompt (s_0: the system prompt, the tools, the issue) is the same, and TRL
+encodes it in every row: a nano task's prompt is about 960 tokens in the paper's agent format and 135 in the
+compact one the CPU presets train in, beside completions of 550-1,500 tokens. Here the rows of a chunk that share
+their prompt tokens (and padding) are grouped: each distinct prompt but its last token is encoded once into a
+key/value cache, the cache is expanded to the group's rows (an index, so the gradient of every row flows back into
+the one encoding), and the completions are scored after it with TRL's fused LM head, exactly as TRL scores them
+after the full sequence: the same positions (a row's position ids count from the first column, padding included, in
+both), the same mask, the same labels. Per token, log-probabilities and entropies equal TRL's up to floating-point
+rounding, and so do the gradients (tests/test_shared_prompt.py).
 
 Used by CRRTrainer._get_per_token_logps_and_entropies for the loss's pass and the reference pass, in a run of one
 process (under DDP a module runs one forward pass per backward); rows with images, a mixture-of-experts auxiliary
@@ -30,14 +31,16 @@ def shared_prompt_logps(model: torch.nn.Module, input_ids: torch.Tensor, attenti
                         ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """TRL's per-token log-probabilities (and entropies) of the last `logits_to_keep` tokens of each row, in
     chunks of `batch_size` rows, each distinct prompt encoded once per chunk; None when no chunk has two rows
-    with the same prompt (nothing to share) or the model keeps less than every token's keys and values."""
+    with the same prompt (nothing to share), the model keeps less than every token's keys and values, or a pass
+    with gradients runs through checkpointed layers."""
     prompt = input_ids.shape[1] - logits_to_keep
     if prompt < 2 or not full_attention(model.config):
         return None
     if torch.is_grad_enabled() and any(getattr(m, "gradient_checkpointing", False) and m.training
                                        for m in model.modules()):
         return None   # a checkpointed layer drops the cache it is given (transformers' GradientCheckpointingLayer)
-    chunks = [(start, min(start + batch_size, input_ids.shape[0])) for start in range(0, input_ids.shape[0], batch_size)]
+    rows = input_ids.shape[0]
+    chunks = [(start, min(start + batch_size, rows)) for start in range(0, rows, batch_size)]
     heads = torch.cat([input_ids[:, :prompt], attention_mask[:, :prompt]], dim=1)
     if all(len(torch.unique(heads[a:b], dim=0)) == b - a for a, b in chunks):
         return None
