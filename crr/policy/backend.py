@@ -462,7 +462,8 @@ class TransformersBackend:
                     if matchers[i].is_terminated:
                         done_at[i] = time.perf_counter() - start
             if finished:
-                self._keep_prefixes(past, attention, finished, [alive[j] for j in finished], prompts, record)
+                self._keep_prefixes(past, attention, finished,
+                                    [prompts[alive[j]] + record[alive[j]]["action_ids"] for j in finished])
                 stay = [j for j in range(len(alive)) if j not in finished]
                 alive, next_positions = [alive[j] for j in stay], next_positions[stay]
                 if not alive:
@@ -522,8 +523,7 @@ class TransformersBackend:
         """Prefill `seqs` (each after its cached prefix) and keep their keys and values in the prefix cache."""
         _, past, attention, _ = self._prefill(model, seqs, [self.prefix_cache.lookup(s) for s in seqs],
                                               room=0, logits_to_keep=1)
-        for j, seq in enumerate(seqs):
-            self.prefix_cache.store(seq, row_kv(past, j, attention[j].nonzero()[:, 0].to(self.device)))
+        self._keep_prefixes(past, attention, list(range(len(seqs))), seqs)
 
     def _prefill(self, model: PreTrainedModel, seqs: list[list[int]], cached: list[tuple[int, KV | None]],
                  room: int, logits_to_keep: int) -> tuple:
@@ -548,15 +548,14 @@ class TransformersBackend:
                             position_ids=positions.to(self.device), use_cache=True, logits_to_keep=logits_to_keep)
         return out, past, attention, positions
 
-    def _keep_prefixes(self, past, attention: torch.Tensor, batch_rows: list[int], rows: list[int],
-                       prompts: list[list[int]], record: list[dict[str, list]]) -> None:
-        """Store in the prefix cache the keys and values of the tokens that each of `rows` (at `batch_rows`
-        of the current batch) was fed: its prompt and its action but the last token."""
+    def _keep_prefixes(self, past, attention: torch.Tensor, batch_rows: list[int], seqs: list[list[int]]) -> None:
+        """Store in the prefix cache the keys and values of the tokens that the rows `batch_rows` of the current
+        batch were fed: the first of each of `seqs` (a prompt and its action: all but the action's last token)."""
         if self.prefix_cache.max_bytes <= 0 or not reusable(past, attention.shape[1]):
             return
-        for j, i in zip(batch_rows, rows):
+        for j, seq in zip(batch_rows, seqs):
             keep = attention[j].nonzero()[:, 0].to(self.device)
-            self.prefix_cache.store((prompts[i] + record[i]["action_ids"])[:len(keep)], row_kv(past, j, keep))
+            self.prefix_cache.store(seq[:len(keep)], row_kv(past, j, keep))
 
     def clear_cache(self) -> None:
         """Also the signal that the weights may have changed (every rollout starts with it): the merged copy is

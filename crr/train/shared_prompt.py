@@ -42,12 +42,12 @@ def shared_prompt_logps(model: torch.nn.Module, input_ids: torch.Tensor, attenti
     rows = input_ids.shape[0]
     chunks = [(start, min(start + batch_size, rows)) for start in range(0, rows, batch_size)]
     heads = torch.cat([input_ids[:, :prompt], attention_mask[:, :prompt]], dim=1)
-    if all(len(torch.unique(heads[a:b], dim=0)) == b - a for a, b in chunks):
+    groups = [torch.unique(heads[a:b], dim=0, return_inverse=True)[1] for a, b in chunks]   # each row's prompt
+    if all(int(row_of.max()) + 1 == b - a for row_of, (a, b) in zip(groups, chunks)):
         return None
     logps, entropies = [], []
-    for a, b in chunks:
-        distinct, row_of = torch.unique(heads[a:b], dim=0, return_inverse=True)
-        first = [int((row_of == u).nonzero()[0]) + a for u in range(len(distinct))]
+    for (a, b), row_of in zip(chunks, groups):
+        first = [int((row_of == u).nonzero()[0]) + a for u in range(int(row_of.max()) + 1)]
         cache = DynamicCache(config=model.config)
         model(input_ids=input_ids[first, :prompt - 1], attention_mask=attention_mask[first, :prompt - 1],
               use_cache=True, logits_to_keep=1, **{CACHE_KEYWORD: cache})
