@@ -36,6 +36,7 @@ of -25 to -300 where the realised one has -0.2 to -12).
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -190,15 +191,6 @@ def _check_args(conversations: list, temperature: float, max_new_tokens: int, ex
 # The keyword (and output field) of a forward pass's key/value cache: transformers 5.24 renamed it `cache`
 # (`past_key_values` warns there and is removed in 5.40); the versions before take only the old name.
 CACHE_KEYWORD = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
-
-
-def _common_prefix(seqs: list[list[int]]) -> int:
-    """The number of leading tokens all of `seqs` have in common."""
-    n = min(map(len, seqs))
-    for k in range(n):
-        if any(s[k] != seqs[0][k] for s in seqs):
-            return k
-    return n
 
 
 def forward(model: torch.nn.Module, past, **inputs):
@@ -507,12 +499,12 @@ class TransformersBackend:
         16 rows against 0.27 s of 2 for two nano tasks' 964-token paper-format prompts (docs/training.md,
         "Shared prefixes"). The keys and values a row reuses are those its own prefill computes, up to rounding
         (the module docstring of crr.policy.prefix_cache), so what a row samples does not depend on whether its
-        prefix was shared. What is shorter than
-        SHARED_PREFIX_MIN_TOKENS is fed with each row: a pass of its own costs more than it saves."""
+        prefix was shared. What is shorter than SHARED_PREFIX_MIN_TOKENS is fed with each row: a pass of its own
+        costs more than it saves."""
         cache = self.prefix_cache
         distinct = [list(p) for p in dict.fromkeys(map(tuple, prompts))]
-        common = distinct[0][:_common_prefix(distinct)] if len(distinct) > 1 else []
-        if len(common) >= SHARED_PREFIX_MIN_TOKENS and len(common) - cache.cached(common) >= SHARED_PREFIX_MIN_TOKENS:
+        common = os.path.commonprefix(distinct) if len(distinct) > 1 else []   # (element-wise: any sequences)
+        if len(common) - cache.cached(common) >= SHARED_PREFIX_MIN_TOKENS:
             self._encode(model, [common])
         repeated = [p[:-1] for p in distinct if prompts.count(p) > 1
                     and len(p) - 1 - cache.cached(p) >= SHARED_PREFIX_MIN_TOKENS]
@@ -550,7 +542,8 @@ class TransformersBackend:
 
     def _keep_prefixes(self, past, attention: torch.Tensor, batch_rows: list[int], seqs: list[list[int]]) -> None:
         """Store in the prefix cache the keys and values of the tokens that the rows `batch_rows` of the current
-        batch were fed: the first of each of `seqs` (a prompt and its action: all but the action's last token)."""
+        batch were fed: of each of `seqs` (a prompt, or a prompt and its action), as many leading tokens as its
+        row was fed (a sampled action's last token never is)."""
         if self.prefix_cache.max_bytes <= 0 or not reusable(past, attention.shape[1]):
             return
         for j, seq in zip(batch_rows, seqs):
