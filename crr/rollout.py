@@ -337,7 +337,9 @@ def drive(episodes: list[Episode], backend: GenerationBackend, pool: WorkerPool,
                         t1 = time.perf_counter()
                         samples = backend.generate([e.conversation.token_ids() for e in active.values()],
                                                    temperature=config.temperature, seed=round_seed,
-                                                   max_new_tokens=config.max_new_tokens)
+                                                   max_new_tokens=config.max_new_tokens,
+                                                   drafts=[e.draft_source() for e in active.values()]
+                                                   if config.drafts else None)
                         elapsed = time.perf_counter() - t1
                         gen_s += elapsed
                         pool.map(functools.partial(play_sample, seed=round_seed, gen_s=elapsed),

@@ -228,6 +228,13 @@ def test_fork_at_gives_state_s_t_by_restore_and_by_verified_replay(tokenizer, en
             sandbox.write_file("calc.py", b"scribble")  # forks are independent of each other
         with replay_at(traj, t, engine) as sandbox:
             assert tree_digest(sandbox) == traj.steps[t].digest
+    # a branch's draft source (crr.policy.drafts): its calls so far, then what its trajectory called from a_t on
+    branch = Episode.fork(traj, edit, engine, tokenizer, EpisodeConfig(max_turns=len(calls)))
+    ids = [s.action_ids for s in traj.steps]
+    assert branch.draft_source() == sum(ids, [])   # a_0 .. a_{t-1}, then the lookahead a_t ..
+    branch.act(calls[-1])   # a~_t
+    assert branch.draft_source() == sum(ids[:edit], []) + branch.traj.steps[edit].action_ids + sum(ids[edit:], [])
+    branch.sandbox.close()
     traj.release()
     assert not traj.snapshots
     with fork_at(traj, edit + 1) as sandbox:  # snapshots gone: verified replay

@@ -551,9 +551,12 @@ def test_rows_leave_the_batch_as_they_finish_and_sample_as_if_they_had_stayed(po
             assert actions == reference_sample(model, backend.grammar, prompts, 1.0, 3, max_new_tokens)
             # a pass samples each of its rows' next free token, the tokens the grammar forces after it fed with it;
             # at the first call the prefix every prompt opens with is encoded once, before the batch's prefill
+            # (whose rows may be fed in passes by length: length_groups)
             passes = [_passes(backend.grammar, a) for a in actions]
-            assert steps == [1] * (not cut) + [len(prompts)] + [sum(n >= k for n in passes)
-                                                                 for k in range(1, max(passes) + 1)]
+            decoding = [sum(n >= k for n in passes) for k in range(1, max(passes) + 1)]
+            head, tail = steps[:len(steps) - len(decoding)], steps[len(steps) - len(decoding):]
+            assert tail == decoding
+            assert head[:not cut] == [1] * (not cut) and sum(head[not cut:]) == len(prompts)
             assert max(passes) < max(map(len, actions)) / 2   # forced tokens ride along
             lengths = sorted(map(len, actions))
             assert lengths[0] < lengths[-1]  # rows did finish at different steps
@@ -655,7 +658,7 @@ def test_exclusion_draws_what_rejection_draws(policy):
     backend, rows, temperature = _two_tools(policy, max_exclusion_tries=3), 48, 0.3
     prompt, canonical = backend.prompt_ids(conversation()), parse_tool_call(SUBMIT).canonical()
     # a steered draw never emits the excluded tokenization (unsteered: about half of these rows)
-    avoid = backend._score_call(prompt, backend.grammar.tokenize(SUBMIT), temperature)
+    avoid = backend._score_calls([prompt], [backend.grammar.tokenize(SUBMIT)], temperature)[0]
     drawn = backend._sample([prompt] * rows, temperature, torch.Generator().manual_seed(2), BUDGET, avoid=[avoid] * rows)
     assert all(s.action_ids != avoid.ids for s in drawn)
     assert sum(s.text == SUBMIT for s in drawn) >= 5   # the call in other tokenizations stays possible
@@ -750,3 +753,112 @@ def test_split_word_spaces_keeps_whole_words_and_starts_names_without_a_space(ti
     other["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+|\S+"
     with pytest.raises(CRRError, match="Qwen-style"):
         split_word_spaces(other)
+
+
+def _count_passes(model):
+    """A forward pre-hook that records each pass's (rows, tokens a row); remove it with .remove()."""
+    fed = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: fed.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    return fed, hook
+
+
+def test_drafts_change_the_passes_not_the_samples(policy, batch):
+    """A row fed a guess of its next tokens (crr.policy.drafts) keeps those its sampler draws anyway and masks
+    the others out of its cache: with its own call as the draft source it samples that call again in far fewer
+    passes, with another row's call the same call too, and the cache it leaves serves the next turn as a fresh
+    prefill would."""
+    model, tokenizer = policy
+    options = dict(tools=COMPACT_TOOLS, max_value_chars=MAX_VALUE_CHARS)
+    fresh = TransformersBackend(model, tokenizer, prefix_cache_bytes=0, **options)
+    prompts = [fresh.prompt_ids(c) for c in batch[:4]]
+    reference = fresh.generate(prompts, temperature=1.0, seed=3, max_new_tokens=BUDGET)
+    calls = [s.action_ids for s in reference]
+    passes = {}
+    for name, drafts in (("none", None), ("own", calls), ("other", calls[1:] + calls[:1])):
+        backend = TransformersBackend(model, tokenizer, **options)
+        fed, hook = _count_passes(model)
+        try:
+            samples = backend.generate(prompts, temperature=1.0, seed=3, max_new_tokens=BUDGET, drafts=drafts)
+        finally:
+            hook.remove()
+        _assert_same_samples(reference, samples)
+        passes[name] = len(fed)
+        # the next turn from the cache the call left (its guessed-and-refused columns masked out)
+        turn = [p + s.action_ids + tokenizer.encode("\nok\n") for p, s in zip(prompts, samples)]
+        _assert_same_samples(fresh.generate(turn, temperature=1.0, seed=4, max_new_tokens=BUDGET),
+                             backend.generate(turn, temperature=1.0, seed=4, max_new_tokens=BUDGET, drafts=drafts))
+    assert passes["own"] < passes["none"] / 2, passes
+    assert passes["other"] <= passes["none"], passes
+
+
+def test_packed_attention_is_sdpa_on_the_cache_as_it_is(policy):
+    """A CPU backend sets its policy's attention to crr.policy.attention's: for a pass of several tokens a row
+    after a padded cache it runs the query heads packed onto their key/value heads (no repeat of the cache)
+    and gives SDPA's logits."""
+    from crr.policy.attention import NAME
+    from crr.policy.backend import forward
+    from crr.policy.prefix_cache import DecodeCache
+
+    model, _ = policy
+    groups = model.config.num_attention_heads // model.config.num_key_value_heads
+    assert groups > 1
+    rows, cached = 3, 40
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size - 1, (rows, cached + 9), generator=generator)
+    attention = torch.ones((rows, cached), dtype=torch.long)
+    attention[0, :7] = 0   # a padded row
+    shapes, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, *args, **kwargs):
+        shapes.append(tuple(query.shape))
+        return sdpa(query, *args, **kwargs)
+
+    logits = {}
+    try:
+        torch.nn.functional.scaled_dot_product_attention = spy
+        for implementation in ("sdpa", NAME):
+            model.set_attn_implementation(implementation)
+            for width in (1, 2, 9):
+                with torch.no_grad():
+                    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+                    _, past = forward(model, DecodeCache(model.config.num_hidden_layers, cached + width),
+                                      input_ids=ids[:, :cached], attention_mask=attention, position_ids=positions,
+                                      use_cache=True, logits_to_keep=1)
+                    mask = torch.cat([attention, torch.ones((rows, width), dtype=torch.long)], -1)
+                    shapes.clear()
+                    out, _ = forward(model, past, input_ids=ids[:, cached:cached + width], attention_mask=mask,
+                                     position_ids=positions[:, -1:] + 1 + torch.arange(width), use_cache=True,
+                                     logits_to_keep=width)
+                logits[implementation, width] = out.logits
+                if implementation == NAME and width > 1:   # query heads packed: key/value heads x groups x width
+                    assert shapes[0] == (rows, model.config.num_key_value_heads, groups * width, model.config.head_dim)
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = sdpa
+        model.set_attn_implementation(NAME)
+    for width in (1, 2, 9):
+        torch.testing.assert_close(logits[NAME, width], logits["sdpa", width], atol=1e-5, rtol=0)
+
+
+def test_rows_of_very_different_lengths_are_prefilled_apart_and_sample_as_one_pass_does(policy, monkeypatch):
+    """Prompts whose uncached rests differ much in length are prefilled in passes of similar lengths
+    (`length_groups`: fewer padded tokens) and their caches joined; every row samples what one pass gives."""
+    import crr.policy.backend as backend_module
+
+    assert backend_module.length_groups([5, 500, 6, 510], pass_tokens=64) == [[0, 2], [1, 3]]
+    assert backend_module.length_groups([100, 101, 102], pass_tokens=64) == [[0, 1, 2]]
+    assert backend_module.length_groups([3, 9], pass_tokens=0) == [[0], [1]]
+    model, tokenizer = policy
+    options = dict(tools=COMPACT_TOOLS, max_value_chars=MAX_VALUE_CHARS, prefix_cache_bytes=0)
+    backend = TransformersBackend(model, tokenizer, **options)
+    prompts = [backend.prompt_ids(conversation(issue)) for issue in
+               ("Fix calc/core.py", "The parser drops the last field of a row " * 30, "Fix io/csv.py",
+                "The writer drops the last field of a row " * 30)]
+    fed, hook = _count_passes(model)
+    try:
+        grouped = backend.generate(prompts, temperature=1.0, seed=7, max_new_tokens=BUDGET)
+    finally:
+        hook.remove()
+    assert [rows for rows, _ in fed[:2]] == [2, 2]   # the two short prompts, then the two long ones
+    monkeypatch.setattr(backend_module, "length_groups", lambda rests: [list(range(len(rests)))])
+    _assert_same_samples(TransformersBackend(model, tokenizer, **options).generate(
+        prompts, temperature=1.0, seed=7, max_new_tokens=BUDGET), grouped)

@@ -86,6 +86,8 @@ class EpisodeConfig:
     digests: bool = False                # record tree_digest(s_t) per step (verified replay fallback)
     verify_timeout_s: float = VERIFY_TIMEOUT_S
     agent_format: str = "paper"          # crr.agent.prompt.FORMATS: prompt, tool catalogue, observation budget
+    drafts: bool = True                  # decode with guesses from `Episode.draft_source` (crr.policy.drafts):
+    #                                      fewer passes, the same samples
 
     def __post_init__(self) -> None:
         agent_format(self.agent_format)  # a clear error for an unknown name
@@ -221,6 +223,7 @@ class Episode:
         # What the agent reads of an executed call: (t, call, real output) -> output; counterfactual
         # branches set it to inject replay noise (crr.train.replay_noise), everything else reads the real one.
         self.observe: Callable[[int, ToolCall, Observation], Observation] | None = None
+        self.lookahead: list[int] = []   # a branch's: its trajectory's call tokens from a_t on (draft_source)
         self._start = time.monotonic()
 
     @classmethod
@@ -235,11 +238,18 @@ class Episode:
         ep.traj.messages, ep.traj.prompt_ids = traj.messages, traj.prompt_ids
         ep.traj.steps = list(traj.steps[:t])
         ep.conversation = traj.conversation(tokenizer, t)
+        ep.lookahead = [i for s in traj.steps[t:] for i in s.action_ids]
         try:
             ep.sandbox = fork_at(traj, t, engine)
         except CRRError as e:
             ep._infra(f"fork at step {t}: {e}")
         return ep
+
+    def draft_source(self) -> list[int]:
+        """The tokens this episode's next call may repeat (crr.policy.drafts): the tokens of its calls so far,
+        then a branch's lookahead, last so that its occurrences of an n-gram are the ones drafted from: a branch
+        replays much of what its trajectory did after the fork."""
+        return [i for s in self.traj.steps for i in s.action_ids] + self.lookahead
 
     @property
     def done(self) -> bool:

@@ -45,19 +45,24 @@ import torch
 import transformers
 from packaging.version import Version
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from crr.agent.prompt import TOOL_SCHEMAS
 from crr.agent.tools import ToolCallError, parse_tool_call
 from crr.errors import CRRError
 from crr.policy import BACKENDS  # noqa: F401  (the backends' names, re-exported)
+from crr.policy.attention import NAME as PACKED_SDPA
+from crr.policy.drafts import DEFAULT_DRAFT_TOKENS, MAX_NGRAM, Drafts
 from crr.policy.grammar import ToolCallGrammar, ToolCallMatcher, apply_bitmask
-from crr.policy.prefix_cache import KV, PrefixCache, batch_past, full_attention, keep_rows, reusable, row_kv
+from crr.policy.prefix_cache import (KV, DecodeCache, PrefixCache, batch_past, full_attention, keep_rows, reusable,
+                                     row_kv)
 
 DEFAULT_MAX_EXCLUSION_TRIES = 8
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30  # reused keys/values (the tiny model: ~3 KB a token, so ~350k tokens)
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # vLLM on CPU: its KV cache (the tiny model in float32: ~350k tokens)
 DEFAULT_CPU_BATCHED_TOKENS = 8192     # vLLM on CPU: tokens a scheduler step takes when the model names no context
 SHARED_PREFIX_MIN_TOKENS = 32         # a prefix rows share is encoded once when at least this long (_share_prefixes)
+PREFILL_PASS_TOKENS = 64              # a prefill pass's cost beyond its tokens, in tokens (length_groups)
 
 
 @dataclass
@@ -98,7 +103,8 @@ class GenerationBackend(Protocol):
 
     def generate(self, conversations: list[Prompt], temperature: float, seed: int, max_new_tokens: int,
                  exclude: list[str | None] | None = None,
-                 exclude_ids: list[list[int] | None] | None = None) -> list[StepSample]: ...
+                 exclude_ids: list[list[int] | None] | None = None,
+                 drafts: list[list[int] | None] | None = None) -> list[StepSample]: ...
 
     def clear_cache(self) -> None:
         """Forget reused prefixes, so what follows depends on its seeds and the weights only."""
@@ -193,6 +199,24 @@ def _check_args(conversations: list, temperature: float, max_new_tokens: int, ex
 CACHE_KEYWORD = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
 
 
+def length_groups(rests: list[int], pass_tokens: int = PREFILL_PASS_TOKENS) -> list[list[int]]:
+    """The rows (indices of `rests`, the tokens each row feeds) in prefill passes: a pass costs about its rows times
+    its longest row's tokens (padding computes as a token does) plus `pass_tokens`; of the rows sorted by length, the
+    partition into runs with the least total (dynamic programming over the sorted rows)."""
+    order = sorted(range(len(rests)), key=rests.__getitem__)
+    best, cut = [0.0] + [math.inf] * len(order), [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        for begin in range(end):
+            cost = best[begin] + pass_tokens + (end - begin) * rests[order[end - 1]]
+            if cost < best[end]:
+                best[end], cut[end] = cost, begin
+    groups, end = [], len(order)
+    while end:
+        groups.append(order[cut[end]:end])
+        end = cut[end]
+    return groups[::-1]
+
+
 def forward(model: torch.nn.Module, past, **inputs):
     """One pass of `model` on `inputs` after the key/value cache `past` (None: none): its output and the cache
     after it."""
@@ -225,16 +249,20 @@ class TransformersBackend:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, device: str = "cpu",
                  tools: list[dict] | None = None, max_value_chars: int | None = None,
                  max_exclusion_tries: int = DEFAULT_MAX_EXCLUSION_TRIES,
-                 prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES):
+                 prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES, draft_tokens: int = DEFAULT_DRAFT_TOKENS):
         if tokenizer.pad_token_id is None:
             raise CRRError("the tokenizer has no pad token; load the model with crr.policy.load_policy")
         self.model = model.to(device).eval()
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if base.config._attn_implementation == "sdpa" and torch.device(device).type == "cpu":
+            base.set_attn_implementation(PACKED_SDPA)   # (and so its merged copy: crr.policy.attention)
         self._merged: PreTrainedModel | None = None   # the merged copy the decoder runs (_decoder)
         self.tokenizer = tokenizer
         self.device = device
         self.tools = TOOL_SCHEMAS if tools is None else tools
         self.max_exclusion_tries = max_exclusion_tries
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self.draft_tokens = draft_tokens   # a guess's length when a row has a draft source (0: none; generate)
         self._weights_stamp: tuple[int, int] | None = None
         self.grammar = ToolCallGrammar(tokenizer, self.tools, vocab_size=model.get_output_embeddings().weight.shape[0],
                                        max_value_chars=max_value_chars)
@@ -247,11 +275,13 @@ class TransformersBackend:
 
     def generate(self, conversations: list[Prompt], temperature: float, seed: int, max_new_tokens: int,
                  exclude: list[str | None] | None = None,
-                 exclude_ids: list[list[int] | None] | None = None) -> list[StepSample]:
+                 exclude_ids: list[list[int] | None] | None = None,
+                 drafts: list[list[int] | None] | None = None) -> list[StepSample]:
         """One call per conversation; with `exclude`, a row with an excluded call samples the CRR proposal
         q_{not a} (the module docstring). `exclude_ids`: the tokens each excluded call was sampled as (the
         realised step's), the tokenization whose q(a) is computed; by default the grammar's, which a trained
-        policy need not use (the multi tier's puts almost no mass on it)."""
+        policy need not use (the multi tier's puts almost no mass on it). `drafts`: each row's draft source, the
+        tokens its call may repeat (crr.policy.drafts; they save passes, and change no sample)."""
         excluded = _check_args(conversations, temperature, max_new_tokens, exclude, exclude_ids)
         if not conversations:
             return []
@@ -264,13 +294,14 @@ class TransformersBackend:
                            f"exceeds the model's context of {context} tokens; shorten the conversation")
         generator = torch.Generator().manual_seed(seed)
         if excluded is None:
-            return self._sample(prompts, temperature, generator, max_new_tokens)
+            return self._sample(prompts, temperature, generator, max_new_tokens, drafts=drafts)
         tokens = [None if c is None else ids if ids else self.grammar.tokenize(text)
                   for c, text, ids in zip(excluded, exclude, exclude_ids or [None] * len(exclude))]
-        return self._sample_excluding(prompts, tokens, excluded, temperature, generator, max_new_tokens)
+        return self._sample_excluding(prompts, tokens, excluded, temperature, generator, max_new_tokens, drafts)
 
     def _sample_excluding(self, prompts: list[list[int]], tokens: list[list[int] | None], excluded: list[str | None],
-                          temperature: float, generator: torch.Generator, max_new_tokens: int) -> list[StepSample]:
+                          temperature: float, generator: torch.Generator, max_new_tokens: int,
+                          drafts: list[list[int] | None] | None = None) -> list[StepSample]:
         """q_{not a}: the rejection sampler's tries and outcome (the module docstring), decoding a row only for
         a try that misses a_t's tokenization, where rejection decodes every try.
 
@@ -284,8 +315,10 @@ class TransformersBackend:
         another tokenization; then the row's next coin-missed try is decoded, in a pass of such rows. A
         row whose tries all come up a_t is skipped (exclusion_failed), as the rejection sampler's is."""
         tries = self.max_exclusion_tries
-        scored = [None if c is None else self._score_call(p, ids, temperature)
-                  for p, ids, c in zip(prompts, tokens, excluded)]
+        rows = [i for i, c in enumerate(excluded) if c is not None]
+        scored: list[_Excluded | None] = [None] * len(prompts)
+        for i, s in zip(rows, self._score_calls([prompts[i] for i in rows], [tokens[i] for i in rows], temperature)):
+            scored[i] = s
         coins = torch.rand((len(prompts), tries), generator=generator).log()
         # per row, the tries (0-based, in order) that miss a's tokenization: the only ones decoded
         misses = [[0] if s is None else [t for t in range(tries) if coins[i, t] >= s.logq]
@@ -293,9 +326,11 @@ class TransformersBackend:
         samples: list[StepSample | None] = [None] * len(prompts)
         spent = [0.0] * len(prompts)
         todo = [i for i in range(len(prompts)) if misses[i]]
+        # a row also drafts from the call it avoids (crr.policy.drafts): a draw steered off a_t follows it a while
+        sources = [(drafts[i] if drafts and drafts[i] else []) + (tokens[i] or []) for i in range(len(prompts))]
         while todo:
             drawn = self._sample([prompts[i] for i in todo], temperature, generator, max_new_tokens,
-                                 avoid=[scored[i] for i in todo])
+                                 avoid=[scored[i] for i in todo], drafts=[sources[i] for i in todo])
             again = []
             for i, sample in zip(todo, drawn):
                 sample.tries, sample.wall_time_s = misses[i].pop(0) + 1, sample.wall_time_s + spent[i]
@@ -318,24 +353,33 @@ class TransformersBackend:
             _condition(sample, s.logq)
         return samples
 
-    def _score_call(self, prompt: list[int], ids: list[int] | None, temperature: float) -> _Excluded:
-        """The excluded call's tokens `ids` at `prompt` (see _Excluded); q(a) = 0 for none (the grammar cannot
-        emit the call)."""
-        if ids is None:
-            return _Excluded([], [], {}, logq=-math.inf)
-        scored = self.score(prompt, ids, temperature)
-        record = {k: scored[k] for k in ("behaviour_logprobs", "policy_logprobs", "entropies", "semantic")}
-        tilts, suffix = [0.0] * len(ids), 0.0
-        for k in reversed(range(len(ids))):
-            tilts[k] = _log1mexp(suffix)   # log(1 - S_{k+1}), with suffix = log S_{k+1}
-            suffix += record["behaviour_logprobs"][k]
-        return _Excluded(ids, tilts, record, logq=suffix)
+    def _score_calls(self, prompts: list[list[int]], tokens: list[list[int] | None],
+                     temperature: float) -> list[_Excluded]:
+        """Each excluded call's tokens at its prompt (see _Excluded), scored in one batch (`scores`); q(a) = 0
+        for none (the grammar cannot emit the call)."""
+        given = [i for i, ids in enumerate(tokens) if ids]
+        scored = dict(zip(given, self.scores([prompts[i] for i in given], [tokens[i] for i in given], temperature)
+                          if given else []))
+        out = []
+        for i, ids in enumerate(tokens):
+            if i not in scored:
+                out.append(_Excluded([], [], {}, logq=-math.inf))
+                continue
+            record = {k: scored[i][k] for k in ("behaviour_logprobs", "policy_logprobs", "entropies", "semantic")}
+            tilts, suffix = [0.0] * len(ids), 0.0
+            for k in reversed(range(len(ids))):
+                tilts[k] = _log1mexp(suffix)   # log(1 - S_{k+1}), with suffix = log S_{k+1}
+                suffix += record["behaviour_logprobs"][k]
+            out.append(_Excluded(ids, tilts, record, logq=suffix))
+        return out
 
     @torch.no_grad()
     def _sample(self, prompts: list[list[int]], temperature: float, generator: torch.Generator,
-                max_new_tokens: int, avoid: list[_Excluded | None] | None = None) -> list[StepSample]:
+                max_new_tokens: int, avoid: list[_Excluded | None] | None = None,
+                drafts: list[list[int] | None] | None = None) -> list[StepSample]:
         """One call per prompt; a row with an `avoid`ed call samples q restricted to token sequences other than
-        that call's tokens (_sample_excluding)."""
+        that call's tokens (_sample_excluding); a row with a draft source (`drafts`) feeds guesses of its next
+        tokens from it (crr.policy.drafts), which change how many passes it takes, not what it samples."""
         start = time.perf_counter()
         model = self._decoder()
         cached = self._lookup(model, prompts)
@@ -345,12 +389,16 @@ class TransformersBackend:
                                           "entropies": [], "semantic": []} for _ in range(rows)]
         following = [None if avoid is None or avoid[i] is None or not avoid[i].ids else 0
                      for i in range(rows)]   # a row's position in the call it avoids, while it follows it
-        # Jump-forward: the tokens the grammar forces after a row's last free token (its `pending` ones) are
-        # fed in the pass that feeds that token, not one pass each. A pass returns the logits of every token
-        # it feeds, which record the forced tokens (the mask leaves them nothing to sample) and sample the
-        # row's next free token. Every call opens with the same forced string, fed with the prompts. (Only
-        # into a DecodeCache: a sliding window would count the padding a ragged pass leaves between tokens.)
+        # A pass feeds each row a block of tokens and returns the logits after each: the row's last determined
+        # token, the tokens the grammar forces after it (jump-forward: the call's scaffolding costs no pass of its
+        # own), then a guess of what follows (speculation). The row's next tokens are then determined column by
+        # column, forced or sampled, for as long as the block goes on with the token determined; the columns
+        # after the first one that does not are masked out, and the row's next block starts with that token.
+        # Only into a DecodeCache: a sliding window would count the padding and masked columns between tokens.
         jump = full_attention(model.config)
+        guesses = [Drafts(drafts[i], self.draft_tokens) if jump and self.draft_tokens > 0 and drafts and drafts[i]
+                   else None for i in range(rows)]
+        guessed = [0] * rows   # the length of each row's guess in its current block
 
         def follow(i: int, token: int) -> None:
             """Row i's position in the call it avoids after `token` (past a's last token nothing is left to avoid)."""
@@ -358,25 +406,22 @@ class TransformersBackend:
                 k = following[i]
                 following[i] = k + 1 if token == avoid[i].ids[k] and k + 1 < len(avoid[i].ids) else None
 
-        def force(i: int) -> list[int]:
-            """Advance row i's grammar through the tokens it forces next (within max_new_tokens)."""
-            run, room = [], (max_new_tokens - len(record[i]["action_ids"])) if jump else 0
-            while len(run) < room and not matchers[i].is_terminated and matchers[i].forced_token is not None:
-                token = matchers[i].forced_token
-                matchers[i].advance(token)   # (its grammar rejection is counted when its logits come)
-                run.append(token)
-                follow(i, token)
-            return run
+        def block(i: int, head: int) -> list[int]:
+            """What row i feeds after `head` (its last determined token, or its prompt's last): head, the tokens
+            the grammar forces next, then its guess; at most a column for each token it may still take."""
+            room = max_new_tokens - len(record[i]["action_ids"])
+            guessed[i] = 0
+            fed = [head] + (matchers[i].forced_tokens[:room - 1] if jump else [])
+            if guesses[i] is not None and len(fed) < room:
+                context = prompts[i][-MAX_NGRAM:] + record[i]["action_ids"] + fed[1:]
+                guess = guesses[i].draft(context, room - len(fed))
+                guessed[i] = len(guess)
+                fed += guess
+            return fed
 
-        def samples_next(i: int, pending: list[int]) -> bool:
-            """Whether the pass that feeds row i's pending tokens also samples its next token."""
-            return not matchers[i].is_terminated and len(record[i]["action_ids"]) + len(pending) < max_new_tokens
-
-        pending = [force(i) for i in range(rows)]
-        sampling = [samples_next(i, pending[i]) for i in range(rows)]
-        opening = pending[0][:len(pending[0]) - (not sampling[0])]   # the same for every row: fed with its prompt
-        out, past, attention, positions = self._prefill(model, [p + opening for p in prompts], cached,
-                                                        room=max_new_tokens, logits_to_keep=len(opening) + 1)
+        blocks = [block(i, p[-1]) for i, p in enumerate(prompts)]   # by row
+        out, past, attention, positions = self._prefill(model, [p + b[1:] for p, b in zip(prompts, blocks)], cached,
+                                                        room=max_new_tokens, logits_to_keep=max(map(len, blocks)))
         next_positions = positions[:, -1] + 1
 
         noise: list[torch.Tensor | None] = []   # by position: the Gumbel noise of every row of the call
@@ -397,34 +442,58 @@ class TransformersBackend:
         while True:
             logits = out.logits.float().cpu()   # (alive rows, the last passed columns, vocabulary)
             width = logits.shape[1]
-            at = {i: width - len(pending[i]) - sampling[i] for i in alive}   # a row's first column with logits
-            forced = [(j, at[i] + m, i, len(record[i]["action_ids"]) + m, token)
-                      for j, i in enumerate(alive) for m, token in enumerate(pending[i])]
-            if forced:   # their records: the mask allowed one token (behaviour log q 0, entropy 0)
-                fj, fcol, fi, fpos, ftok = map(list, zip(*forced))
-                lf = logits[fj, fcol]
-                policy_lp = torch.log_softmax(lf, -1).gather(1, torch.tensor(ftok)[:, None])[:, 0].tolist()
-                unconstrained = ((lf / temperature + torch.stack([gumbel(p)[i] for p, i in zip(fpos, fi)]))
-                                 if temperature > 0 else lf).argmax(-1).tolist()
-                for i, token, lp, u in zip(fi, ftok, policy_lp, unconstrained):
-                    matchers[i].count_rejection(token, u)
-                    r = record[i]
-                    r["action_ids"].append(token)
-                    r["behaviour_logprobs"].append(0.0)
-                    r["policy_logprobs"].append(lp)
-                    r["entropies"].append(0.0)
-                    r["semantic"].append(False)
-            free = [(j, i) for j, i in enumerate(alive) if sampling[i]]
-            for s, (_, i) in enumerate(free):
-                matchers[i].fill_next_token_bitmask(bitmask, s)
-            if free:
-                ls = logits[[j for j, _ in free], [width - 1] * len(free)]
+            first = [width - len(blocks[i]) for i in alive]   # a row's block's first column
+            col = list(first)                                 # the column each row reads next
+            forced: list[tuple] = []   # (batch index, column, row, position, token): log-probabilities filled below
+            ended: list[int] = []      # batch indices of the rows whose call is complete
+            last: dict[int, int] = {}  # row -> its first determined token not fed
+
+            def settle(j: int, token: int) -> bool:
+                """Row alive[j] determined `token` at its column: whether its block goes on with it (read on)."""
+                i = alive[j]
+                if matchers[i].is_terminated or len(record[i]["action_ids"]) >= max_new_tokens:
+                    ended.append(j)
+                    if matchers[i].is_terminated:
+                        done_at[i] = time.perf_counter() - start
+                    return False
+                k = col[j] - first[j] + 1   # the token the block feeds next
+                if k < len(blocks[i]) and blocks[i][k] == token:
+                    col[j] += 1
+                    return True
+                last[i] = token
+                return False
+
+            walking = list(range(len(alive)))
+            while walking:
+                free = []
+                for j in walking:   # forced tokens: recorded now, their log-probabilities in one batch below
+                    i = alive[j]
+                    while (token := matchers[i].forced_token) is not None:
+                        r = record[i]
+                        forced.append((j, col[j], i, len(r["action_ids"]), token))
+                        r["action_ids"].append(token)
+                        r["behaviour_logprobs"].append(0.0)   # (the mask allows one token: log q 0, entropy 0)
+                        r["policy_logprobs"].append(None)
+                        r["entropies"].append(0.0)
+                        r["semantic"].append(False)
+                        matchers[i].advance(token)   # (its grammar rejection is counted with its log-probability)
+                        follow(i, token)
+                        if not settle(j, token):
+                            break
+                    else:
+                        free.append(j)
+                for s, j in enumerate(free):
+                    matchers[alive[j]].fill_next_token_bitmask(bitmask, s)
+                walking = []
+                if not free:
+                    break
+                ls = logits[free, [col[j] for j in free]]
                 stats = _token_stats(ls, bitmask[:len(free)], temperature)
                 if temperature > 0:
-                    g = torch.stack([gumbel(len(record[i]["action_ids"]))[i] for _, i in free])
+                    g = torch.stack([gumbel(len(record[alive[j]]["action_ids"]))[alive[j]] for j in free])
                     scores = stats.masked / temperature + g
-                    for s, (_, i) in enumerate(free) if avoid is not None else ():   # rows following an avoided call
-                        k = following[i]
+                    for s, j in enumerate(free) if avoid is not None else ():   # rows following an avoided call
+                        i, k = alive[j], following[alive[j]]
                         # (a forced a_k stays: a dead end, possible only within rounding of q(a) = 1, ends as a skip)
                         if k is not None and (stats.n_allowed[s] > 1 or math.isfinite(avoid[i].tilts[k])):
                             scores[s, avoid[i].ids[k]] += avoid[i].tilts[k]
@@ -432,52 +501,62 @@ class TransformersBackend:
                     unconstrained = (ls / temperature + g).argmax(-1).tolist()
                 else:
                     chosen, unconstrained = stats.masked.argmax(-1).tolist(), ls.argmax(-1).tolist()
-            last = {}
-            for s, (_, i) in enumerate(free):
-                token = chosen[s]
-                follow(i, token)
-                matchers[i].advance(token, unconstrained[s])
-                r = record[i]
-                r["action_ids"].append(token)
-                r["behaviour_logprobs"].append(0.0 if stats.behaviour_logp is None
-                                               else float(stats.behaviour_logp[s, token]))
-                r["policy_logprobs"].append(float(stats.policy_logp[s, token]))
-                r["entropies"].append(float(stats.entropy[s]))
-                r["semantic"].append(bool(stats.n_allowed[s] > 1))
-                last[i] = token
-            finished = []
+                for s, j in enumerate(free):
+                    i, token = alive[j], chosen[s]
+                    follow(i, token)
+                    matchers[i].advance(token, unconstrained[s])
+                    r = record[i]
+                    r["action_ids"].append(token)
+                    r["behaviour_logprobs"].append(0.0 if stats.behaviour_logp is None
+                                                   else float(stats.behaviour_logp[s, token]))
+                    r["policy_logprobs"].append(float(stats.policy_logp[s, token]))
+                    r["entropies"].append(float(stats.entropy[s]))
+                    r["semantic"].append(bool(stats.n_allowed[s] > 1))
+                    if settle(j, token):
+                        walking.append(j)
+            if forced:
+                fj, fcol, fi, fpos, ftok = map(list, zip(*forced))
+                lf = logits[fj, fcol]
+                policy_lp = torch.log_softmax(lf, -1).gather(1, torch.tensor(ftok)[:, None])[:, 0].tolist()
+                unconstrained = ((lf / temperature + torch.stack([gumbel(p)[i] for p, i in zip(fpos, fi)]))
+                                 if temperature > 0 else lf).argmax(-1).tolist()
+                for i, p, token, lp, u in zip(fi, fpos, ftok, policy_lp, unconstrained):
+                    matchers[i].count_rejection(token, u)
+                    record[i]["policy_logprobs"][p] = lp
+            # the columns after the last one a row read (a guess it did not take) leave its cache
+            unread = torch.tensor([first[j] + len(blocks[i]) - 1 - col[j] for j, i in enumerate(alive)])
             for j, i in enumerate(alive):
-                pending[i] = force(i) if i in last else []
-                sampling[i] = samples_next(i, pending[i])
-                if i not in last or not (pending[i] or sampling[i]):   # every token recorded
-                    finished.append(j)
-                    if matchers[i].is_terminated:
-                        done_at[i] = time.perf_counter() - start
-            if finished:
-                self._keep_prefixes(past, attention, finished,
-                                    [prompts[alive[j]] + record[alive[j]]["action_ids"] for j in finished])
-                stay = [j for j in range(len(alive)) if j not in finished]
+                if guesses[i] is not None:
+                    guesses[i].taken(guessed[i], max(0, guessed[i] - int(unread[j])))
+            for j in unread.nonzero()[:, 0].tolist():
+                attention[j, attention.shape[1] - int(unread[j]):] = 0
+            next_positions = next_positions - unread
+            if ended:
+                self._keep_prefixes(past, attention, ended,
+                                    [prompts[alive[j]] + record[alive[j]]["action_ids"] for j in ended])
+                stay = [j for j in range(len(alive)) if j not in ended]
                 alive, next_positions = [alive[j] for j in stay], next_positions[stay]
                 if not alive:
                     break
                 past, attention = keep_rows(past, attention, stay)
             for p in range(min(len(noise), min(len(record[i]["action_ids"]) for i in alive))):
                 noise[p] = None   # (no row needs it again)
-            # the next pass: each row's last token and the forced ones after it (the last of them only when
-            # the row samples after it), right-aligned, the columns before them padding
-            blocks = [[last[i]] + pending[i][:len(pending[i]) - (not sampling[i])] for i in alive]
-            width = max(map(len, blocks))
+            # the next pass: each row's block, right-aligned, the columns before it padding
+            for i in alive:
+                blocks[i] = block(i, last[i])
+            width = max(len(blocks[i]) for i in alive)
             input_ids = torch.full((len(alive), width), self.tokenizer.pad_token_id, dtype=torch.long)
             fed = torch.zeros((len(alive), width), dtype=attention.dtype)
             positions = torch.zeros((len(alive), width), dtype=torch.long)
-            for j, block in enumerate(blocks):
-                input_ids[j, width - len(block):] = torch.tensor(block)
-                fed[j, width - len(block):] = 1
-                positions[j, width - len(block):] = next_positions[j] + torch.arange(len(block))
+            for j, i in enumerate(alive):
+                n = len(blocks[i])
+                input_ids[j, width - n:] = torch.tensor(blocks[i])
+                fed[j, width - n:] = 1
+                positions[j, width - n:] = next_positions[j] + torch.arange(n)
             attention = torch.cat([attention, fed], dim=-1)
             out, past = forward(model, past, input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
                                 position_ids=positions.to(self.device), use_cache=True, logits_to_keep=width)
-            next_positions = next_positions + torch.tensor([len(b) for b in blocks])
+            next_positions = next_positions + torch.tensor([len(blocks[i]) for i in alive])
         elapsed = time.perf_counter() - start
         return [self._step_sample(p, r, m, temperature, elapsed if t is None else t)
                 for p, r, m, t in zip(prompts, record, matchers, done_at)]
@@ -519,6 +598,35 @@ class TransformersBackend:
 
     def _prefill(self, model: PreTrainedModel, seqs: list[list[int]], cached: list[tuple[int, KV | None]],
                  room: int, logits_to_keep: int) -> tuple:
+        """Feed each of `seqs` after its cached prefix (`cached`: its (n, kv)), with room in the cache for `room`
+        more tokens a row: the logits of each row's last `logits_to_keep` tokens, the batch cache, its attention
+        mask and the fed tokens' positions (`_prefill_pass`). Rows whose rests differ much in length are fed in
+        passes of their own (`length_groups`) and their caches joined, each left-padded to the widest: in one
+        pass every row computes as many tokens as the longest (a test log beside a one-line observation), 43 % of
+        the prefilled tokens of the multi tier's CRR updates (docs/training.md, "Drafts")."""
+        rests = [len(s) - n for s, (n, _) in zip(seqs, cached)]
+        groups = length_groups(rests) if full_attention(model.config) else [list(range(len(seqs)))]
+        if len(groups) == 1:
+            return self._prefill_pass(model, seqs, cached, room, logits_to_keep)
+        parts = [self._prefill_pass(model, [seqs[i] for i in g], [cached[i] for i in g], room,
+                                    min(logits_to_keep, max(rests[i] for i in g))) for g in groups]
+        order = torch.tensor([i for g in groups for i in g]).argsort()   # the parts' rows back in batch order
+        columns = max(attention.shape[1] for _, _, attention, _ in parts)
+
+        def join(tensors: list[torch.Tensor], dim: int, width: int) -> torch.Tensor:
+            pad = [(0, 0) * (t.dim() - 1 - dim) + (width - t.shape[dim], 0) for t in tensors]
+            return torch.cat([torch.nn.functional.pad(t, p) for t, p in zip(tensors, pad)])[order.to(tensors[0].device)]
+
+        past = DecodeCache(len(parts[0][1].layers), room=columns + room)
+        for layer, merged in enumerate(past.layers):
+            merged.update(*(join([getattr(p[1].layers[layer], kind) for p in parts], 2, columns)
+                            for kind in ("keys", "values")))
+        logits = join([out.logits for out, *_ in parts], 1, logits_to_keep)
+        return (CausalLMOutputWithPast(logits=logits), past, join([p[2] for p in parts], 1, columns),
+                join([p[3] for p in parts], 1, max(p[3].shape[1] for p in parts)))
+
+    def _prefill_pass(self, model: PreTrainedModel, seqs: list[list[int]], cached: list[tuple[int, KV | None]],
+                      room: int, logits_to_keep: int) -> tuple:
         """One forward pass feeding each of `seqs` after its cached prefix (`cached`: its (n, kv)), with room in
         the cache for `room` more tokens a row: the output, the batch cache, its attention mask and the fed
         tokens' positions. Row i: its n cached tokens right-aligned in the first `reused` columns, then the rest
@@ -589,36 +697,44 @@ class TransformersBackend:
                           wall_time_s=wall_time_s, truncated=not matcher.is_terminated,
                           proposal_logprob=sum(r["behaviour_logprobs"]), **r)
 
-    @torch.no_grad()
     def score(self, prompt_ids: list[int], action_ids: list[int], temperature: float) -> dict[str, list]:
         """Teacher-forced per-token record of a given action under this backend's definitions:
         behaviour_logprobs (-inf where the sampler could not emit the token), policy_logprobs, entropies,
         semantic, and expected_rejections (the unconstrained q's mass outside the mask; at T = 0, whether
         the unconstrained argmax was disallowed)."""
-        # the prompt's cached prefix (a counterfactual's excluded call is scored at s_t, a prefix of the
+        return self.scores([prompt_ids], [action_ids], temperature)[0]
+
+    @torch.no_grad()
+    def scores(self, prompts: list[list[int]], actions: list[list[int]], temperature: float) -> list[dict[str, list]]:
+        """`score` of each (prompt, action) pair, in one prefill of the batch (`_prefill`)."""
+        # each prompt's cached prefix (a counterfactual's excluded call is scored at s_t, a prefix of the
         # realised trajectory the rollout cached): only the rest of the prompt and the action are fed
         model = self._decoder()
-        n, kv = self.prefix_cache.lookup(prompt_ids) if self.prefix_cache.max_bytes > 0 else (0, None)
-        ids = torch.tensor([prompt_ids[n:] + action_ids[:-1]], device=self.device)
-        past = batch_past(self.model.config, [(n, kv)], n, room=n + ids.shape[1]) if n else None
-        out, _ = forward(model, past, input_ids=ids, use_cache=n > 0)
-        logits = out.logits[0, len(prompt_ids) - n - 1:].float().cpu()
-        matcher, bitmask = self.grammar.matcher(), self.grammar.allocate_bitmask(len(action_ids))
-        for k, token in enumerate(action_ids):
-            matcher.fill_next_token_bitmask(bitmask, k)
-            matcher.advance(token)
-        stats = _token_stats(logits, bitmask, temperature)
-        index = torch.tensor(action_ids)[:, None]
-        if temperature > 0:
-            behaviour = stats.behaviour_logp.gather(1, index)[:, 0]
-            rejected = 1 - (stats.masked / temperature).logsumexp(-1).sub((logits / temperature).logsumexp(-1)).exp()
-        else:
-            behaviour = torch.where(stats.masked.argmax(-1) == index[:, 0], 0.0, -math.inf)
-            rejected = (~torch.isfinite(stats.masked.gather(1, logits.argmax(-1)[:, None])[:, 0])).float()
-        return {"behaviour_logprobs": behaviour.tolist(),
-                "policy_logprobs": stats.policy_logp.gather(1, index)[:, 0].tolist(),
-                "entropies": stats.entropy.tolist(), "semantic": (stats.n_allowed > 1).tolist(),
-                "expected_rejections": rejected.tolist()}
+        cached = [self.prefix_cache.lookup(p) if self.prefix_cache.max_bytes > 0 else (0, None) for p in prompts]
+        keep = max(1, *map(len, actions))
+        out = self._prefill(model, [p + a[:-1] for p, a in zip(prompts, actions)], cached, room=0,
+                            logits_to_keep=keep)[0]
+        records = []
+        for row, action_ids in enumerate(actions):
+            logits = out.logits[row, keep - len(action_ids):].float().cpu()
+            matcher, bitmask = self.grammar.matcher(), self.grammar.allocate_bitmask(len(action_ids))
+            for k, token in enumerate(action_ids):
+                matcher.fill_next_token_bitmask(bitmask, k)
+                matcher.advance(token)
+            stats = _token_stats(logits, bitmask, temperature)
+            index = torch.tensor(action_ids, dtype=torch.long)[:, None]
+            if temperature > 0:
+                behaviour = stats.behaviour_logp.gather(1, index)[:, 0]
+                rejected = 1 - ((stats.masked / temperature).logsumexp(-1)
+                                - (logits / temperature).logsumexp(-1)).exp()
+            else:
+                behaviour = torch.where(stats.masked.argmax(-1) == index[:, 0], 0.0, -math.inf)
+                rejected = (~torch.isfinite(stats.masked.gather(1, logits.argmax(-1)[:, None])[:, 0])).float()
+            records.append({"behaviour_logprobs": behaviour.tolist(),
+                            "policy_logprobs": stats.policy_logp.gather(1, index)[:, 0].tolist(),
+                            "entropies": stats.entropy.tolist(), "semantic": (stats.n_allowed > 1).tolist(),
+                            "expected_rejections": rejected.tolist()})
+        return records
 
 
 def rejection_sample(backend: TransformersBackend, prompts: list[list[int]], tokens: list[list[int] | None],
@@ -642,9 +758,9 @@ def rejection_sample(backend: TransformersBackend, prompts: list[list[int]], tok
         tried[first].tries = first + 2
         tried[first].wall_time_s += samples[i].wall_time_s
         samples[i] = tried[first]
-    for i, ids in enumerate(tokens):
-        if excluded[i] is not None:
-            _condition(samples[i], backend._score_call(prompts[i], ids, temperature).logq)
+    rows = [i for i, c in enumerate(excluded) if c is not None]
+    for i, s in zip(rows, backend._score_calls([prompts[i] for i in rows], [tokens[i] for i in rows], temperature)):
+        _condition(samples[i], s.logq)
     return samples
 
 
@@ -717,7 +833,9 @@ class VLLMBackend(TransformersBackend):
     to the transformers model's. On CPU its KV cache defaults to DEFAULT_CPU_KV_CACHE_BYTES (vLLM's own
     default reserves 92% of the machine's memory). Seeds: each row's vLLM seed is drawn from `seed`, so
     a call is reproducible, but vLLM's random stream is not the transformers backend's Gumbel draws:
-    sampled calls agree in distribution, greedy calls token for token (up to numerics).
+    sampled calls agree in distribution, greedy calls token for token (up to numerics). Draft sources
+    (crr.policy.drafts) are the transformers sampler's and are not used here: vLLM speculates by its own
+    configuration (`speculative_config`, whose "ngram" method is the same prompt lookup).
     """
 
     behaviour_gap = 0.0
@@ -767,7 +885,8 @@ class VLLMBackend(TransformersBackend):
         self.behaviour_gap = 0.0
 
     def _sample_excluding(self, prompts: list[list[int]], tokens: list[list[int] | None], excluded: list[str | None],
-                          temperature: float, generator: torch.Generator, max_new_tokens: int) -> list[StepSample]:
+                          temperature: float, generator: torch.Generator, max_new_tokens: int,
+                          drafts: list | None = None) -> list[StepSample]:
         return rejection_sample(self, prompts, tokens, excluded, temperature, generator, max_new_tokens)
 
     def sampling_params(self, temperature: float, seed: int, max_new_tokens: int):
@@ -780,7 +899,7 @@ class VLLMBackend(TransformersBackend):
                               extra_args={EXTRA_ARG: grammar_spec(self.tools, self.max_value_chars)})
 
     def _sample(self, prompts: list[list[int]], temperature: float, generator: torch.Generator,
-                max_new_tokens: int) -> list[StepSample]:
+                max_new_tokens: int, drafts: list | None = None) -> list[StepSample]:
         start = time.perf_counter()
         seeds = torch.randint(2**31 - 1, (len(prompts),), generator=generator).tolist()
         params = [self.sampling_params(temperature, s, max_new_tokens) for s in seeds]
@@ -1014,7 +1133,7 @@ class VLLMServerBackend(VLLMBackend):
         return out["completion_ids"][0], [lp[0] for lp in out["logprobs"][0]]
 
     def _sample(self, prompts: list[list[int]], temperature: float, generator: torch.Generator,
-                max_new_tokens: int) -> list[StepSample]:
+                max_new_tokens: int, drafts: list | None = None) -> list[StepSample]:
         from concurrent.futures import ThreadPoolExecutor
 
         start = time.perf_counter()

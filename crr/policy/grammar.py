@@ -216,6 +216,11 @@ class ToolCallMatcher:
         """The next token when the grammar leaves one continuation string (its canonical first token)."""
         return self._forced[0] if self._forced else None
 
+    @property
+    def forced_tokens(self) -> list[int]:
+        """The tokens the grammar forces from here on (the canonical tokenization of the string it leaves)."""
+        return list(self._forced)
+
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> None:
         """Write the allowed next tokens into row `index` of an xgrammar bitmask."""
         if self.is_terminated:

@@ -36,7 +36,8 @@ class ScriptedBackend:
         self.calls, self.tokenize, self.played = list(calls), tokenize, 0
 
     def generate(self, conversations: list, temperature: float, seed: int, max_new_tokens: int,
-                 exclude: list[str | None] | None = None, exclude_ids: list | None = None) -> list[ScriptedCall]:
+                 exclude: list[str | None] | None = None, exclude_ids: list | None = None,
+                 drafts: list | None = None) -> list[ScriptedCall]:
         if len(conversations) != 1 or exclude is not None:
             raise CRRError(f"a scripted backend plays one episode's calls, not a batch of {len(conversations)}"
                            + (" with excluded calls" if exclude is not None else ""))

@@ -84,6 +84,9 @@ class CRRConfig(GRPOConfig):
     reuse_verdicts: bool = True                # an episode ending in a state an earlier one of the run ended in
     #                                            takes its verdict instead of a test run (crr.agent.verdicts)
     agent_format: str | None = None            # crr.agent.prompt.FORMATS; None: the model's recorded one, else "paper"
+    drafts: bool = True                        # decode with guesses of a call's tokens from the episode's earlier
+    #                                            calls and a branch's trajectory (crr.policy.drafts): fewer
+    #                                            decoding passes, the same samples
     backend: str = "transformers"              # generation: transformers | vllm (in-process vLLM) | vllm-server
     #                                            (a vLLM server, TRL's vllm_mode="server"; CUDA); vLLM's weights
     #                                            are synced before every rollout

@@ -150,7 +150,7 @@ class CRRTrainer(GRPOTrainer):
         self.episode = EpisodeConfig(max_turns=cfg.max_turns, temperature=cfg.rollout_temperature,
                                      max_new_tokens=cfg.max_new_tokens, time_limit_s=cfg.episode_time_limit_s,
                                      snapshots=cfg.forks is not None, digests=cfg.state_keys,
-                                     agent_format=cfg.agent_format or "paper")
+                                     agent_format=cfg.agent_format or "paper", drafts=cfg.drafts)
         self.backend: TransformersBackend | None = None
         self.weight_syncs = 0   # backend=vllm or vllm-server: pushes of the policy's weights into vLLM
         self.iteration: dict = {}
