@@ -18,7 +18,8 @@ the unconstrained distribution would have chosen, so a grammar rejection is coun
 drawn by position (one rows x vocabulary draw per token position, in order), so a row's tokens do not depend
 on how many passes decode them: TransformersBackend feeds the tokens the grammar forces after a sampled one
 (the call's JSON scaffolding, a name once its first token is chosen) in the same forward pass as it
-(jump-forward), one pass per free token instead of one per token.
+(jump-forward), one pass per free token instead of one per token, and after them, given a draft source, a guess
+of the next tokens (crr.policy.drafts), of which a row keeps those its own draws pick.
 
 The CRR proposal q_{not a}(a' | s) ∝ q(a')·1[a' != a] is defined by rejection: `exclude[i]` is the
 realised call; a row whose sample equals it (canonical JSON, schema defaults filled in) is resampled, up
