@@ -12,6 +12,7 @@ import random
 import jsonschema
 import pytest
 import torch
+from forward_passes import passes_fed
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 from typer.testing import CliRunner
 
@@ -379,27 +380,15 @@ def test_what_rows_share_is_encoded_once_and_samples_what_a_fresh_prefill_sample
     prompts = [p for p in tasks for _ in range(3)]
     common = next(k for k, (a, b) in enumerate(zip(*tasks)) if a != b)
     assert common >= SHARED_PREFIX_MIN_TOKENS and min(map(len, tasks)) - common >= SHARED_PREFIX_MIN_TOKENS
-    fed = []
-
-    def count(module, args, kwargs):   # (rows, tokens a row) of each forward pass
-        fed.append(tuple(kwargs["input_ids"].shape))
-
-    hook = model.register_forward_pre_hook(count, with_kwargs=True)
-    try:
+    with passes_fed(model) as fed:
         samples = shared.generate(prompts, temperature=1.0, seed=5, max_new_tokens=BUDGET)
-    finally:
-        hook.remove()
     _assert_same_samples(fresh.generate(prompts, temperature=1.0, seed=5, max_new_tokens=BUDGET), samples)
     opening = len(shared.grammar.matcher()._forced)   # the tokens every call opens with, fed with the prompts
     assert fed[:3] == [(1, common), (2, max(len(p) - 1 for p in tasks) - common), (len(prompts), 1 + opening)]
     assert shared.prefix_cache.prefilled_tokens == sum(len(p) - 1 for p in tasks) - common + len(prompts)
     # nothing is shared twice: the next call of the same prompts feeds each row its last token only
-    fed.clear()
-    hook = model.register_forward_pre_hook(count, with_kwargs=True)
-    try:
+    with passes_fed(model) as fed:
         again = shared.generate(prompts, temperature=1.0, seed=6, max_new_tokens=BUDGET)
-    finally:
-        hook.remove()
     assert fed[0] == (len(prompts), 1 + opening)
     _assert_same_samples(fresh.generate(prompts, temperature=1.0, seed=6, max_new_tokens=BUDGET), again)
 
@@ -662,7 +651,7 @@ def test_exclusion_draws_what_rejection_draws(policy):
     backend, rows, temperature = _two_tools(policy, max_exclusion_tries=3), 48, 0.3
     prompt, canonical = backend.prompt_ids(conversation()), parse_tool_call(SUBMIT).canonical()
     # a steered draw never emits the excluded tokenization (unsteered: about half of these rows)
-    avoid = backend._score_calls([prompt], [backend.grammar.tokenize(SUBMIT)], temperature)[0]
+    avoid = backend._score_calls([prompt], [backend.grammar.tokenize(SUBMIT)], [SUBMIT], temperature)[0]
     drawn = backend._sample([prompt] * rows, temperature, torch.Generator().manual_seed(2), BUDGET, avoid=[avoid] * rows)
     assert all(s.action_ids != avoid.ids for s in drawn)
     assert sum(s.text == SUBMIT for s in drawn) >= 5   # the call in other tokenizations stays possible
@@ -759,13 +748,6 @@ def test_split_word_spaces_keeps_whole_words_and_starts_names_without_a_space(ti
         split_word_spaces(other)
 
 
-def _count_passes(model):
-    """A forward pre-hook that records each pass's (rows, tokens a row); remove it with .remove()."""
-    fed = []
-    hook = model.register_forward_pre_hook(lambda m, a, kw: fed.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
-    return fed, hook
-
-
 def test_drafts_change_the_passes_not_the_samples(policy, batch):
     """A row fed a guess of its next tokens (crr.policy.drafts) keeps those its sampler draws anyway and masks
     the others out of its cache: with its own call as the draft source it samples that call again in far fewer
@@ -780,11 +762,8 @@ def test_drafts_change_the_passes_not_the_samples(policy, batch):
     passes = {}
     for name, drafts in (("none", None), ("own", calls), ("other", calls[1:] + calls[:1])):
         backend = TransformersBackend(model, tokenizer, **options)
-        fed, hook = _count_passes(model)
-        try:
+        with passes_fed(model) as fed:
             samples = backend.generate(prompts, temperature=1.0, seed=3, max_new_tokens=BUDGET, drafts=drafts)
-        finally:
-            hook.remove()
         _assert_same_samples(reference, samples)
         passes[name] = len(fed)
         # the next turn from the cache the call left (its guessed-and-refused columns masked out)
@@ -857,11 +836,8 @@ def test_rows_of_very_different_lengths_are_prefilled_apart_and_sample_as_one_pa
     prompts = [backend.prompt_ids(conversation(issue)) for issue in
                ("Fix calc/core.py", "The parser drops the last field of a row " * 30, "Fix io/csv.py",
                 "The writer drops the last field of a row " * 30)]
-    fed, hook = _count_passes(model)
-    try:
+    with passes_fed(model) as fed:
         grouped = backend.generate(prompts, temperature=1.0, seed=7, max_new_tokens=BUDGET)
-    finally:
-        hook.remove()
     assert [rows for rows, _ in fed[:2]] == [2, 2]   # the two short prompts, then the two long ones
     monkeypatch.setattr(backend_module, "length_groups", lambda rests: [list(range(len(rests)))])
     _assert_same_samples(TransformersBackend(model, tokenizer, **options).generate(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from forward_passes import passes_fed
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from trl.trainer.utils import add_fused_lm_head
@@ -55,13 +56,8 @@ def with_grads(model, ids, mask, fn):
 
 def test_each_distinct_prompt_is_encoded_once_and_the_loss_and_its_gradients_are_trls(model):
     ids, mask = batch([0, 0, 0, 1, 1, 2])   # two groups of siblings and a lone row, prompts padded differently
-    fed = []
-    hook = model.register_forward_pre_hook(lambda m, a, kw: fed.append(tuple(kw["input_ids"].shape)),
-                                           with_kwargs=True)
-    try:
+    with passes_fed(model) as fed:
         shared = with_grads(model, ids, mask, lambda: shared_prompt_logps(model, ids, mask, COMPLETION, 4, True))
-    finally:
-        hook.remove()
     # chunks of 4 rows: prompts {0, 1} then {1, 2}, each but its last token once; completions after them
     assert fed == [(2, PROMPT - 1), (4, COMPLETION + 1), (2, PROMPT - 1), (2, COMPLETION + 1)]
     reference = with_grads(model, ids, mask, lambda: trl_pass(model, ids, mask))

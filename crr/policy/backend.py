@@ -55,8 +55,16 @@ from crr.policy import BACKENDS  # noqa: F401  (the backends' names, re-exported
 from crr.policy.attention import NAME as PACKED_SDPA
 from crr.policy.drafts import DEFAULT_DRAFT_TOKENS, MAX_NGRAM, Drafts
 from crr.policy.grammar import ToolCallGrammar, ToolCallMatcher, apply_bitmask
-from crr.policy.prefix_cache import (KV, DecodeCache, PrefixCache, batch_past, full_attention, keep_rows, reusable,
-                                     row_kv)
+from crr.policy.prefix_cache import (
+    KV,
+    DecodeCache,
+    PrefixCache,
+    batch_past,
+    full_attention,
+    keep_rows,
+    reusable,
+    row_kv,
+)
 
 DEFAULT_MAX_EXCLUSION_TRIES = 8
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30  # reused keys/values (the tiny model: ~3 KB a token, so ~350k tokens)
@@ -316,10 +324,7 @@ class TransformersBackend:
         another tokenization; then the row's next coin-missed try is decoded, in a pass of such rows. A
         row whose tries all come up a_t is skipped (exclusion_failed), as the rejection sampler's is."""
         tries = self.max_exclusion_tries
-        rows = [i for i, c in enumerate(excluded) if c is not None]
-        scored: list[_Excluded | None] = [None] * len(prompts)
-        for i, s in zip(rows, self._score_calls([prompts[i] for i in rows], [tokens[i] for i in rows], temperature)):
-            scored[i] = s
+        scored = self._score_calls(prompts, tokens, excluded, temperature)
         coins = torch.rand((len(prompts), tries), generator=generator).log()
         # per row, the tries (0-based, in order) that miss a's tokenization: the only ones decoded
         misses = [[0] if s is None else [t for t in range(tries) if coins[i, t] >= s.logq]
@@ -354,17 +359,17 @@ class TransformersBackend:
             _condition(sample, s.logq)
         return samples
 
-    def _score_calls(self, prompts: list[list[int]], tokens: list[list[int] | None],
-                     temperature: float) -> list[_Excluded]:
+    def _score_calls(self, prompts: list[list[int]], tokens: list[list[int] | None], excluded: list[str | None],
+                     temperature: float) -> list[_Excluded | None]:
         """Each excluded call's tokens at its prompt (see _Excluded), scored in one batch (`scores`); q(a) = 0
-        for none (the grammar cannot emit the call)."""
-        given = [i for i, ids in enumerate(tokens) if ids]
+        for none (the grammar cannot emit the call); None for a row without an excluded call."""
+        given = [i for i, (ids, c) in enumerate(zip(tokens, excluded)) if ids and c is not None]
         scored = dict(zip(given, self.scores([prompts[i] for i in given], [tokens[i] for i in given], temperature)
                           if given else []))
-        out = []
+        out: list[_Excluded | None] = []
         for i, ids in enumerate(tokens):
             if i not in scored:
-                out.append(_Excluded([], [], {}, logq=-math.inf))
+                out.append(None if excluded[i] is None else _Excluded([], [], {}, logq=-math.inf))
                 continue
             record = {k: scored[i][k] for k in ("behaviour_logprobs", "policy_logprobs", "entropies", "semantic")}
             tilts, suffix = [0.0] * len(ids), 0.0
@@ -399,7 +404,6 @@ class TransformersBackend:
         jump = full_attention(model.config)
         guesses = [Drafts(drafts[i], self.draft_tokens) if jump and self.draft_tokens > 0 and drafts and drafts[i]
                    else None for i in range(rows)]
-        guessed = [0] * rows   # the length of each row's guess in its current block
 
         def follow(i: int, token: int) -> None:
             """Row i's position in the call it avoids after `token` (past a's last token nothing is left to avoid)."""
@@ -411,13 +415,9 @@ class TransformersBackend:
             """What row i feeds after `head` (its last determined token, or its prompt's last): head, the tokens
             the grammar forces next, then its guess; at most a column for each token it may still take."""
             room = max_new_tokens - len(record[i]["action_ids"])
-            guessed[i] = 0
             fed = [head] + (matchers[i].forced_tokens[:room - 1] if jump else [])
-            if guesses[i] is not None and len(fed) < room:
-                context = prompts[i][-MAX_NGRAM:] + record[i]["action_ids"] + fed[1:]
-                guess = guesses[i].draft(context, room - len(fed))
-                guessed[i] = len(guess)
-                fed += guess
+            if guesses[i] is not None:
+                fed += guesses[i].draft(prompts[i][-MAX_NGRAM:] + record[i]["action_ids"] + fed[1:], room - len(fed))
             return fed
 
         blocks = [block(i, p[-1]) for i, p in enumerate(prompts)]   # by row
@@ -528,7 +528,7 @@ class TransformersBackend:
             unread = torch.tensor([first[j] + len(blocks[i]) - 1 - col[j] for j, i in enumerate(alive)])
             for j, i in enumerate(alive):
                 if guesses[i] is not None:
-                    guesses[i].taken(guessed[i], max(0, guessed[i] - int(unread[j])))
+                    guesses[i].taken(unread=int(unread[j]))
             for j in unread.nonzero()[:, 0].tolist():
                 attention[j, attention.shape[1] - int(unread[j]):] = 0
             next_positions = next_positions - unread
@@ -759,9 +759,9 @@ def rejection_sample(backend: TransformersBackend, prompts: list[list[int]], tok
         tried[first].tries = first + 2
         tried[first].wall_time_s += samples[i].wall_time_s
         samples[i] = tried[first]
-    rows = [i for i, c in enumerate(excluded) if c is not None]
-    for i, s in zip(rows, backend._score_calls([prompts[i] for i in rows], [tokens[i] for i in rows], temperature)):
-        _condition(samples[i], s.logq)
+    for sample, s in zip(samples, backend._score_calls(prompts, tokens, excluded, temperature)):
+        if s is not None:
+            _condition(sample, s.logq)
     return samples
 
 

@@ -34,6 +34,7 @@ class Drafts:
 
     def __init__(self, source: list[int], length: int = DEFAULT_DRAFT_TOKENS):
         self.source, self.longest, self.length = source, length, length
+        self.guessed = 0   # the last guess's length
         self.after: dict[tuple[int, ...], int] = {}   # n-gram -> where its last occurrence (with a successor) ends
         for n in range(1, MAX_NGRAM + 1):
             for s in range(len(source) - n):
@@ -41,15 +42,19 @@ class Drafts:
 
     def draft(self, context: list[int], room: int) -> list[int]:
         """At most min(length, room) tokens to feed after `context`."""
+        guess = []
         for n in range(min(MAX_NGRAM, len(context)), 0, -1):
             end = self.after.get(tuple(context[-n:]))
             if end is not None:
-                return self.source[end:end + min(self.length, room)]
-        return []
+                guess = self.source[end:end + min(self.length, room)]
+                break
+        self.guessed = len(guess)
+        return guess
 
-    def taken(self, guessed: int, kept: int) -> None:
-        """How the last guess went: `kept` of its `guessed` tokens were the sampler's. The next guess is twice as
+    def taken(self, unread: int) -> None:
+        """How the last guess went: the sampler kept all but its last `unread` tokens. The next guess is twice as
         long after one kept whole (up to the longest), as long as what was kept plus one after one that was not:
         a guess off the track costs its columns in every row of the pass, on the track it saves passes."""
-        if guessed:
-            self.length = min(self.longest, 2 * guessed) if kept == guessed else kept + 1
+        if self.guessed:
+            kept = max(0, self.guessed - unread)
+            self.length = min(self.longest, 2 * self.guessed) if kept == self.guessed else kept + 1
