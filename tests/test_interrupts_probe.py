@@ -5,10 +5,13 @@ must be the one that finishes its work)."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 from conftest import crr_process
 from faults import descendants, interrupt, leftovers, survivors, wait_for_records
@@ -119,3 +122,18 @@ def test_a_held_out_set_of_infrastructure_failures_reports_no_rate_instead_of_a_
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "pass@1 before training (held-out, greedy, 1 tasks): - (1 infrastructure" in out
     assert "held-out pass@1" in out and "before - -> after -" in out, out
+
+
+def test_a_ctrl_c_inside_code_made_by_exec_still_exits_130(tmp_path):
+    """A Ctrl-C that lands while dataclasses or namedtuple run the source they generate (an import in progress)
+    is caught like any other (before: Python 3.11 run as `python -m crr` then exited by SIGINT (-2) after the
+    interrupt line, cpython gh-128130; CI saw it once in `crr credit audit`)."""
+    (tmp_path / "stopped_in_exec.py").write_text(
+        "import typer\nfrom crr.cli.common import friendly\n"
+        "@friendly\ndef command():\n    exec('raise KeyboardInterrupt')\n"
+        "try:\n    command()\nexcept typer.Exit as e:\n    raise SystemExit(e.exit_code)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "stopped_in_exec"], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=Path(__file__).resolve().parent.parent)   # as crr_process runs `-m crr`
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.startswith("interrupted (SIGINT); stopped"), done.stderr

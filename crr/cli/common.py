@@ -132,6 +132,14 @@ def _sigterm_interrupts() -> Iterator[list[int]]:
             signal.signal(signum, signal.SIG_IGN if received else handler)
 
 
+def _forget_interrupt_in_exec() -> None:
+    """Before Python 3.14, a KeyboardInterrupt that leaves code run by exec() or eval() of a string marks the
+    process as stopped by an unhandled Ctrl-C even when it is caught, and the interpreter then exits by SIGINT (-2)
+    in place of the command's 130 (cpython gh-128130). dataclasses and namedtuple make their methods that way, so
+    a Ctrl-C during an import hits it. An exec() that ends normally clears the mark."""
+    exec("")
+
+
 def _resume_with(command: str) -> None:
     """The command that continues this one's work, printed if it is interrupted."""
     _state["resume"] = command
@@ -179,6 +187,7 @@ def friendly(fn: Callable) -> Callable:
                                  f"{e.filename or 'the output'}: {e.strerror}"
                                  + ("" if e.errno in PATH_ERRNOS else _resume_hint()))
             except KeyboardInterrupt:
+                _forget_interrupt_in_exec()
                 signum = received[0] if received else signal.SIGINT
                 resume = _state.get("resume")
                 err_console.print(f"interrupted ({signal.Signals(signum).name}); "
