@@ -668,6 +668,31 @@ def test_exclusion_draws_what_rejection_draws(policy):
     assert math.erfc(math.sqrt(chi2 / 2)) > 0.01, (skips, chi2)
 
 
+def test_the_excluded_call_is_scored_by_the_first_pass_and_draws_as_when_scored_apart(policy):
+    """A proposal call feeds the excluded call a after the prompt in its first pass: the logits that score q(a)
+    are those a draw that follows a reads, so scoring a costs no pass of its own (before: a prefill for the
+    scores, then the sampler's), and each row draws what it drew with a scored apart first."""
+    model, _ = policy
+    backend = TransformersBackend(*policy, tools=COMPACT_TOOLS, max_value_chars=MAX_VALUE_CHARS)
+    prompt = backend.prompt_ids(conversation())
+    [realised] = backend.generate([prompt], temperature=0.7, seed=5, max_new_tokens=BUDGET)
+    rows, tries, a = 6, backend.max_exclusion_tries, realised.action_ids
+    with passes_fed(model) as fused:
+        got = backend.generate([prompt] * rows, temperature=0.7, seed=9, max_new_tokens=BUDGET,
+                               exclude=[realised.text] * rows, exclude_ids=[a] * rows)
+    # a scored apart, the rows' coins, then one draw of each row whose coins do not all come up a
+    generator = torch.Generator().manual_seed(9)
+    with passes_fed(model) as apart:
+        [avoid] = backend._score_calls([prompt], [a], [realised.text], 0.7)
+        coins = torch.rand((rows, tries), generator=generator).log()
+        todo = [i for i in range(rows) if (coins[i] >= avoid.logq).any()]
+        drawn = backend._sample([prompt] * len(todo), 0.7, generator, BUDGET, avoid=[avoid] * len(todo),
+                                drafts=[a] * len(todo))
+    assert todo and [got[i].action_ids for i in todo] == [s.action_ids for s in drawn]
+    assert all(s.excluded_logprob == pytest.approx(avoid.logq, abs=1e-5) for s in got)
+    assert fused[0] == (rows, len(a)) and len(fused) < len(apart)   # a fed once, in the first pass
+
+
 def test_bad_generation_input_is_a_crr_error(backend):
     conv = [conversation()]
     for kwargs, message in [({"temperature": -1.0}, "temperature"), ({"max_new_tokens": 0}, "max_new_tokens"),

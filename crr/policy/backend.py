@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -136,12 +137,46 @@ class _TokenStats:
 
 @dataclass
 class _Excluded:
-    """An excluded call a at a prompt: its token ids, log(1 - S_{k+1}) per position k (S_k: the probability
-    of emitting a_k .. a_{n-1} after a_<k), its teacher-forced record under q, and log q(a) = log S_0."""
+    """An excluded call a at a prompt: its token ids and, once scored (`scored`), log(1 - S_{k+1}) per
+    position k (S_k: the probability of emitting a_k .. a_{n-1} after a_<k), its teacher-forced record under
+    q, and log q(a) = log S_0 (None before)."""
     ids: list[int]
-    tilts: list[float]
-    record: dict[str, list]
-    logq: float
+    tilts: list[float] | None = None
+    record: dict[str, list] | None = None
+    logq: float | None = None
+
+    def scored(self, record: dict[str, list]) -> _Excluded:
+        """Filled in from a's teacher-forced record (`_forced_record`)."""
+        self.record = {k: record[k] for k in ("behaviour_logprobs", "policy_logprobs", "entropies", "semantic")}
+        self.tilts, suffix = [0.0] * len(self.ids), 0.0
+        for k in reversed(range(len(self.ids))):
+            self.tilts[k] = _log1mexp(suffix)   # log(1 - S_{k+1}), with suffix = log S_{k+1}
+            suffix += record["behaviour_logprobs"][k]
+        self.logq = suffix
+        return self
+
+
+def _forced_record(logits: torch.Tensor, action_ids: list[int], grammar: ToolCallGrammar,
+                   temperature: float) -> dict[str, list]:
+    """The teacher-forced per-token record of `action_ids` (TransformersBackend.score) from the logits that
+    predict each of its tokens (len(action_ids) x vocabulary)."""
+    logits = logits.float().cpu()
+    matcher, bitmask = grammar.matcher(), grammar.allocate_bitmask(len(action_ids))
+    for k, token in enumerate(action_ids):
+        matcher.fill_next_token_bitmask(bitmask, k)
+        matcher.advance(token)
+    stats = _token_stats(logits, bitmask, temperature)
+    index = torch.tensor(action_ids, dtype=torch.long)[:, None]
+    if temperature > 0:
+        behaviour = stats.behaviour_logp.gather(1, index)[:, 0]
+        rejected = 1 - ((stats.masked / temperature).logsumexp(-1) - (logits / temperature).logsumexp(-1)).exp()
+    else:
+        behaviour = torch.where(stats.masked.argmax(-1) == index[:, 0], 0.0, -math.inf)
+        rejected = (~torch.isfinite(stats.masked.gather(1, logits.argmax(-1)[:, None])[:, 0])).float()
+    return {"behaviour_logprobs": behaviour.tolist(),
+            "policy_logprobs": stats.policy_logp.gather(1, index)[:, 0].tolist(),
+            "entropies": stats.entropy.tolist(), "semantic": (stats.n_allowed > 1).tolist(),
+            "expected_rejections": rejected.tolist()}
 
 
 def _token_stats(logits: torch.Tensor, bitmask: torch.Tensor, temperature: float) -> _TokenStats:
@@ -324,27 +359,41 @@ class TransformersBackend:
         another tokenization; then the row's next coin-missed try is decoded, in a pass of such rows. A
         row whose tries all come up a_t is skipped (exclusion_failed), as the rejection sampler's is."""
         tries = self.max_exclusion_tries
-        scored = self._score_calls(prompts, tokens, excluded, temperature)
         coins = torch.rand((len(prompts), tries), generator=generator).log()
+        # a's tokens are scored in the first decoding pass (`_sample`), which feeds them after the prompt: the
+        # logits that score them are those a draw that follows a reads, so that neither costs a pass of its own
+        avoid = [None if c is None else _Excluded(ids) if ids else _Excluded([], [], {}, logq=-math.inf)
+                 for c, ids in zip(excluded, tokens)]
         # per row, the tries (0-based, in order) that miss a's tokenization: the only ones decoded
-        misses = [[0] if s is None else [t for t in range(tries) if coins[i, t] >= s.logq]
-                  for i, s in enumerate(scored)]
+        misses: list[list[int] | None] = [None] * len(prompts)
+
+        def decodes(i: int) -> bool:
+            misses[i] = [0] if avoid[i] is None else [t for t in range(tries) if coins[i, t] >= avoid[i].logq]
+            return bool(misses[i])
+
+        for i, a in enumerate(avoid):
+            if a is None or a.logq is not None:
+                decodes(i)
         samples: list[StepSample | None] = [None] * len(prompts)
         spent = [0.0] * len(prompts)
-        todo = [i for i in range(len(prompts)) if misses[i]]
+        todo = [i for i in range(len(prompts)) if misses[i] is None or misses[i]]
         # a row also drafts from the call it avoids (crr.policy.drafts): a draw steered off a_t follows it a while
         sources = [(drafts[i] if drafts and drafts[i] else []) + (tokens[i] or []) for i in range(len(prompts))]
+        first = True
         while todo:
             drawn = self._sample([prompts[i] for i in todo], temperature, generator, max_new_tokens,
-                                 avoid=[scored[i] for i in todo], drafts=[sources[i] for i in todo])
-            again = []
+                                 avoid=[avoid[i] for i in todo], drafts=[sources[i] for i in todo],
+                                 decodes=(lambda j, todo=todo: decodes(todo[j])) if first else None)
+            first, again = False, []
             for i, sample in zip(todo, drawn):
+                if not misses[i]:   # every try draws a's tokenization: not decoded
+                    continue
                 sample.tries, sample.wall_time_s = misses[i].pop(0) + 1, sample.wall_time_s + spent[i]
                 samples[i], spent[i] = sample, sample.wall_time_s
                 if excluded[i] is not None and _same_call(sample.text, excluded[i]) and misses[i]:
                     again.append(i)
             todo = again
-        for i, s in enumerate(scored):
+        for i, s in enumerate(avoid):
             if s is None:
                 continue
             if samples[i] is None:   # every try drew a's tokenization: the sample is a_t, as rejection's last try
@@ -371,25 +420,32 @@ class TransformersBackend:
             if i not in scored:
                 out.append(None if excluded[i] is None else _Excluded([], [], {}, logq=-math.inf))
                 continue
-            record = {k: scored[i][k] for k in ("behaviour_logprobs", "policy_logprobs", "entropies", "semantic")}
-            tilts, suffix = [0.0] * len(ids), 0.0
-            for k in reversed(range(len(ids))):
-                tilts[k] = _log1mexp(suffix)   # log(1 - S_{k+1}), with suffix = log S_{k+1}
-                suffix += record["behaviour_logprobs"][k]
-            out.append(_Excluded(ids, tilts, record, logq=suffix))
+            out.append(_Excluded(ids).scored(scored[i]))
         return out
 
     @torch.no_grad()
     def _sample(self, prompts: list[list[int]], temperature: float, generator: torch.Generator,
                 max_new_tokens: int, avoid: list[_Excluded | None] | None = None,
-                drafts: list[list[int] | None] | None = None) -> list[StepSample]:
+                drafts: list[list[int] | None] | None = None,
+                decodes: Callable[[int], bool] | None = None) -> list[StepSample]:
         """One call per prompt; a row with an `avoid`ed call samples q restricted to token sequences other than
         that call's tokens (_sample_excluding); a row with a draft source (`drafts`) feeds guesses of its next
-        tokens from it (crr.policy.drafts), which change how many passes it takes, not what it samples."""
+        tokens from it (crr.policy.drafts), which change how many passes it takes, not what it samples.
+
+        An avoided call not yet scored is scored here, from the first pass, which feeds its tokens after the
+        prompt; then `decodes(row)` says whether the row is decoded at all (a row that is not leaves the batch
+        before its first draw, and takes no Gumbel noise: the others draw what they would draw without it)."""
         start = time.perf_counter()
         model = self._decoder()
         cached = self._lookup(model, prompts)
         rows = len(prompts)
+        unscored = [i for i in range(rows) if avoid and avoid[i] is not None and avoid[i].logq is None]
+        if unscored and not full_attention(model.config):   # (a first block longer than a row's next token needs
+            # a DecodeCache, below: score a's tokens in a prefill of their own)
+            for i, record in zip(unscored, self.scores([prompts[i] for i in unscored],
+                                                       [avoid[i].ids for i in unscored], temperature)):
+                avoid[i].scored(record)
+            unscored = []
         matchers = [self.grammar.matcher() for _ in range(rows)]
         record: list[dict[str, list]] = [{"action_ids": [], "behaviour_logprobs": [], "policy_logprobs": [],
                                           "entropies": [], "semantic": []} for _ in range(rows)]
@@ -420,19 +476,27 @@ class TransformersBackend:
                 fed += guesses[i].draft(prompts[i][-MAX_NGRAM:] + record[i]["action_ids"] + fed[1:], room - len(fed))
             return fed
 
-        blocks = [block(i, p[-1]) for i, p in enumerate(prompts)]   # by row
+        # by row; an unscored avoided call a is fed whole after the prompt (but its last token, which no logits
+        # score): the logits that score it, and those a draw that follows a reads
+        blocks = [[p[-1]] + avoid[i].ids[:-1] if i in unscored else block(i, p[-1]) for i, p in enumerate(prompts)]
         out, past, attention, positions = self._prefill(model, [p + b[1:] for p, b in zip(prompts, blocks)], cached,
                                                         room=max_new_tokens, logits_to_keep=max(map(len, blocks)))
         next_positions = positions[:, -1] + 1
+        for i in unscored:
+            avoid[i].scored(_forced_record(out.logits[i, out.logits.shape[1] - len(blocks[i]):], avoid[i].ids,
+                                           self.grammar, temperature))
+        skipped = {i for i in unscored if decodes is not None and not decodes(i)}
 
-        noise: list[torch.Tensor | None] = []   # by position: the Gumbel noise of every row of the call
+        noise: list[torch.Tensor | None] = []   # by position: the Gumbel noise of every decoded row of the call
         vocab = out.logits.shape[-1]
+        drawn = [i for i in range(rows) if i not in skipped]
+        noise_row = {i: r for r, i in enumerate(drawn)}
 
         def gumbel(position: int) -> torch.Tensor:
-            # one (rows x vocabulary) draw per position, in position order, for every row of the call, finished
-            # or not, so that a row's draws are the same whenever the others finish (or jump)
+            # one (rows x vocabulary) draw per position, in position order, for every decoded row of the call,
+            # finished or not, so that a row's draws are the same whenever the others finish (or jump)
             while len(noise) <= position:
-                noise.append(-torch.empty((rows, vocab)).exponential_(generator=generator).log())
+                noise.append(-torch.empty((len(drawn), vocab)).exponential_(generator=generator).log())
             return noise[position]
 
         bitmask = self.grammar.allocate_bitmask(rows)
@@ -446,7 +510,8 @@ class TransformersBackend:
             first = [width - len(blocks[i]) for i in alive]   # a row's block's first column
             col = list(first)                                 # the column each row reads next
             forced: list[tuple] = []   # (batch index, column, row, position, token): log-probabilities filled below
-            ended: list[int] = []      # batch indices of the rows whose call is complete
+            ended = [j for j, i in enumerate(alive) if i in skipped]   # batch indices of the rows whose call is
+            skipped = set()                                             # complete (or not decoded)
             last: dict[int, int] = {}  # row -> its first determined token not fed
 
             def settle(j: int, token: int) -> bool:
@@ -464,7 +529,7 @@ class TransformersBackend:
                 last[i] = token
                 return False
 
-            walking = list(range(len(alive)))
+            walking = [j for j in range(len(alive)) if j not in ended]
             while walking:
                 free = []
                 for j in walking:   # forced tokens: recorded now, their log-probabilities in one batch below
@@ -491,7 +556,7 @@ class TransformersBackend:
                 ls = logits[free, [col[j] for j in free]]
                 stats = _token_stats(ls, bitmask[:len(free)], temperature)
                 if temperature > 0:
-                    g = torch.stack([gumbel(len(record[alive[j]]["action_ids"]))[alive[j]] for j in free])
+                    g = torch.stack([gumbel(len(record[alive[j]]["action_ids"]))[noise_row[alive[j]]] for j in free])
                     scores = stats.masked / temperature + g
                     for s, j in enumerate(free) if avoid is not None else ():   # rows following an avoided call
                         i, k = alive[j], following[alive[j]]
@@ -519,7 +584,7 @@ class TransformersBackend:
                 fj, fcol, fi, fpos, ftok = map(list, zip(*forced))
                 lf = logits[fj, fcol]
                 policy_lp = torch.log_softmax(lf, -1).gather(1, torch.tensor(ftok)[:, None])[:, 0].tolist()
-                unconstrained = ((lf / temperature + torch.stack([gumbel(p)[i] for p, i in zip(fpos, fi)]))
+                unconstrained = ((lf / temperature + torch.stack([gumbel(p)[noise_row[i]] for p, i in zip(fpos, fi)]))
                                  if temperature > 0 else lf).argmax(-1).tolist()
                 for i, p, token, lp, u in zip(fi, fpos, ftok, policy_lp, unconstrained):
                     matchers[i].count_rejection(token, u)
@@ -715,27 +780,8 @@ class TransformersBackend:
         keep = max(1, *map(len, actions))
         out = self._prefill(model, [p + a[:-1] for p, a in zip(prompts, actions)], cached, room=0,
                             logits_to_keep=keep)[0]
-        records = []
-        for row, action_ids in enumerate(actions):
-            logits = out.logits[row, keep - len(action_ids):].float().cpu()
-            matcher, bitmask = self.grammar.matcher(), self.grammar.allocate_bitmask(len(action_ids))
-            for k, token in enumerate(action_ids):
-                matcher.fill_next_token_bitmask(bitmask, k)
-                matcher.advance(token)
-            stats = _token_stats(logits, bitmask, temperature)
-            index = torch.tensor(action_ids, dtype=torch.long)[:, None]
-            if temperature > 0:
-                behaviour = stats.behaviour_logp.gather(1, index)[:, 0]
-                rejected = 1 - ((stats.masked / temperature).logsumexp(-1)
-                                - (logits / temperature).logsumexp(-1)).exp()
-            else:
-                behaviour = torch.where(stats.masked.argmax(-1) == index[:, 0], 0.0, -math.inf)
-                rejected = (~torch.isfinite(stats.masked.gather(1, logits.argmax(-1)[:, None])[:, 0])).float()
-            records.append({"behaviour_logprobs": behaviour.tolist(),
-                            "policy_logprobs": stats.policy_logp.gather(1, index)[:, 0].tolist(),
-                            "entropies": stats.entropy.tolist(), "semantic": (stats.n_allowed > 1).tolist(),
-                            "expected_rejections": rejected.tolist()})
-        return records
+        return [_forced_record(out.logits[row, keep - len(action_ids):], action_ids, self.grammar, temperature)
+                for row, action_ids in enumerate(actions)]
 
 
 def rejection_sample(backend: TransformersBackend, prompts: list[list[int]], tokens: list[list[int] | None],
