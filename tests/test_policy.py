@@ -485,6 +485,12 @@ def test_no_prefix_reuse_for_sliding_window_layers(policy):
     assert len({len(s.action_ids) for s in samples}) > 1
     # transformers' own cache here: finished rows still leave the batch, and the rest sample as they would alone
     assert [s.action_ids for s in samples] == reference_sample(backend.model, backend.grammar, prompts, 0.7, 0, BUDGET)
+    # a proposal call scores its excluded call in a prefill of its own here (its first pass cannot feed it)
+    proposals = backend.generate(prompts, temperature=0.7, seed=1, max_new_tokens=BUDGET,
+                                 exclude=[s.text for s in samples], exclude_ids=[s.action_ids for s in samples])
+    for s, realised in zip(proposals, samples):
+        assert s.excluded_logprob == pytest.approx(sum(realised.behaviour_logprobs), abs=1e-4)
+        assert s.exclusion_failed or s.action_ids != realised.action_ids
 
 
 def reference_sample(model, grammar, prompts, temperature, seed, max_new_tokens):
