@@ -132,8 +132,9 @@ def test_a_ctrl_c_inside_code_made_by_exec_still_exits_130(tmp_path):
         "import typer\nfrom crr.cli.common import friendly\n"
         "@friendly\ndef command():\n    exec('raise KeyboardInterrupt')\n"
         "try:\n    command()\nexcept typer.Exit as e:\n    raise SystemExit(e.exit_code)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    source = Path(__file__).resolve().parent.parent   # this source tree's crr, as crr_process runs it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(source)])}
     done = subprocess.run([sys.executable, "-m", "stopped_in_exec"], capture_output=True, text=True, timeout=120,
-                          env=env, cwd=Path(__file__).resolve().parent.parent)   # as crr_process runs `-m crr`
+                          env=env)   # `-m`, as crr_process runs `python -m crr`
     assert done.returncode == 130, done.stderr
     assert done.stderr.startswith("interrupted (SIGINT); stopped"), done.stderr
