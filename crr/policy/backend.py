@@ -379,12 +379,11 @@ class TransformersBackend:
         todo = [i for i in range(len(prompts)) if misses[i] is None or misses[i]]
         # a row also drafts from the call it avoids (crr.policy.drafts): a draw steered off a_t follows it a while
         sources = [(drafts[i] if drafts and drafts[i] else []) + (tokens[i] or []) for i in range(len(prompts))]
-        first = True
-        while todo:
+        while todo:   # (the first call scores each a, and asks `decodes` of its row; later ones find them scored)
             drawn = self._sample([prompts[i] for i in todo], temperature, generator, max_new_tokens,
                                  avoid=[avoid[i] for i in todo], drafts=[sources[i] for i in todo],
-                                 decodes=(lambda j, todo=todo: decodes(todo[j])) if first else None)
-            first, again = False, []
+                                 decodes=lambda j, todo=todo: decodes(todo[j]))
+            again = []
             for i, sample in zip(todo, drawn):
                 if not misses[i]:   # every try draws a's tokenization: not decoded
                     continue
