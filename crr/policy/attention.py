@@ -7,8 +7,7 @@ once per query head sharing them (`repeat_kv`): a copy of the whole cache, every
 query heads that share a key/value head are packed along the query axis, as `pack_gqa` does for one token, and
 the mask is repeated along it: the same attention, on the cache as it is. For the tiny model (6 query heads on 2
 key/value heads) over a 1,300-token cache, 8 rows, float32, one thread: SDPA took 1.7 ms a layer for 9 tokens a
-row packed, 3.5 ms with the repeat, which itself took 1 ms (scripts/attention_bench.py... see docs/training.md,
-"Drafts").
+row packed, 3.5 ms with the repeat, which itself took 1 ms (a `/tmp` probe; docs/training.md, "Drafts").
 
 Registered as an attention implementation (transformers' AttentionInterface), which a CPU backend sets on its
 policy in place of "sdpa" (TransformersBackend). Anything but a short query without gradients on a CPU goes to

@@ -156,6 +156,13 @@ class _Excluded:
         return self
 
 
+def _avoided(tokens: list[list[int] | None], excluded: list[str | None]) -> list[_Excluded | None]:
+    """Each row's excluded call, not yet scored; q(a) = 0 for one without tokens (the grammar cannot emit the
+    call); None for a row without an excluded call."""
+    return [None if c is None else _Excluded(ids) if ids else _Excluded([], [], {}, logq=-math.inf)
+            for c, ids in zip(excluded, tokens)]
+
+
 def _forced_record(logits: torch.Tensor, action_ids: list[int], grammar: ToolCallGrammar,
                    temperature: float) -> dict[str, list]:
     """The teacher-forced per-token record of `action_ids` (TransformersBackend.score) from the logits that
@@ -362,8 +369,7 @@ class TransformersBackend:
         coins = torch.rand((len(prompts), tries), generator=generator).log()
         # a's tokens are scored in the first decoding pass (`_sample`), which feeds them after the prompt: the
         # logits that score them are those a draw that follows a reads, so that neither costs a pass of its own
-        avoid = [None if c is None else _Excluded(ids) if ids else _Excluded([], [], {}, logq=-math.inf)
-                 for c, ids in zip(excluded, tokens)]
+        avoid = _avoided(tokens, excluded)
         # per row, the tries (0-based, in order) that miss a's tokenization: the only ones decoded
         misses: list[list[int] | None] = [None] * len(prompts)
 
@@ -409,18 +415,17 @@ class TransformersBackend:
 
     def _score_calls(self, prompts: list[list[int]], tokens: list[list[int] | None], excluded: list[str | None],
                      temperature: float) -> list[_Excluded | None]:
-        """Each excluded call's tokens at its prompt (see _Excluded), scored in one batch (`scores`); q(a) = 0
-        for none (the grammar cannot emit the call); None for a row without an excluded call."""
-        given = [i for i, (ids, c) in enumerate(zip(tokens, excluded)) if ids and c is not None]
-        scored = dict(zip(given, self.scores([prompts[i] for i in given], [tokens[i] for i in given], temperature)
-                          if given else []))
-        out: list[_Excluded | None] = []
-        for i, ids in enumerate(tokens):
-            if i not in scored:
-                out.append(None if excluded[i] is None else _Excluded([], [], {}, logq=-math.inf))
-                continue
-            out.append(_Excluded(ids).scored(scored[i]))
-        return out
+        """Each excluded call's tokens at its prompt (see _Excluded), scored in one batch (`_score`)."""
+        return self._score(prompts, _avoided(tokens, excluded), temperature)
+
+    def _score(self, prompts: list[list[int]], avoid: list[_Excluded | None], temperature: float
+               ) -> list[_Excluded | None]:
+        """`avoid` with every call not yet scored scored at its row's prompt, in one prefill (`scores`)."""
+        unscored = [i for i, a in enumerate(avoid) if a is not None and a.logq is None]
+        for i, record in zip(unscored, self.scores([prompts[i] for i in unscored], [avoid[i].ids for i in unscored],
+                                                   temperature) if unscored else []):
+            avoid[i].scored(record)
+        return avoid
 
     @torch.no_grad()
     def _sample(self, prompts: list[list[int]], temperature: float, generator: torch.Generator,
@@ -441,9 +446,7 @@ class TransformersBackend:
         unscored = [i for i in range(rows) if avoid and avoid[i] is not None and avoid[i].logq is None]
         if unscored and not full_attention(model.config):   # (a first block longer than a row's next token needs
             # a DecodeCache, below: score a's tokens in a prefill of their own)
-            for i, record in zip(unscored, self.scores([prompts[i] for i in unscored],
-                                                       [avoid[i].ids for i in unscored], temperature)):
-                avoid[i].scored(record)
+            self._score(prompts, avoid, temperature)
             unscored = []
         matchers = [self.grammar.matcher() for _ in range(rows)]
         record: list[dict[str, list]] = [{"action_ids": [], "behaviour_logprobs": [], "policy_logprobs": [],

@@ -14,8 +14,8 @@ the tokens that followed the last occurrence of the row's last n-gram in a sourc
 replays what its trajectory did after the fork in large part (the same later views, edits, tests and submit):
 its source is its trajectory's calls from a_t on, so a branch pays for what is new in it. Every episode's
 source also holds its own earlier calls (paths, commands and code it repeats). Measured on the committed
-multi-tier CRR runs (docs/training.md, "Drafts"): a branch's calls after its proposal need 0.40-0.47 of the
-passes, a trajectory's calls 0.70.
+multi-tier CRR runs (docs/training.md, "Drafts"): a branch's calls after its proposal need 0.40-0.48 of the
+passes, a trajectory's calls 0.70-0.72.
 
 A hand-written index rather than transformers' prompt lookup candidate generator: that one drafts for
 `model.generate`, which this sampler does not use (crr.policy.backend.TransformersBackend), and scans the
