@@ -14,7 +14,10 @@ ledgers: mean iteration wall_s and phase seconds per method, their ratio, the fo
 the seconds per on-policy trajectory (rollout_s / trajectories) and per branch ((fork_s + cf_rollout_s +
 cf_test_s) / forks: the forks the selector kept, those a sibling played included (forks_reused); the discarded
 live forks' seconds are in the numerator; with branches_beside_update what the branches added to the wall clock,
-and s_per_branch_own with the seconds they ran beside the update, cf_beside_s), the test runs the verdicts by
+and s_per_branch_own with the seconds they ran beside the update, cf_beside_s; branch_own_over_trajectory their
+ratio), the tokens new to each (generated_per_trajectory, generated_per_branch, observed_per_...: the ledger's
+counts; a branch's prefix is its parent's, so its suffix is what is new) and their ratios
+(branch_over_trajectory_generated, _observed), what a branch's seconds compare with, the test runs the verdicts by
 final state spared (verdicts_reused;
 reuse_verdicts=false reuse_played=false measure without either), and
 CRR/GRPO also without the learner update (the same rows in both: on a shared machine its seconds are the
@@ -55,6 +58,21 @@ def interval(statistic, *series: list[float]) -> list[float]:
     draws = rng.integers(0, len(arrays[0]), size=(BOOTSTRAP, len(arrays[0])))
     values = statistic(*(a[draws].sum(axis=1) for a in arrays))
     return np.quantile(values, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2]).round(3).tolist()
+
+
+def new_tokens(its: list[dict]) -> dict:
+    """The tokens new to each on-policy trajectory and to each branch, from one arm's ledger iterations: those the
+    policy generated and those it was fed (observed: a trajectory's task prompt, shared by its siblings, and its
+    observations). A branch's prefix is its parent's, so what is new in it is its suffix: a_t~, the calls after
+    it and their observations. Kept apart, since on a CPU a generated token costs a decoding pass's share and an
+    observed one a prefill's, several times less."""
+    total = {k: sum(i.get(k, 0) for i in its) for k in ("generated_tokens_on_policy", "generated_tokens_all",
+                                                         "observed_tokens_on_policy", "observed_tokens_all")}
+    trajectories, forks = max(sum(i["trajectories"] for i in its), 1), max(sum(i["forks"] for i in its), 1)
+    return {f"{kind}_per_{unit}": value / (trajectories if unit == "trajectory" else forks)
+            for kind in ("generated", "observed") for unit, value in
+            (("trajectory", total[f"{kind}_tokens_on_policy"]),
+             ("branch", total[f"{kind}_tokens_all"] - total[f"{kind}_tokens_on_policy"]))}
 
 
 def main() -> None:
@@ -102,7 +120,8 @@ def main() -> None:
                        "s_per_trajectory": sum(i["rollout_s"] for i in its) / sum(i["trajectories"] for i in its),
                        "s_per_branch": sum(cf) / max(sum(i["forks"] for i in its), 1),
                        "s_per_branch_own": ((sum(cf) + sum(i["cf_beside_s"] for i in its))
-                                            / max(sum(i["forks"] for i in its), 1))}
+                                            / max(sum(i["forks"] for i in its), 1)),
+                       **new_tokens(its)}
     grpo = result["grpo"]
     for arm in (a for a in arms if a != "grpo"):
         crr = result[arm]
@@ -110,6 +129,10 @@ def main() -> None:
         result[arm]["over_grpo_without_update"] = ((crr["iteration_wall_s"] - crr["update_s"])
                                                    / (grpo["iteration_wall_s"] - grpo["update_s"]))
         result[arm]["branch_over_trajectory"] = crr["s_per_branch"] / crr["s_per_trajectory"]
+        result[arm]["branch_own_over_trajectory"] = crr["s_per_branch_own"] / crr["s_per_trajectory"]
+        for kind in ("generated", "observed"):   # how long a branch is beside a trajectory, in each kind of token
+            result[arm][f"branch_over_trajectory_{kind}"] = (crr[f"{kind}_per_branch"]
+                                                             / max(crr[f"{kind}_per_trajectory"], 1e-9))
         result[arm]["over_grpo_by_share"] = 1 / (1 - crr["cf_share"])
         c, g = series[arm], series["grpo"]
         result[arm]["over_grpo_ci95"] = interval(lambda cw, gw: cw / gw, c["wall"], g["wall"])

@@ -172,6 +172,9 @@ def test_tables_agree_with_the_run_files(comparison):
     per_fork = f"{crr_rows.cf_tokens.mean() / crr_rows.forks.mean():.0f}"   # a branch's own tokens, per fork
     assert any(line.startswith("| Generated tokens per fork ") and per_fork in line
                for line in (out / "accounting.md").read_text().splitlines())
+    observed = (crr_rows.observed_tokens_all - crr_rows.observed_tokens_on_policy).mean() / crr_rows.forks.mean()
+    assert observed > 0 and any(line.startswith("| Observed tokens per fork ") and f"{observed:.0f}" in line
+                                for line in (out / "accounting.md").read_text().splitlines())
 
     wallclock = pd.read_csv(out / "wallclock.csv")
     matched = wallclock[wallclock.arm == "GRPO (equal wall clock)"]

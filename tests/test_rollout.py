@@ -348,11 +348,15 @@ def test_a_branch_a_sibling_played_takes_its_return_unplayed(backend, task, tmp_
             assert [b.played_by for b in reused] == sources and [b.traj for b in reused] == [trajs[j] for j in sources]
             assert [b.reward for b in reused] == [trajs[j].reward for j in sources]
             assert [b.tokens for b in reused] == [len(trajs[j].steps[0].action_ids) for j in sources]
+            assert [b.observed_tokens for b in reused] == [0] * len(rows)   # nothing was fed: nothing is new
             assert not engine._sandboxes
-            # without reuse_played the same proposals are played
+            # without reuse_played the same proposals are played: forked at s_0, the whole episode is new
             played = run_branches(trajs, picks, backend=Proposing(sources), **args)
             assert all(b.played_by is None and b.traj is not trajs[j] and b.reward is not None
                        for b, j in zip(played, sources))
+            assert [(b.tokens, b.observed_tokens) for b in played] == [
+                (b.traj.generated_tokens, b.traj.observed_tokens) for b in played]
+            assert all(b.observed_tokens > 0 for b in played if len(b.traj.steps) > 1)
             # K = 3 drawing one sibling's action thrice: a sibling stands for one branch (of two siblings at most)
             twice = run_branches(trajs, picks, backend=Proposing([j for j in sources for _ in range(3)]), reuse_played=True,
                                  **{**args, "cf_samples": 3})

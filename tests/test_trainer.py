@@ -66,6 +66,7 @@ def test_crr_end_to_end_and_resume(ran_tasks_file, tmp_path):
     assert len(ledger["iterations"]) == 2 and ledger["cumulative"]["updates"] == 2
     assert ledger["cumulative"]["trajectories"] == 6 and ledger["cumulative"]["forks"] > 0
     assert ledger["cumulative"]["generated_tokens_all"] > ledger["cumulative"]["generated_tokens_on_policy"]
+    assert ledger["cumulative"]["observed_tokens_all"] > ledger["cumulative"]["observed_tokens_on_policy"] > 0
     tuples = read_tuples(run)
     assert len(tuples) == ledger["cumulative"]["forks"]
     assert (tuples["realised_action"] != tuples["counterfactual_action"]).all()

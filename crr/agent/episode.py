@@ -164,6 +164,11 @@ class Trajectory:
     def generated_tokens(self) -> int:
         return sum(len(s.action_ids) for s in self.steps)
 
+    @property
+    def observed_tokens(self) -> int:
+        """The observation tokens the policy was fed (the prompt aside)."""
+        return sum(len(s.observation_ids) for s in self.steps)
+
     def trl_row(self) -> dict:
         """One row of TRL's rollout_func: prompt_ids, completion_ids, logprobs (0.0 on observation
         tokens), env_mask, plus the step spans and the reward for the CRR advantage."""

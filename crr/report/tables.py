@@ -354,6 +354,10 @@ def accounting_table(runs: Runs) -> Table:
                             "forks", "generated_tokens_on_policy", "generated_tokens_all", "effective_tokens")},
                             "cf_pool_s": c["fork_s"] + c["cf_rollout_s"] + c["cf_test_s"],
                             "cf_tokens": c["generated_tokens_all"] - c["generated_tokens_on_policy"],
+                            # (NaN in a ledger from before the count: the row shows a dash)
+                            **{k: c.get(k, math.nan) for k in ("observed_tokens_on_policy", "observed_tokens_all")},
+                            "cf_observed_tokens": c.get("observed_tokens_all", math.nan)
+                            - c.get("observed_tokens_on_policy", math.nan),
                             "unattributed_s": c["wall_s"] - sum(c[k] for k in PHASES)})
     data = pd.DataFrame(records)
     means = data.groupby("arm", sort=False).mean(numeric_only=True)
@@ -363,17 +367,20 @@ def accounting_table(runs: Runs) -> Table:
             (f"  counterfactual tests ({unit})", "cf_test_s"), (f"Learner updates ({unit})", "update_s"),
             (f"Unattributed ({unit})", "unattributed_s"), (f"Total wall clock ({unit})", "wall_s")]
     display = [{"Accounting item": name, **{a: f"{means.at[a, k] / scale:.2f}" for a in means.index}} for name, k in rows]
-    # what a branch costs beside an on-policy trajectory (issue 29's target: at most half), how long it is, and
-    # what a token costs in each (a branch's own tokens only): numerator / denominator x scale, per arm
+    # what a branch costs beside an on-policy trajectory (issue 29's target: at most half), how long it is (the
+    # tokens it generated and those it was fed), and what a generated token costs in each (a branch's own tokens
+    # only): numerator / denominator x scale, per arm
     ratios = [("Seconds per on-policy trajectory", "rollout_s", "trajectories", 1, ".2f"),
               ("Seconds per fork (its fork pool share)", "cf_pool_s", "forks", 1, ".2f"),
               ("Generated tokens per on-policy trajectory", "generated_tokens_on_policy", "trajectories", 1, ".0f"),
               ("Generated tokens per fork", "cf_tokens", "forks", 1, ".0f"),
+              ("Observed tokens per on-policy trajectory", "observed_tokens_on_policy", "trajectories", 1, ".0f"),
+              ("Observed tokens per fork", "cf_observed_tokens", "forks", 1, ".0f"),
               ("Milliseconds per generated token, on-policy rollout", "rollout_s", "generated_tokens_on_policy", 1e3,
                ".2f"),
               ("Milliseconds per generated token, fork pool", "cf_pool_s", "cf_tokens", 1e3, ".2f")]
     for name, num, den, times, fmt in ratios:
-        display.append({"Accounting item": name, **{a: DASH if not means.at[a, den] else
+        display.append({"Accounting item": name, **{a: DASH if not means.at[a, den] or math.isnan(means.at[a, num]) else
                                                     f"{times * means.at[a, num] / means.at[a, den]:{fmt}}"
                                                     for a in means.index}})
     for name, k in (("On-policy trajectories", "trajectories"), ("Optimizer updates", "updates"), ("Forks", "forks"),

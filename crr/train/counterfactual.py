@@ -94,6 +94,13 @@ class Branch:
             return len(self.sample.action_ids)
         return sum(len(s.action_ids) for s in self.traj.steps[self.t:])
 
+    @property
+    def observed_tokens(self) -> int:
+        """The observation tokens its suffix fed the policy (none where a sibling played it)."""
+        if self.sample is None or self.traj is None or self.played_by is not None:
+            return 0
+        return sum(len(s.observation_ids) for s in self.traj.steps[self.t:])
+
 
 @dataclass
 class Launch:

@@ -15,7 +15,9 @@ iteration in `metrics.jsonl`:
   and their tokens to generated_tokens_all, so its extra rollouts compare with CRR's one for one
   (the five are mutually exclusive: each second is charged to one phase), plus wall_s (the iteration's
   wall clock, which also holds what no phase claims), on-policy trajectories, updates, generated tokens
-  on-policy and all (with counterfactual suffixes), effective tokens (loss-masked on-policy action tokens
+  on-policy and all (with counterfactual suffixes), observed tokens on-policy and all (what the policy read
+  that it did not generate: each distinct task prompt once, since a task's siblings share it, and every
+  observation it was fed; a branch's are those after its fork, its prefix being its parent's), effective tokens (loss-masked on-policy action tokens
   of the rows trained on), forks, forks_discarded (forks started during the rollout whose step the selector
   did not pick in the end: crr.train.counterfactual.LiveForks; their tokens are in generated_tokens_all),
   forks_reused (forks, counted in `forks`, whose alternative action a sibling had taken in the same state: the
@@ -52,7 +54,8 @@ log = logging.getLogger(__name__)
 LEDGER_FILE = "ledger.json"
 PHASES = ("rollout_s", "fork_s", "cf_rollout_s", "cf_test_s", "update_s")
 CF_PHASES = ("fork_s", "cf_rollout_s", "cf_test_s")   # the counterfactual work
-COUNTS = ("trajectories", "updates", "generated_tokens_on_policy", "generated_tokens_all", "effective_tokens", "forks",
+COUNTS = ("trajectories", "updates", "generated_tokens_on_policy", "generated_tokens_all", "observed_tokens_on_policy",
+          "observed_tokens_all", "effective_tokens", "forks",
           "forks_discarded", "forks_reused", "harness_tampered", "verdicts_reused", "cf_beside_s")
 
 
