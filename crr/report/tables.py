@@ -380,9 +380,9 @@ def accounting_table(runs: Runs) -> Table:
                ".2f"),
               ("Milliseconds per generated token, fork pool", "cf_pool_s", "cf_tokens", 1e3, ".2f")]
     for name, num, den, times, fmt in ratios:
-        display.append({"Accounting item": name, **{a: DASH if not means.at[a, den] or math.isnan(means.at[a, num]) else
-                                                    f"{times * means.at[a, num] / means.at[a, den]:{fmt}}"
-                                                    for a in means.index}})
+        display.append({"Accounting item": name, **{
+            a: DASH if not means.at[a, den] or math.isnan(means.at[a, num])
+            else f"{times * means.at[a, num] / means.at[a, den]:{fmt}}" for a in means.index}})
     for name, k in (("On-policy trajectories", "trajectories"), ("Optimizer updates", "updates"), ("Forks", "forks"),
                     ("Generated tokens, on-policy", "generated_tokens_on_policy"),
                     ("Generated tokens, all", "generated_tokens_all"), ("Effective tokens", "effective_tokens")):

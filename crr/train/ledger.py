@@ -17,9 +17,10 @@ iteration in `metrics.jsonl`:
   wall clock, which also holds what no phase claims), on-policy trajectories, updates, generated tokens
   on-policy and all (with counterfactual suffixes), observed tokens on-policy and all (what the policy read
   that it did not generate: each distinct task prompt once, since a task's siblings share it, and every
-  observation it was fed; a branch's are those after its fork, its prefix being its parent's), effective tokens (loss-masked on-policy action tokens
-  of the rows trained on), forks, forks_discarded (forks started during the rollout whose step the selector
-  did not pick in the end: crr.train.counterfactual.LiveForks; their tokens are in generated_tokens_all),
+  observation it was fed; a branch's are those after its fork, its prefix being its parent's), effective
+  tokens (loss-masked on-policy action tokens of the rows trained on), forks, forks_discarded (forks started
+  during the rollout whose step the selector did not pick in the end: crr.train.counterfactual.LiveForks; their
+  tokens are in generated_tokens_all),
   forks_reused (forks, counted in `forks`, whose alternative action a sibling had taken in the same state: the
   sibling's return is theirs and nothing was played, crr.train.counterfactual.played_by),
   harness_tampered (on-policy trajectories the verifier's harness audit

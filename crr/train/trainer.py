@@ -470,7 +470,7 @@ class CRRTrainer(GRPOTrainer):
         led.add("trajectories", len(trajs))
         led.add("generated_tokens_on_policy", on_policy)
         led.add("generated_tokens_all", on_policy + sum(b.tokens for b in branches + discarded))
-        observed = (sum(map(len, {tuple(t.prompt_ids) for t in trajs})) + sum(t.observed_tokens for t in trajs))
+        observed = sum(map(len, {tuple(t.prompt_ids) for t in trajs})) + sum(t.observed_tokens for t in trajs)
         led.add("observed_tokens_on_policy", observed)
         led.add("observed_tokens_all", observed + sum(b.observed_tokens for b in branches + discarded))
         led.add("effective_tokens", sum(t.generated_tokens for t in trajs if t.reward is not None))
