@@ -145,6 +145,24 @@ def test_crr_s_own_pytest_plugins_stay_out_of_a_task_run_on_crr_s_interpreter(en
         assert "plugins: xdist" in named.output, named.output
 
 
+def test_crr_s_editable_install_reads_empty_in_a_sandbox(engine, task):
+    """crr's venv is bound into the sandbox, but its `__editable__` .pth (an import of setuptools' finder at
+    every Python start, pointing at a source tree the sandbox does not hold) reads as empty there; the venv's
+    packages still import."""
+    import site
+
+    pths = [p for d in site.getsitepackages() for p in Path(d).glob("__editable__*.pth")]
+    assert pths and all(p.read_text().strip() for p in pths), "crr is not installed editable: this proves nothing"
+    with engine.start(task) as sb:
+        for p in pths:
+            out = sb.exec(f"wc -c < {p}; echo extra >> {p}; wc -c < {p}")
+            assert out.output.split()[0] == "0" and out.output.split()[-1] == "0", out.output
+        run = sb.exec("python -c 'import pytest, sys; print(pytest.__name__, [m for m in sys.modules if "
+                      "m.startswith(\"__editable__\")])'")
+        assert run.output.strip() == "pytest []", run.output
+    assert all(p.read_text().strip() for p in pths), "the host's .pth changed"
+
+
 def test_a_checkout_under_tmp_runs_crr_s_interpreter_in_its_sandboxes(tmp_path):
     """crr's interpreter is bound into every sandbox root at its path, and the sandbox's private /tmp is bound
     there too: an interpreter under /tmp (a clone in /tmp, as CI may make) must be bound on top of that /tmp, or

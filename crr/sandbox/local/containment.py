@@ -12,6 +12,7 @@ import os
 import selectors
 import shutil
 import signal
+import site
 import socket
 import struct
 import subprocess
@@ -153,7 +154,9 @@ def _check(ret: int) -> None:
         raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
 
 
-Step = tuple[str, str, str]   # (kind, source, path in the root): a step of _new_root's plan
+# (kind, source, path in the root): a step of _new_root's plan; kind is ro, rw (bound), dir (made), symlink, or null
+# (os.devnull bound over a file, which then reads as empty)
+Step = tuple[str, str, str]
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,15 @@ def _root_plan(rootfs: Path) -> RootPlan:
         real = os.path.realpath(prefix)
         if real not in ("/", "/usr"):  # else a system interpreter: the root has its own
             interpreter += [("ro", real, at) for at in dict.fromkeys((real, prefix))]
+    # crr's own editable install is not the task's environment: setuptools' `__editable__` .pth would import its
+    # finder (pathlib, re, ...) at every Python start in a sandbox, 25-35 ms of a 55-60 ms start, and point at a
+    # source tree the sandbox does not hold (crr cannot be imported there either way). It reads as empty there.
+    venv = os.path.realpath(sys.prefix)
+    hidden = [os.path.relpath(entry.path, venv)
+              for site_dir in site.getsitepackages([venv]) if os.path.isdir(site_dir) for entry in os.scandir(site_dir)
+              if entry.name.startswith("__editable__") and entry.name.endswith(".pth")]
+    interpreter += [("null", os.devnull, os.path.join(at, rel)) for _, real, at in list(interpreter) if real == venv
+                    for rel in hidden]
     plan = []
     for entry in sorted(os.scandir(rootfs), key=lambda e: e.name):
         if entry.is_symlink():  # usrmerge: /bin -> usr/bin and the like
@@ -210,7 +222,7 @@ def _new_root(host: int, plan: list[Step], stage: str) -> int:
                 if kind == "symlink":
                     os.symlink(source, path)
                     continue
-                if kind != "dir" and os.path.isfile(source):   # a file bound over a file (/etc/resolv.conf)
+                if kind == "null" or kind != "dir" and os.path.isfile(source):   # a file over a file (/etc/resolv.conf)
                     if not os.path.lexists(path):
                         open(path, "w").close()
                 else:
