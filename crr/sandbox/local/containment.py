@@ -190,7 +190,7 @@ def _root_plan(rootfs: Path) -> RootPlan:
     hidden = [os.path.relpath(entry.path, venv)
               for site_dir in site.getsitepackages([venv]) if os.path.isdir(site_dir) for entry in os.scandir(site_dir)
               if entry.name.startswith("__editable__") and entry.name.endswith(".pth")]
-    interpreter += [("null", os.devnull, os.path.join(at, rel)) for _, real, at in list(interpreter) if real == venv
+    interpreter += [("null", os.devnull, os.path.join(at, rel)) for _, real, at in interpreter if real == venv
                     for rel in hidden]
     plan = []
     for entry in sorted(os.scandir(rootfs), key=lambda e: e.name):
@@ -222,7 +222,7 @@ def _new_root(host: int, plan: list[Step], stage: str) -> int:
                 if kind == "symlink":
                     os.symlink(source, path)
                     continue
-                if kind == "null" or kind != "dir" and os.path.isfile(source):   # a file over a file (/etc/resolv.conf)
+                if kind == "null" or (kind != "dir" and os.path.isfile(source)):  # over a file (/etc/resolv.conf)
                     if not os.path.lexists(path):
                         open(path, "w").close()
                 else:
