@@ -16,6 +16,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -108,13 +109,21 @@ def _sigterm_interrupts() -> Iterator[list[int]]:
     """SIGTERM (what Slurm, Kubernetes and `timeout` send) takes SIGINT's path: a KeyboardInterrupt in
     the main thread, so that the same `finally` blocks close every sandbox. Yields the signals received;
     after the first, more SIGINTs and SIGTERMs are ignored until the process ends (a scheduler's SIGKILL still
-    ends it)."""
+    ends it). One that lands inside an import raises once the import has ended (`_importing` says why)."""
     received: list[int] = []
+    deferred: list[int] = []   # a signal that landed inside an import, until the import has ended
+    stop_waiting = threading.Event()   # set: the command has ended, or the import outlived IMPORT_GRACE_S
 
     def interrupt(signum, frame) -> None:
-        if not received:
-            received.append(signum)
-            raise KeyboardInterrupt
+        if received:
+            return
+        if _importing(frame) and not stop_waiting.is_set():
+            if not deferred:
+                deferred.append(signum)
+                threading.Thread(target=_send_after_import, args=(signum, stop_waiting), daemon=True).start()
+            return
+        received.append(deferred[0] if deferred else signum)
+        raise KeyboardInterrupt
 
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         yield received
@@ -128,8 +137,41 @@ def _sigterm_interrupts() -> Iterator[list[int]]:
     try:
         yield received
     finally:
+        stop_waiting.set()
         for signum, handler in previous.items():   # interrupted: the process is on its way out, let it finish
-            signal.signal(signum, signal.SIG_IGN if received else handler)
+            signal.signal(signum, signal.SIG_IGN if received or deferred else handler)
+
+
+# How long a Ctrl-C waits for the import it landed in (torch's takes seconds on a slow CPU) before it raises there.
+IMPORT_GRACE_S = 60.0
+
+
+def _importing(frame) -> bool:
+    """Whether the main thread is running an import: its frames pass through importlib's bootstrap.
+    A KeyboardInterrupt raised there can land inside a native module's initialisation, which Python cannot
+    unwind: torch's `_c10d_init` (pybind11) then aborts the process (SIGABRT, `terminate called after throwing
+    an instance of 'pybind11::error_already_set'`), with no cleanup and no resume line (CI saw it in
+    `crr credit audit`)."""
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith("importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _send_after_import(signum: int, stop_waiting: threading.Event) -> None:
+    """Sends the main thread `signum` again once its import has ended (checked every 50 ms), or after
+    IMPORT_GRACE_S, when the handler raises wherever the main thread is. Nothing is sent once the command
+    has ended by itself: the signal is dropped, and its handler stays SIG_IGN to the exit."""
+    main = threading.main_thread().ident
+    deadline = time.monotonic() + IMPORT_GRACE_S
+    while not stop_waiting.wait(0.05):
+        late = time.monotonic() > deadline
+        if late or not _importing(sys._current_frames().get(main)):
+            if late:
+                stop_waiting.set()
+            signal.pthread_kill(main, signum)
+            return
 
 
 def _forget_interrupt_in_exec() -> None:
@@ -306,9 +348,9 @@ def engine_settings(engine: str | None, engine_opt: list[str] | None, ray: str |
 def trust_task_code_option() -> Any:
     """`crr --trust-task-code`: for every engine of the command (crr.sandbox.engine_spec reads TRUST_ENV)."""
     return typer.Option(False, "--trust-task-code",
-                        help="Run task sets other than crr's own generated ones on a local engine even where this "
-                             "host cannot contain their code (no sandbox root filesystem, cgroups or tmpfs; the engine says "
-                             "what is missing when it starts).")
+                        help="Run task sets other than crr's own generated ones on a local engine even where "
+                             "this host cannot contain their code (no sandbox root filesystem, cgroups or tmpfs; the "
+                             "engine says what is missing when it starts).")
 
 
 def ray_option() -> Any:
