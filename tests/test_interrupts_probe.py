@@ -145,12 +145,14 @@ def test_an_interrupt_inside_an_import_lands_once_the_import_has_ended(tmp_path)
     (before: CI's `crr credit audit`, given Ctrl-C while importing torch, raised inside torch's native `_c10d_init`
     and the process aborted with SIGABRT (-6), `terminate called after throwing an instance of 'pybind11::...'`,
     with no cleanup and no resume line). A module that sends itself SIGTERM (SIGINT is ignored by the test
-    workers' children) finishes its import, and the command is interrupted in its next step."""
+    workers' children) finishes its import and the command's next one, and the command is interrupted in its next
+    step."""
     (tmp_path / "slow_module.py").write_text(
         "import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(0.5)\nIMPORTED = True\n")
+    (tmp_path / "next_module.py").write_text("import time\ntime.sleep(0.5)\nIMPORTED = True\n")
     (tmp_path / "interrupted_in_import.py").write_text(
         "import sys, time, typer\nfrom crr.cli.common import friendly\n"
-        "@friendly\ndef command():\n    try:\n        import slow_module\n"
+        "@friendly\ndef command():\n    try:\n        import slow_module\n        import next_module\n"
         "    except KeyboardInterrupt:\n        print('raised inside the import', flush=True)\n        raise\n"
         "    print('imported', flush=True)\n    time.sleep(100)\n    print('never interrupted', flush=True)\n"
         "try:\n    command()\nexcept typer.Exit as e:\n    raise SystemExit(e.exit_code)\n")

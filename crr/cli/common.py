@@ -111,19 +111,32 @@ def _sigterm_interrupts() -> Iterator[list[int]]:
     after the first, more SIGINTs and SIGTERMs are ignored until the process ends (a scheduler's SIGKILL still
     ends it). One that lands inside an import raises once the import has ended (`_importing` says why)."""
     received: list[int] = []
-    deferred: list[int] = []   # a signal that landed inside an import, until the import has ended
-    stop_waiting = threading.Event()   # set: the command has ended, or the import outlived IMPORT_GRACE_S
+    deferred: list[int] = []           # a signal that landed inside an import, until the import has ended
+    ended = threading.Event()          # the command has ended: no signal raises any more
+    grace_over = threading.Event()     # the import outlived IMPORT_GRACE_S: raise inside it
 
     def interrupt(signum, frame) -> None:
-        if received:
+        if received or ended.is_set():
             return
-        if _importing(frame) and not stop_waiting.is_set():
+        if _importing(frame) and not grace_over.is_set():
             if not deferred:
                 deferred.append(signum)
-                threading.Thread(target=_send_after_import, args=(signum, stop_waiting), daemon=True).start()
+                threading.Thread(target=send_after_import, args=(signum,), daemon=True).start()
             return
         received.append(deferred[0] if deferred else signum)
         raise KeyboardInterrupt
+
+    def send_after_import(signum: int) -> None:
+        """Sends the main thread `signum` again whenever it is outside an import (checked every 50 ms), and
+        after IMPORT_GRACE_S wherever it is, until the handler has raised: a signal that found the main thread
+        already in its next import is sent again."""
+        main = threading.main_thread().ident
+        deadline = time.monotonic() + IMPORT_GRACE_S
+        while not received and not ended.wait(0.05):
+            if time.monotonic() > deadline:
+                grace_over.set()
+            if grace_over.is_set() or not _importing(sys._current_frames().get(main)):
+                signal.pthread_kill(main, signum)
 
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         yield received
@@ -137,7 +150,7 @@ def _sigterm_interrupts() -> Iterator[list[int]]:
     try:
         yield received
     finally:
-        stop_waiting.set()
+        ended.set()
         for signum, handler in previous.items():   # interrupted: the process is on its way out, let it finish
             signal.signal(signum, signal.SIG_IGN if received or deferred else handler)
 
@@ -157,21 +170,6 @@ def _importing(frame) -> bool:
             return True
         frame = frame.f_back
     return False
-
-
-def _send_after_import(signum: int, stop_waiting: threading.Event) -> None:
-    """Sends the main thread `signum` again once its import has ended (checked every 50 ms), or after
-    IMPORT_GRACE_S, when the handler raises wherever the main thread is. Nothing is sent once the command
-    has ended by itself: the signal is dropped, and its handler stays SIG_IGN to the exit."""
-    main = threading.main_thread().ident
-    deadline = time.monotonic() + IMPORT_GRACE_S
-    while not stop_waiting.wait(0.05):
-        late = time.monotonic() > deadline
-        if late or not _importing(sys._current_frames().get(main)):
-            if late:
-                stop_waiting.set()
-            signal.pthread_kill(main, signum)
-            return
 
 
 def _forget_interrupt_in_exec() -> None:
