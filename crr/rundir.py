@@ -229,7 +229,7 @@ def read_run_mapping(path: Path, what: str = "JSON") -> dict:
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+                             cwd=Path(__file__).resolve().parent, check=False)
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -251,7 +251,7 @@ class RunDir:
 
     @classmethod
     def create(cls, command: str, name: str = "run", *, root: Path | str = DEFAULT_ROOT,
-               config: dict | None = None, seeds: dict | None = None) -> "RunDir":
+               config: dict | None = None, seeds: dict | None = None) -> RunDir:
         """Make a fresh run directory and write its config and manifest."""
         if Path(root).exists() and not Path(root).is_dir():
             raise CRRError(f"{root} is a file, not a directory to make run directories in")
@@ -289,7 +289,7 @@ class RunDir:
         shutil.rmtree(self.path, ignore_errors=True)
 
     @classmethod
-    def open(cls, path: Path | str, *, write: bool = False) -> "RunDir":
+    def open(cls, path: Path | str, *, write: bool = False) -> RunDir:
         """An existing run directory; with `write` (resuming it), this process becomes its one writer."""
         path = Path(path)
         if not (path / "manifest.json").is_file():

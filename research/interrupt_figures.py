@@ -58,7 +58,7 @@ def main() -> None:
                 procs_before = len(survivors(kids))
                 recorded = len(RunDir(run).records("results.jsonl"))
                 resume = ["filter-tasks", "--resume", str(run)] if command == "filter" else ["eval", "--resume", str(run)]
-                done = subprocess.run([sys.executable, "-m", "crr", *resume], env=env, capture_output=True, text=True)
+                done = subprocess.run([sys.executable, "-m", "crr", *resume], env=env, capture_output=True, text=True, check=False)
                 ids = [r["instance_id"] for r in RunDir(run).records("results.jsonl")]
                 count = lambda things, kind: sum(t.startswith(kind) for t in things)  # noqa: E731
                 after = leftovers(proc.pid)

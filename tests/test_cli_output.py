@@ -50,11 +50,11 @@ def test_an_out_path_that_cannot_be_a_directory_is_one_line_and_exit_2(tmp_path)
 
 def test_library_warnings_and_records_go_to_the_run_log_and_crrs_own_to_the_terminal(tmp_path, capsys):
     with cli._library_output():
-        warnings.warn("early library warning", FutureWarning)  # before the command has a run directory
+        warnings.warn("early library warning", FutureWarning, stacklevel=1)  # before the command has a run directory
         logging.getLogger("transformers.modeling_utils").warning("a library record")
         logging.getLogger("crr.train").warning("crr's own warning")
         run = RunDir.create("test", root=tmp_path)
-        warnings.warn("late library warning", FutureWarning)
+        warnings.warn("late library warning", FutureWarning, stacklevel=1)
         logging.getLogger("crr.rollout").info("crr's own progress record")
     release_locks()
     log = (run.path / RUN_LOG).read_text()
@@ -68,7 +68,7 @@ def test_library_warnings_and_records_go_to_the_run_log_and_crrs_own_to_the_term
 
 def test_a_command_without_a_run_directory_prints_its_library_warnings_at_the_end(capsys):
     with cli._library_output():
-        warnings.warn("a library warning", UserWarning)
+        warnings.warn("a library warning", UserWarning, stacklevel=1)
         assert capsys.readouterr().err == ""
     assert "a library warning" in capsys.readouterr().err
 

@@ -17,11 +17,11 @@ from crr.cli import app
 from crr.credit.audit import RECORDS, audit_records, estimator_names, load_audit_config, parse_overrides
 from crr.credit.stats import estimator_metrics, values
 from crr.eval.stats import wilson, z
-
-Z95 = z(0.975)
 from crr.report.credit import write_audit
 from crr.rundir import RunDir, release_locks
 from crr.train.advantages import ESTIMATORS
+
+Z95 = z(0.975)
 
 
 TINY = ["n_tasks=1", "group_size=2", "continuations=2", "repeats=2", "max_turns=2", "k=1", "eta=0.0", "cf_samples=1",

@@ -140,7 +140,7 @@ def test_multi_repair_rows_fix_every_failing_function_then_submit():
         drawn = locate_calls(rng, whole=True)
         if drawn is not None:
             draws.append(drawn)
-    for issue, calls in draws:
+    for _issue, calls in draws:
         assert calls[-1][1] is None and calls[-1][0].name == "submit_patch"
         failed = set(re.findall(r"^FAILED tests/test_\w+\.py::test_(\w+)_\d+ ", calls[0][1], re.M))
         assert failed
@@ -151,6 +151,6 @@ def test_multi_repair_rows_fix_every_failing_function_then_submit():
         assert steps == ["run_shell", "view_file", "edit_file"] * len(names)
         for (call, obs) in calls:
             if call.name == "edit_file":
-                minus = [l for l in obs.splitlines() if l.startswith("-") and not l.startswith("---")]
-                plus = [l for l in obs.splitlines() if l.startswith("+") and not l.startswith("+++")]
+                minus = [ln for ln in obs.splitlines() if ln.startswith("-") and not ln.startswith("---")]
+                plus = [ln for ln in obs.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
                 assert len(minus) == len(plus) == 1 and plus[0][1:] == call.arguments["replacement"].rstrip("\n")

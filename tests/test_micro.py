@@ -140,7 +140,7 @@ def test_the_bug_fails_the_fail_to_pass_tests_and_the_gold_patch_passes_all(trai
         assert after.returncode == 0, after.stdout[-2000:]
         assert all(f"PASSED {t}" in after.stdout for t in task.FAIL_TO_PASS + task.PASS_TO_PASS)
         # the issue describes a symptom, never the buggy line
-        removed = [l[1:].strip() for l in task.patch.splitlines() if l.startswith("-") and not l.startswith("---")]
+        removed = [ln[1:].strip() for ln in task.patch.splitlines() if ln.startswith("-") and not ln.startswith("---")]
         assert all(line not in task.problem_statement for line in removed if line)
         assert task.metadata["package"] in task.problem_statement
 

@@ -516,7 +516,8 @@ class TransformersBackend:
             ended = [j for j, i in enumerate(alive) if i in skipped]
             last: dict[int, int] = {}  # row -> its first determined token not fed
 
-            def settle(j: int, token: int) -> bool:
+            # (this pass's lists bound as defaults: settle is called within the pass that defines it)
+            def settle(j: int, token: int, alive=alive, ended=ended, col=col, first=first, last=last) -> bool:
                 """Row alive[j] determined `token` at its column: whether its block goes on with it (read on)."""
                 i = alive[j]
                 if matchers[i].is_terminated or len(record[i]["action_ids"]) >= max_new_tokens:

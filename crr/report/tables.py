@@ -347,7 +347,7 @@ def accounting_table(runs: Runs) -> Table:
     if not per_arm:
         return table
     records = []
-    for arm, (trained, found) in per_arm.items():
+    for arm, (trained, _found) in per_arm.items():
         for r in trained:
             c = r.cumulative(r.updates)
             records.append({"arm": arm, "seed": r.seed, **{k: c[k] for k in (*PHASES, "wall_s", "trajectories", "updates",

@@ -37,7 +37,7 @@ def cache_root() -> Path:
 
 
 def _git(*args: str, cwd: Path | None = None) -> str:
-    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise CRRError(f"git {' '.join(args)} failed: {out.stderr.strip()[-400:]}")
     return out.stdout

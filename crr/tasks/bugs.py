@@ -120,8 +120,8 @@ def _swap_child(root: ast.AST, old: ast.AST, new: ast.AST) -> None:
 def _replace_segment(source: str, node: ast.AST, new: str) -> str:
     # ast offsets are UTF-8 byte columns
     lines = source.encode().splitlines(keepends=True)
-    start = sum(len(l) for l in lines[:node.lineno - 1]) + node.col_offset
-    end = sum(len(l) for l in lines[:node.end_lineno - 1]) + node.end_col_offset
+    start = sum(map(len, lines[:node.lineno - 1])) + node.col_offset
+    end = sum(map(len, lines[:node.end_lineno - 1])) + node.end_col_offset
     data = source.encode()
     return (data[:start] + new.encode() + data[end:]).decode()
 

@@ -60,7 +60,7 @@ class Task:
     extra: dict = field(default_factory=dict, compare=False)     # KNOWN_EXTRA fields, kept verbatim
 
     @classmethod
-    def from_row(cls, row: dict, base_dir: Path | None = None) -> "Task":
+    def from_row(cls, row: dict, base_dir: Path | None = None) -> Task:
         """Validate one row; raises TaskFormatError naming the field and what was expected.
 
         `base_dir` resolves a relative `repo_src` (the directory of the JSONL file it came from).
