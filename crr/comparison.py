@@ -79,7 +79,8 @@ def _eval_runs(out: Path, arm: Arm, run: TrainRun) -> list[EvalRun]:
     folder = out / "evals" / arm.name
     if not any(folder.glob("*/manifest.json")):
         return []
-    return [e for e in load_runs([out / "runs" / arm.name, folder]).evals if e.train is not None and e.train.path == run.path]
+    return [e for e in load_runs([out / "runs" / arm.name, folder]).evals
+            if e.train is not None and e.train.path == run.path]
 
 
 def plan(spec: Comparison, out: Path, seeds: Sequence[int] | None = None,

@@ -53,7 +53,7 @@ PAPER_SEEDS = (11, 23, 47)
 ABLATION_KEYS = ("k", "selector", "horizon", "cf_temperature", "zero_contrast", "cf_samples", "proposal",
                  "fork_cost_multiplier", "replay_noise")
 EVAL_SETTINGS = ("samples", "temperature", "seed", "n_tasks", "max_turns", "max_new_tokens", "split", "engine",
-                 "engine_options", "ray", "mode", "workers", "batch")                          # crr.eval.EvalConfig fields a spec may set
+                 "engine_options", "ray", "mode", "workers", "batch")  # crr.eval.EvalConfig fields a spec may set
 
 
 # a number in exponent notation, which PyYAML (YAML 1.1) reads as a string unless it has a dot: 2e-3

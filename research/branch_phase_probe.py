@@ -79,9 +79,9 @@ def batch_part(repeats: int = 3) -> None:
                 walls.append(time.perf_counter() - start)
             tokens += sum(len(s.action_ids) for s in out)
         cold_s, warm_s = statistics.median(cold), statistics.median(warm)
-        print(f"batch  B={rows:2d}: a row {cold_s / rows * 1000:4.0f} ms, {warm_s / rows * 1000:4.0f} ms with its prompt "
-              f"cached ({cold_s * 1000:.0f} and {warm_s * 1000:.0f} ms a call; {tokens / repeats / rows:.0f} tokens "
-              f"a row after {sum(map(len, prompts[:rows])) / rows:.0f})", flush=True)
+        print(f"batch  B={rows:2d}: a row {cold_s / rows * 1000:4.0f} ms, {warm_s / rows * 1000:4.0f} ms with its "
+              f"prompt cached ({cold_s * 1000:.0f} and {warm_s * 1000:.0f} ms a call; {tokens / repeats / rows:.0f} "
+              f"tokens a row after {sum(map(len, prompts[:rows])) / rows:.0f})", flush=True)
 
 
 def _decode(repeats: int = 3, threads: int | None = None) -> float:

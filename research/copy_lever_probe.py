@@ -61,7 +61,8 @@ def expand_kv_heads(model, n_kv: int) -> None:
         for name in ("k_proj", "v_proj"):
             lin = getattr(attn, name)
             new = torch.nn.Linear(lin.in_features, n_kv * hd, bias=False)
-            new.weight.data.copy_(lin.weight.data.view(old, hd, -1).repeat_interleave(n_kv // old, 0).reshape(n_kv * hd, -1))
+            new.weight.data.copy_(lin.weight.data.view(old, hd, -1).repeat_interleave(n_kv // old, 0)
+                                  .reshape(n_kv * hd, -1))
             setattr(attn, name, new)
         attn.num_key_value_groups = cfg.num_attention_heads // n_kv
     cfg.num_key_value_heads = n_kv

@@ -57,8 +57,10 @@ def main() -> None:
                 before = leftovers(proc.pid)
                 procs_before = len(survivors(kids))
                 recorded = len(RunDir(run).records("results.jsonl"))
-                resume = ["filter-tasks", "--resume", str(run)] if command == "filter" else ["eval", "--resume", str(run)]
-                done = subprocess.run([sys.executable, "-m", "crr", *resume], env=env, capture_output=True, text=True, check=False)
+                resume = (["filter-tasks", "--resume", str(run)] if command == "filter"
+                          else ["eval", "--resume", str(run)])
+                done = subprocess.run([sys.executable, "-m", "crr", *resume], env=env, capture_output=True, text=True,
+                                      check=False)
                 ids = [r["instance_id"] for r in RunDir(run).records("results.jsonl")]
                 count = lambda things, kind: sum(t.startswith(kind) for t in things)  # noqa: E731
                 after = leftovers(proc.pid)
@@ -67,7 +69,8 @@ def main() -> None:
                     "left_before_next_command": {k: count(before, k) for k in ("container", "image", "mount", "dir",
                                                                                 "cgroup")} | {"process": procs_before},
                     "left_after_next_command": {k: count(after, k) for k in ("container", "image", "mount", "dir",
-                                                                              "cgroup")} | {"process": len(survivors(kids))},
+                                                                              "cgroup")}
+                                               | {"process": len(survivors(kids))},
                     "records_when_signalled": recorded, "resume_exit": done.returncode,
                     "records_after_resume": len(ids), "unique_tasks_after_resume": len(set(ids)), "tasks": 8}),
                     flush=True)

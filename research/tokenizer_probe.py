@@ -87,7 +87,8 @@ def main() -> None:
     held_rng = random.Random(f"held{args.seed}")
     held = {k: [row(tokenizer, "test", held_rng, k) for _ in range(64)] for k in levels}
     train_rng = random.Random(f"train{args.seed}")
-    print(json.dumps({"tokenizer": args.tokenizer, "tied": not args.untied, "vocab": len(tokenizer), "tokens_per_test_name": round(per_name, 2),
+    print(json.dumps({"tokenizer": args.tokenizer, "tied": not args.untied, "vocab": len(tokenizer),
+                      "tokens_per_test_name": round(per_name, 2),
                       "parameters": sum(p.numel() for p in model.parameters())}), flush=True)
 
     def evaluate(rows) -> dict:
@@ -127,7 +128,8 @@ def main() -> None:
                               "level": levels[level] or "all", "loss": round(loss.item(), 3), **scores}), flush=True)
             if scores["line"] >= 0.8 and level + 1 < len(levels):
                 level += 1
-    name1 = {ids[len(ids) - len(kinds) + j] for ids, _, kinds in held[None] for j, k in enumerate(kinds) if k == "name1"}
+    name1 = {ids[len(ids) - len(kinds) + j] for ids, _, kinds in held[None] for j, k in enumerate(kinds)
+             if k == "name1"}
     cosine = {"input": mean_cosine(model.get_input_embeddings().weight.data, name1),
               "output": mean_cosine(model.get_output_embeddings().weight.data, name1)}
     print(json.dumps({"minute": round((time.time() - t0) / 60, 1), "step": step, "tokens": tokens, "final": True,

@@ -66,7 +66,8 @@ def main() -> None:
         if record["kind"] == "trajectory":
             ends[record["update"]][record["row"]] = len(record["steps"])
             steps = [_Selectable(s) for s in record["steps"]]
-            started += sum(any(c.t == t for c in select(cfg["selector"], steps[:t + 1], params)) for t in range(len(steps)))
+            started += sum(any(c.t == t for c in select(cfg["selector"], steps[:t + 1], params))
+                           for t in range(len(steps)))
             picked += len(select(cfg["selector"], steps, params))
         else:
             branch_steps[record["update"]].append((record["row"], record["t"], len(record["steps"])))

@@ -1,7 +1,7 @@
 """Benchmark for the report (not a test): how far the decoder's log-probabilities are from the policy's. For every
 step of a `crr rollout` trajectories file, the per-token log-probabilities of the action (untempered, unmasked)
-under the shipped default with a LoRA adapter (crr's default r and alpha, the paper's; B = 0, as training starts, or drawn
-with --lora-std so that the merge has a delta to add): as the rollout recorded them (the decoder of the commit
+under the shipped default with a LoRA adapter (crr's default r and alpha, the paper's; B = 0, as training starts, or
+drawn with --lora-std so that the merge has a delta to add): as the rollout recorded them (the decoder of the commit
 that made the file; B = 0 only, since the rollout ran the shipped default), as the
 TransformersBackend's teacher-forced pass gives them now (on a CPU a LoRA policy's float32 merged copy), as the
 loss's forward pass computes them (the LoRA model in its own dtype, the whole sequence at once), and in float64
@@ -38,7 +38,8 @@ def forward(model, pairs) -> list[list[float]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("trajectories")
-    ap.add_argument("--lora-std", type=float, default=0.0, help="std of the adapter's B (default 0: the initial adapter)")
+    ap.add_argument("--lora-std", type=float, default=0.0,
+                    help="std of the adapter's B (default 0: the initial adapter)")
     args = ap.parse_args()
     torch.manual_seed(0)
     model, tokenizer = load_policy(SHIPPED_DEFAULT)

@@ -23,7 +23,8 @@ from crr.sandbox.bench import fork_bench, synthetic_task
 CAP_MB = 64
 # Writes files of {size} bytes into {where} until 3x the cap is written or a write fails.
 WRITER = ("python3 -c \"import os, sys\nd, size, n = sys.argv[1], int(sys.argv[2]), 0\nos.makedirs(d, exist_ok=True)\n"
-          "try:\n    for i in range(3 * {cap} * 2**20 // size):\n        with open(f'{{d}}/f{{i}}', 'wb') as f:\n            f.write(b'x' * size)\n"
+          "try:\n    for i in range(3 * {cap} * 2**20 // size):\n        with open(f'{{d}}/f{{i}}', 'wb') as f:\n"
+          "            f.write(b'x' * size)\n"
           "        n += 1\nexcept OSError as e:\n    print(e)\" {where} {size}")
 ENGINES = {"local": ("local", {}), "docker-commit": ("docker", {"mode": "commit"}),
            "docker-overlay": ("docker", {"mode": "overlay"})}

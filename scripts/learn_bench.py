@@ -136,9 +136,9 @@ def main() -> None:
     print(f"{args.arm or args.method}, {rows[0]['updates']} updates, seeds {args.seeds}: training reward "
           f"{ms('reward_first_quarter')} -> {ms('reward_last_quarter')}{revisit}; held-out pass@1 {before:.3f} -> "
           f"{ms('pass_at_1_after')}")
-    (args.out / "summary.json").write_text(json.dumps({"method": args.method, "arm": args.arm, "updates": rows[0]["updates"],
-                                                       "eval_tasks": args.eval_tasks, "eval_n": args.eval_n,
-                                                       "seeds": rows}, indent=2) + "\n")
+    (args.out / "summary.json").write_text(json.dumps({"method": args.method, "arm": args.arm,
+                                                       "updates": rows[0]["updates"], "eval_tasks": args.eval_tasks,
+                                                       "eval_n": args.eval_n, "seeds": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ def rates(run: str) -> dict:
                 if (u != r["update"] or row == r["row"] or row in taken[u] or other["task_id"] != r["task_id"]
                         or other["reward"] is None or len(other["steps"]) <= r["t"]):
                     continue
-                if [s.get("call") for s in other["steps"][:r["t"]]] == calls and other["steps"][r["t"]].get("call") == proposal:
+                if ([s.get("call") for s in other["steps"][:r["t"]]] == calls
+                        and other["steps"][r["t"]].get("call") == proposal):
                     taken[u].add(row)
                     played += 1
                     break

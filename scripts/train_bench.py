@@ -5,8 +5,8 @@ CRR twice: its forks after the rollout (the default) and started during it (fork
 crr.train.counterfactual.LiveForks; --no-live leaves it out); --horizon h adds CRR with its branches truncated at
 h steps after a_t (the paper's horizon ablation: the verifier scores the working tree where the branch stops).
 
-    [OMP_NUM_THREADS=1] .venv/bin/python scripts/train_bench.py --updates 3 [--config PRESET] [--horizon H] [--no-live] [--fixed-policy]
-        [--repeat N] [key=value ...]
+    [OMP_NUM_THREADS=1] .venv/bin/python scripts/train_bench.py --updates 3 [--config PRESET] [--horizon H]
+        [--no-live] [--fixed-policy] [--repeat N] [key=value ...]
 
 Runs `crr train` for each method with the same seed and config into a temporary directory and reads the
 ledgers: mean iteration wall_s and phase seconds per method, their ratio, the fork share fork_s / wall_s
@@ -25,14 +25,14 @@ noisiest part) and by the counterfactual share, 1 / (1 - cf_share): CRR's iterat
 without its counterfactual work, which is GRPO's iteration when both play the same trajectories (with
 branches_beside_update, the default, the share holds only the wait for the branches at the join, not the update's
 slow-down beside them: then the ratio as measured prices CRR; branches_beside_update=false measures the branches
-before the update). They do with
---fixed-policy (learning_rate=1e-12: the policy stays as it starts), so that the ratio measures what CRR adds
-and not where two trained policies drift (longer or shorter episodes); all but the forks-during-rollout arm, whose
-branches share the rollout's generation calls and so change its rows' draws (the same distribution, other samples). Each ratio carries a 95 % bootstrap interval
-over the run's updates (`*_ci95`; the arms' iterations paired by update, which with --fixed-policy play the same
-trajectories): how far the one run's figure moves with its updates' noise, mostly the learner update's. The result
-records torch's intra-op threads (`intra_op_threads`): with one (OMP_NUM_THREADS=1, as `make main` runs) the update
-leaves the second core of a 2-core machine to the branches beside it, and every iteration is slower.
+before the update). They do with --fixed-policy (learning_rate=1e-12: the policy stays as it starts), so that the ratio
+measures what CRR adds and not where two trained policies drift (longer or shorter episodes); all but the
+forks-during-rollout arm, whose branches share the rollout's generation calls and so change its rows' draws (the same
+distribution, other samples). Each ratio carries a 95 % bootstrap interval over the run's updates (`*_ci95`; the arms'
+iterations paired by update, which with --fixed-policy play the same trajectories): how far the one run's figure moves
+with its updates' noise, mostly the learner update's. The result records torch's intra-op threads (`intra_op_threads`):
+with one (OMP_NUM_THREADS=1, as `make main` runs) the update leaves the second core of a 2-core machine to the branches
+beside it, and every iteration is slower.
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ def make_traj(lengths: list[tuple[int, int]], reward: float | None, task: int = 
     for t, (na, no) in enumerate(lengths):
         steps.append(Step(t=t, action="{}", call=None, parse_error=None, observation="", is_error=False,
                           terminal=False, action_ids=[100 + t] * na, observation_ids=[7] * no, span=(pos, pos + na),
-                          behaviour_logprobs=[-0.5] * na, policy_logprobs=[-0.5] * na, entropy=1.0, grammar_rejections=0,
-                          truncated=False, tool_type=0.0, temperature=0.6, sample_seed=0, context_matches=True,
-                          gen_s=0.0, exec_s=0.0))
+                          behaviour_logprobs=[-0.5] * na, policy_logprobs=[-0.5] * na, entropy=1.0,
+                          grammar_rejections=0, truncated=False, tool_type=0.0, temperature=0.6, sample_seed=0,
+                          context_matches=True, gen_s=0.0, exec_s=0.0))
         pos += na + no
     return Trajectory(task_id=f"task{task}", task_index=task, sibling=0, seed=0, messages=[], prompt_ids=[1, 2],
                       steps=steps, reward=reward, infra_error=None if reward is not None else "sandbox died")
@@ -110,7 +110,8 @@ def test_search_select_replaces_only_on_strictly_higher_return():
 
 def test_gigpo_adds_omega_times_the_step_advantage_within_groups_of_equal_states():
     # task 0, G = 3, rewards 1, 0, 1: all start in s0; rows 0 and 1 then reach state "b", row 2 reaches "c"
-    rows = [RowCredit(0, 1.0, [(0, 1)] * 3, state_keys=["s0", "b", "x"]), RowCredit(0, 0.0, [(0, 1)] * 2, state_keys=["s0", "b"]),
+    rows = [RowCredit(0, 1.0, [(0, 1)] * 3, state_keys=["s0", "b", "x"]),
+            RowCredit(0, 0.0, [(0, 1)] * 2, state_keys=["s0", "b"]),
             RowCredit(0, 1.0, [(0, 1)] * 2, state_keys=["s0", "c"]), RowCredit(1, 0.0, [(0, 1)], state_keys=["s0"]),
             RowCredit(1, None, [(0, 1)], state_keys=["s0"]), RowCredit(1, 1.0, [(0, 1)])]   # no keys: episode only
     adv = estimate("gigpo", rows, omega=0.5)
@@ -163,7 +164,8 @@ def test_estimators_register_by_decorator_or_dotted_path_and_check_their_params(
         del ESTIMATORS["toy"]
     (tmp_path / "outside_crr.py").write_text("def half(rows):\n    return [[0.5] * len(r.spans) for r in rows]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert estimate("outside_crr:half", [credit(TRAJS[1])]) == estimate("outside_crr.half", [credit(TRAJS[1])]) == [[0.5, 0.5]]
+    assert estimate("outside_crr:half", [credit(TRAJS[1])]) == estimate("outside_crr.half", [credit(TRAJS[1])]) == \
+        [[0.5, 0.5]]
     for bad, why in [("outside_crr:nope", "has no"), ("no_such_module_xyz.fn", "cannot import"), ("ppo", "unknown")]:
         with pytest.raises(CRRError, match=why):
             estimate(bad, [])

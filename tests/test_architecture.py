@@ -189,7 +189,8 @@ def test_a_new_advantage_estimator_is_selectable_by_name():
 
     ESTIMATORS["constant"] = constant
     try:
-        rows = [RowCredit(group_key=0, reward=1.0, spans=[(0, 2), (3, 4)]), RowCredit(group_key=0, reward=0.0, spans=[(0, 1)])]
+        rows = [RowCredit(group_key=0, reward=1.0, spans=[(0, 2), (3, 4)]),
+                RowCredit(group_key=0, reward=0.0, spans=[(0, 1)])]
         assert estimate("constant", rows) == [[0.5, 0.5], [0.5]]
     finally:
         del ESTIMATORS["constant"]

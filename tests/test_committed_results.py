@@ -1,6 +1,6 @@
-"""Committed results (results/reference/...) and shipped task sets (crr/tasks/sets/...) must read the same on every clone: no path of the machine that
-made them (its checkout, home, cache or temporary directories), only paths relative to the repository; the
-committed study's report recomputes from its per-task records."""
+"""Committed results (results/reference/...) and shipped task sets (crr/tasks/sets/...) must read the same on every
+clone: no path of the machine that made them (its checkout, home, cache or temporary directories), only paths relative
+to the repository; the committed study's report recomputes from its per-task records."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ MACHINE_PATH = re.compile(rb"(?<![\w.~-])/(?:work|home|tmp|root|Users|mnt|scratc
 
 
 def test_no_committed_result_names_a_path_of_the_machine_that_made_it():
-    files = subprocess.run(["git", "ls-files", "-z", "results", "crr/tasks/sets"], cwd=ROOT, capture_output=True, check=True).stdout
+    files = subprocess.run(["git", "ls-files", "-z", "results", "crr/tasks/sets"], cwd=ROOT, capture_output=True,
+                           check=True).stdout
     paths = [ROOT / p for p in files.decode().split("\0") if p]
     assert paths, "no committed results found"
     found = []
@@ -31,7 +32,8 @@ def test_no_committed_result_names_a_path_of_the_machine_that_made_it():
         data = path.read_bytes()
         if (m := MACHINE_PATH.search(data)) or (m := re.search(re.escape(str(ROOT).encode()), data)):
             found.append(f"{path.relative_to(ROOT)}: {m.group().decode(errors='replace')}...")
-    assert found == [], "absolute paths in committed results (make them relative to the repository):\n" + "\n".join(found)
+    assert found == [], ("absolute paths in committed results (make them relative to the repository):\n"
+                         + "\n".join(found))
 
 
 def test_the_check_sees_the_paths_it_is_for():
@@ -84,7 +86,8 @@ def test_the_committed_report_recomputes_from_its_per_task_records():
         assert len(seeds) == 3 and all(len(s) == 256 for s in seeds)
         rate = np.mean([np.mean(list(s.values())) for s in seeds])
         assert main.at[label, "pass_at_1"] == pytest.approx(100 * rate)
-        assert (main.at[label, "ci_low"], main.at[label, "ci_high"]) == pytest.approx(tuple(100 * x for x in wilson(rate, 256)))
+        assert (main.at[label, "ci_low"], main.at[label, "ci_high"]) == pytest.approx(
+            tuple(100 * x for x in wilson(rate, 256)))
         sampled = _final_task_rates(arm, 4)
         assert len(sampled) == 3 and all(len(s) == 128 for s in sampled)
         hat = np.mean([np.mean([pass_hat_k(4, round(4 * v), 2) for v in s.values()]) for s in sampled])
@@ -93,11 +96,13 @@ def test_the_committed_report_recomputes_from_its_per_task_records():
         crr, grpo = _final_task_rates("crr", samples), _final_task_rates("grpo", samples)
         tasks = sorted(crr[0])
         start = [float(np.mean(base[samples][t])) for t in tasks]
-        for a, b, c in (("CRR", "GRPO", compare([[s[t] for t in tasks] for s in crr], [[s[t] for t in tasks] for s in grpo])),
+        for a, b, c in (("CRR", "GRPO", compare([[s[t] for t in tasks] for s in crr],
+                                                [[s[t] for t in tasks] for s in grpo])),
                         ("GRPO", "base policy (default)",
                          compare([[s[t] for t in tasks] for s in grpo], [start], fixed_b=True))):
             row = paired[(paired.a == a) & (paired.b == b) & (paired.samples == samples)].iloc[0]
-            got = (row["diff"], row.ci_tasks_low, row.ci_tasks_high, row.ci_tasks_seeds_low, row.ci_tasks_seeds_high, row.mde)
+            got = (row["diff"], row.ci_tasks_low, row.ci_tasks_high, row.ci_tasks_seeds_low, row.ci_tasks_seeds_high,
+                   row.mde)
             assert got == pytest.approx(tuple(100 * x for x in (c.diff, *c.ci_tasks, *c.ci_tasks_seeds, c.mde)))
             assert (row.a_ahead, row.b_ahead) == (c.a_ahead, c.b_ahead)
     # the figures README quotes, greedy: CRR - GRPO, and GRPO - the starting policy

@@ -70,7 +70,8 @@ def test_bad_values_are_one_line_before_anything_is_made(tmp_path, monkeypatch):
     assert not out.exists()
     # a bad agent format or engine is refused before the task set is loaded (a named set is generated on its first use)
     monkeypatch.setattr("crr.tasks.loaders.load_tasks", lambda *_: pytest.fail("tasks loaded before the settings"))
-    for value, message in {"agent_format=nope": "unknown agent format 'nope'", "engine=nope": "unknown fork engine"}.items():
+    for value, message in {"agent_format=nope": "unknown agent format 'nope'",
+                           "engine=nope": "unknown fork engine"}.items():
         result = CliRunner().invoke(app, ["credit", "audit", "tasks=multi-val", value, "--out", str(out)])
         assert result.exit_code == 2 and message in result.output, (value, result.output)
     monkeypatch.undo()
@@ -81,7 +82,8 @@ def test_bad_values_are_one_line_before_anything_is_made(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["credit", "audit", "--resume", str(sft.path)])
     release_locks()
     assert result.exit_code == 2 and result.output.strip() == (f"error: {sft.path} is a `crr sft` run, not a credit "
-                                                               "audit; --resume takes a directory made by crr credit audit")
+                                                               "audit; --resume takes a directory made by crr "
+                                                               "credit audit")
     assert {p: p.stat().st_mtime_ns for p in sft.path.iterdir()} == before
     # what train takes is taken: eta has no upper bound (entropies in nats), a function named by its dotted path
     # is an estimator, scored with the registered ones
@@ -195,7 +197,8 @@ def test_audit_end_to_end_resume_and_report(tmp_path, monkeypatch):
     assert (later / RECORDS).read_text() == oracle   # nothing played again is recorded again
 
     def draws(records):
-        return [[{v: {**part, "cost": part["cost"]["env_steps"]} for v, part in d["variants"].items()} for d in r["draws"]]
+        return [[{v: {**part, "cost": part["cost"]["env_steps"]} for v, part in d["variants"].items()}
+                 for d in r["draws"]]
                 for r in records]
 
     assert draws(audit_records(later)) == draws(records)

@@ -39,7 +39,8 @@ def test_each_row_is_a_repair_that_makes_the_issue_call_right(level, def_edit):
         else:
             assert edit["start"] == edit["end"]
         fixed = lines[:edit["start"] - 1] + split_lines(edit["replacement"]) + lines[edit["end"]:]
-        call = re.search(r"`[\w.]+\.(\w+)\((.*)\)` (returns|raises) `(.*)`\. I expected `(.*)`\.", messages[1]["content"])
+        call = re.search(r"`[\w.]+\.(\w+)\((.*)\)` (returns|raises) `(.*)`\. I expected `(.*)`\.",
+                         messages[1]["content"])
         function, args, _, observed, expected = call.groups()
         assert run_call("".join(lines), function, args) != run_call("".join(fixed), function, args)
         assert run_call("".join(fixed), function, args) == f"returns {expected}"

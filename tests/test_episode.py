@@ -53,8 +53,8 @@ def expert_calls(task) -> list[str]:
 
 # ----------------------------------------------------------------------------- the conversation
 
-OBSERVATIONS = ["calc.py: lines 1-5 of 5\n     1\tdef add(a, b):\n[exit code: 0]", "Error: ünïcode path ✓ does not exist",
-                "", "x" * 300]
+OBSERVATIONS = ["calc.py: lines 1-5 of 5\n     1\tdef add(a, b):\n[exit code: 0]",
+                "Error: ünïcode path ✓ does not exist", "", "x" * 300]
 
 
 def test_token_stream_equals_the_rendering_of_the_whole_conversation(tokenizer, task):
@@ -156,7 +156,8 @@ def test_episode_of_the_tiny_model_records_every_step(backend, tokenizer, engine
     # JSON round trip: everything but the runtime handles survives.
     back = Trajectory.from_dict(json.loads(json.dumps(traj.to_dict())))
     assert back.to_dict() == traj.to_dict() and back.completion_ids == traj.completion_ids
-    old = {**{k: v for k, v in traj.to_dict().items() if k != "sibling"}, "group": traj.sibling}   # written before the rename
+    old = {**{k: v for k, v in traj.to_dict().items() if k != "sibling"},
+           "group": traj.sibling}   # written before the rename
     assert Trajectory.from_dict(old).to_dict() == traj.to_dict()
     assert traj.conversation(tokenizer).token_ids() == traj.prompt_ids + traj.completion_ids
     traj.release()
@@ -218,7 +219,8 @@ def test_infrastructure_failures_are_labelled_and_excluded(tokenizer, engine, ta
 
 def test_fork_at_gives_state_s_t_by_restore_and_by_verified_replay(tokenizer, engine, task):
     calls = expert_calls(task)  # run_tests, view, edit, run_tests, submit
-    traj = run_episode(task, ScriptedBackend(calls), engine, tokenizer, EpisodeConfig(max_turns=len(calls), digests=True))
+    traj = run_episode(task, ScriptedBackend(calls), engine, tokenizer,
+                       EpisodeConfig(max_turns=len(calls), digests=True))
     assert traj.reward == 1.0 and set(traj.snapshots) == set(range(len(calls) - 1))
     edit = next(s.t for s in traj.steps if s.call["name"] == "edit_file")
     assert traj.steps[edit].digest != traj.steps[edit + 1].digest  # the edit changed the tree

@@ -80,7 +80,8 @@ def rec(iid: str, repo: str, sample: int, reward: float | None, mode: str | None
 def test_summary_counts_only_scored_samples_per_instance_and_repository():
     rewards = {"A": [1, 1, 1, 1], "B": [1, 0, 0, 0], "C": [0, 0, None, 0], "D": [None] * 4}
     repos = {"A": "r1", "B": "r1", "C": "r2", "D": "r2"}
-    records = [rec(i, repos[i], s, None if r is None else float(r)) for i, rs in rewards.items() for s, r in enumerate(rs)]
+    records = [rec(i, repos[i], s, None if r is None else float(r))
+               for i, rs in rewards.items() for s, r in enumerate(rs)]
     summary = summarise_samples(records, repos, samples=4)
     # A: n=4 c=4; B: n=4 c=1; C: n=3 c=0 (one infra failure); D: no scored sample
     assert summary["pass_at_1"] == pytest.approx((1 + 0.25 + 0) / 3)
@@ -106,7 +107,8 @@ OPS = "def scale(x, k):\n    return x + k\n\n\ndef shift(x, d):\n    return x + 
 OPS_FIXED = OPS.replace("x + k", "x * k")
 TESTS = "from pkg.ops import shift\n\n\ndef test_shift():\n    assert shift(1, 2) == 3\n"
 TESTS_NEW = TESTS.replace("shift\n", "scale, shift\n") + (
-    "\n\ndef test_scale():\n    assert scale(2, 3) == 6\n\n\ndef test_scale_negative():\n    assert scale(-2, 3) == -6\n")
+    "\n\ndef test_scale():\n    assert scale(2, 3) == 6\n\n\n"
+    "def test_scale_negative():\n    assert scale(-2, 3) == -6\n")
 F2P = ["tests/test_ops.py::test_scale", "tests/test_ops.py::test_scale_negative"]
 P2P = ["tests/test_ops.py::test_shift"]
 GOLD = file_diff("pkg/ops.py", OPS, OPS_FIXED)
@@ -168,7 +170,8 @@ def test_mode_shares_among_failures_and_rates_among_scored():
 
 
 def edit(path: str, line: int, text: str) -> str:
-    return json.dumps({"name": "edit_file", "arguments": {"path": path, "start": line, "end": line, "replacement": text}})
+    return json.dumps({"name": "edit_file",
+                       "arguments": {"path": path, "start": line, "end": line, "replacement": text}})
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +225,8 @@ ROWS = {  # one row per dataset, in its own schema (notes/harness.md §1)
         "hints_text": "", "created_at": "2019-03-20T03:46:18Z", "version": "3.0", "environment_setup_commit": "e" * 40,
         "FAIL_TO_PASS": json.dumps(["test_ascii_validator (auth_tests.test_validators.UsernameValidatorsTests)",
                                     "test_unicode_validator (auth_tests.test_validators.UsernameValidatorsTests)"]),
-        "PASS_TO_PASS": json.dumps(["test_help_text (auth_tests.test_validators.UserAttributeSimilarityValidatorTest)"])},
+        "PASS_TO_PASS": json.dumps(["test_help_text "
+                                    "(auth_tests.test_validators.UserAttributeSimilarityValidatorTest)"])},
     "swe-gym": {  # SWE-Gym/SWE-Gym: lists, no image
         "instance_id": "acme__ops-1", "repo": "acme/ops", "base_commit": "1" * 40, "patch": GOLD,
         "test_patch": TEST_PATCH, "problem_statement": "scale adds", "hints_text": "", "created_at": "2023",
@@ -349,7 +353,8 @@ def check_consistent(run: RunDir, samples: int) -> list[dict]:
         assert r["f2p_total"] >= 1 and 0 <= r["f2p_passed"] <= r["f2p_total"] and 1 <= r["turns"] <= 3
         assert r["episode_tokens"] > r["generated_tokens"] > 0   # the prompt and observations besides the actions
     lengths = sorted(r["episode_tokens"] for r in scored)
-    assert summary["episode_tokens"]["max"] == lengths[-1] and lengths[0] <= summary["episode_tokens"]["mean"] <= lengths[-1]
+    assert (summary["episode_tokens"]["max"] == lengths[-1]
+            and lengths[0] <= summary["episode_tokens"]["mean"] <= lengths[-1])
     failed = len([r for r in scored if r["reward"] == 0.0])
     assert sum(m["count"] for m in summary["error_modes"].values()) == failed
     return results

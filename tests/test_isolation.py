@@ -100,8 +100,9 @@ PROBES: dict[str, tuple[str, Callable[[str, dict], bool]]] = {
                                  "'exec 3<>/dev/tcp/127.0.0.1/{port} && cat <&3; cat {secret0}'; done",
                                  lambda out, h: TOKEN not in out),
     "reach the Docker socket": ("for s in /var/run/docker.sock /run/docker.sock; do "
-                                "python -c \"import socket,sys; c=socket.socket(socket.AF_UNIX); c.connect(sys.argv[1]); "
-                                "c.sendall(b'GET /_ping HTTP/1.0\\r\\n\\r\\n'); print(c.recv(99))\" $s; done",
+                                "python -c \"import socket,sys; c=socket.socket(socket.AF_UNIX); "
+                                "c.connect(sys.argv[1]); c.sendall(b'GET /_ping HTTP/1.0\\r\\n\\r\\n'); "
+                                "print(c.recv(99))\" $s; done",
                                 lambda out, h: "HTTP/1." not in out),
     # Only this task's checkout, by its host path and as mountinfo shows it: where a sandbox does see the
     # host's mounts (the local engine before issue 31), every sandbox's lower layers on the host are
@@ -177,7 +178,8 @@ def test_caps_hold(host, engine_name):
 
 # Writes 32 KB files into {where} until {n} are written or a write fails; says why and how much it wrote.
 WRITER = ("python3 -c \"import os, sys\nd, n = sys.argv[1], 0\nos.makedirs(d, exist_ok=True)\ntry:\n"
-          "    for i in range(int(sys.argv[2])):\n        with open(f'{{d}}/f{{i}}', 'wb') as f:\n            f.write(b'x' * 32768)\n"
+          "    for i in range(int(sys.argv[2])):\n        with open(f'{{d}}/f{{i}}', 'wb') as f:\n"
+          "            f.write(b'x' * 32768)\n"
           "        n += 1\nexcept OSError as e:\n    print(e)\nprint('wrote', n >> 5, 'MB')\" {where} {n}")
 
 
@@ -211,5 +213,6 @@ def test_docker_writes_outside_tmp_and_testbed_are_capped(host, mode):
                 held = int(sb.exec("du -smc /opt/s* | tail -1").output.split()[0])
                 assert "File too large" in said[-1] and held <= cap + 8, (held, said)
         with eng.start(host["task"]) as nxt:  # overlay: the dirty container left the pool
-            out = nxt.exec(f"test -e {where}.txt || echo clean; find /tmp {where} -mindepth 1 2>/dev/null | wc -l").output
+            out = nxt.exec(f"test -e {where}.txt || echo clean; "
+                           f"find /tmp {where} -mindepth 1 2>/dev/null | wc -l").output
             assert out.split() == ["clean", "0"], out

@@ -111,7 +111,8 @@ def test_the_expert_solves_in_5_to_12_decisions_and_partial_fixes_score_0(tasks,
         assert len(greps) == (0 if m["issue_style"] == "named" else m["n_bugs"])
         if m["issue_style"] == "named":   # p_grep_named: the named style located as the others are
             with engine.start(task) as sandbox:
-                located = explore_script(task, sandbox, seed=0, config=ExpertConfig(p_grep_named=1.0, max_decoy_views=0)).calls
+                located = explore_script(task, sandbox, seed=0,
+                                         config=ExpertConfig(p_grep_named=1.0, max_decoy_views=0)).calls
                 assert [c.name for c in located][1:3] == ["run_shell", "view_file"], [call_json(c) for c in located]
                 assert sum("grep" in c.arguments.get("command", "") for c in located) == m["n_bugs"]
                 assert len(located) <= MULTI_MAX_DECISIONS
@@ -143,8 +144,10 @@ def test_knobs_cycle_in_equal_shares_and_bad_knobs_are_clear_errors(tmp_path):
     draws = [knobs.draw(i, 0, "train") for i in range(18)]
     assert sorted(draws) == sorted([(b, s) for b in (1, 2, 3) for s in ISSUE_STYLES] * 2)
     assert Knobs.parse("2", "symptom", 0).draw(5, 0, "test") == (2, "symptom")
-    for bad, match in ((lambda: Knobs.parse("1,4", "named", 2), "--bugs"), (lambda: Knobs.parse("x", "named", 2), "--bugs"),
-                       (lambda: Knobs.parse("1", "vague", 2), "--issue"), (lambda: Knobs(distractors=9), "--distractors")):
+    for bad, match in ((lambda: Knobs.parse("1,4", "named", 2), "--bugs"),
+                       (lambda: Knobs.parse("x", "named", 2), "--bugs"),
+                       (lambda: Knobs.parse("1", "vague", 2), "--issue"),
+                       (lambda: Knobs(distractors=9), "--distractors")):
         with pytest.raises(CRRError, match=match):
             bad()
     with pytest.raises(CRRError, match="multi tier's knobs"):
@@ -195,7 +198,8 @@ def test_train_val_and_test_instances_are_disjoint_by_id_and_content(tasks, tmp_
 
     sets = {"multi-train": tasks, "multi-val": sample("multi", "val"), "multi-test": sample("multi", "test"),
             "nano-train": sample("nano", "train"), "nano-val": sample("nano", "val"),
-            "nano-dev": sample("nano", "test"), "nano-test2": sample("nano", "test", first=MICRO_RANGES["nano-test2"][0])}
+            "nano-dev": sample("nano", "test"),
+            "nano-test2": sample("nano", "test", first=MICRO_RANGES["nano-test2"][0])}
     ids, contents = {}, {}
     for name, members in sets.items():
         for t in members:

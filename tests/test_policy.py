@@ -459,7 +459,8 @@ def test_the_frozen_base_is_the_policy_with_its_adapter_disabled_without_disabli
     ids = torch.randint(0, 200, (3, 40), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[0, :6] = 0   # a left-padded row
-    batch = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100), "fused_lm_head": True}
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100),
+             "fused_lm_head": True}
     with torch.no_grad():
         with model.disable_adapter():
             disabled = model(**batch).log_probs
@@ -658,7 +659,8 @@ def test_exclusion_draws_what_rejection_draws(policy):
     prompt, canonical = backend.prompt_ids(conversation()), parse_tool_call(SUBMIT).canonical()
     # a steered draw never emits the excluded tokenization (unsteered: about half of these rows)
     avoid = backend._score_calls([prompt], [backend.grammar.tokenize(SUBMIT)], [SUBMIT], temperature)[0]
-    drawn = backend._sample([prompt] * rows, temperature, torch.Generator().manual_seed(2), BUDGET, avoid=[avoid] * rows)
+    drawn = backend._sample([prompt] * rows, temperature, torch.Generator().manual_seed(2), BUDGET,
+                            avoid=[avoid] * rows)
     assert all(s.action_ids != avoid.ids for s in drawn)
     assert sum(s.text == SUBMIT for s in drawn) >= 5   # the call in other tokenizations stays possible
     steered = backend.generate([prompt] * rows, temperature=temperature, seed=1, max_new_tokens=BUDGET,

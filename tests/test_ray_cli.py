@@ -1,8 +1,8 @@
 """`--engine ray:local --ray ADDRESS` through the commands (issue 12): `crr filter-tasks` and `crr eval` on a
 two-node Ray cluster decide exactly what they decide on the local engine, their workers sized to the
 cluster's sandbox slots; a `crr train` CRR run forking on the cluster's two nodes gives the local run's
-rollouts, forks, advantages and updates; `--ray` beside an engine that takes none is one line and exit 2; and without a Ray
-engine nothing imports ray."""
+rollouts, forks, advantages and updates; `--ray` beside an engine that takes none is one line and exit 2;
+and without a Ray engine nothing imports ray."""
 
 from __future__ import annotations
 

@@ -70,7 +70,8 @@ def calc(tmp_path_factory) -> Task:
 
 def test_ray_stays_out_of_light_imports():
     """Checking a ray: engine spec and `crr --help` import no ray: the factory defers it to `get_engine("ray:...")`."""
-    code = ("import sys\nfrom typer.testing import CliRunner\nfrom crr.cli import app\nfrom crr.sandbox import engine_spec\n"
+    code = ("import sys\nfrom typer.testing import CliRunner\nfrom crr.cli import app\n"
+            "from crr.sandbox import engine_spec\n"
             "assert engine_spec('ray:local', ray='auto').options == {'address': 'auto'}\n"
             "assert CliRunner().invoke(app, ['--help']).exit_code == 0\n"
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n")

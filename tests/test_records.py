@@ -29,7 +29,8 @@ def test_records_tensorboard_and_resume(ran_tasks_file, tmp_path):
     assert all(r["task_id"] == "ran-1" and r["steps"] for r in trajs) and [r["sibling"] for r in trajs] == [0, 1, 2]
     forks = json.loads((run / "ledger.json").read_text())["cumulative"]["forks"]
     assert sum(b["proposal"] is not None for b in branches) == forks == len(read_tuples(run)) > 0
-    it = next(r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "iteration")
+    it = next(r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+              if r.get("event") == "iteration")
     # the advantages are the update's: GRPO's R - mean R of the siblings everywhere, except CRR's contrast
     # R(tau) - mean_K R(tilde tau_t) at a selected step with a scored branch
     mean = sum(r["reward"] for r in trajs) / len(trajs)
@@ -38,7 +39,8 @@ def test_records_tensorboard_and_resume(ran_tasks_file, tmp_path):
         for s in r["steps"]:
             assert s["grpo_advantage"] == pytest.approx(r["reward"] - mean)
             assert isinstance(s["entropy"], float) and ("call" in s or "action" in s)
-            cf = [b["reward"] for b in branches if b["row"] == r["row"] and b["t"] == s["t"] and b["reward"] is not None]
+            cf = [b["reward"] for b in branches
+                  if b["row"] == r["row"] and b["t"] == s["t"] and b["reward"] is not None]
             if s["selected"] and cf:
                 assert s["advantage"] == pytest.approx(r["reward"] - sum(cf) / len(cf))
                 differing += s["advantage"] != s["grpo_advantage"]
@@ -70,7 +72,8 @@ def test_records_tensorboard_and_resume(ran_tasks_file, tmp_path):
     run_train(["--resume", str(run)], tmp_path)
     assert sorted(p.name for p in (run / RECORDS_DIR).iterdir()) == ["part-000000.jsonl.gz"]
     assert read_records(run) == recs
-    resume = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "resume"]
+    resume = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+              if r.get("event") == "resume"]
     assert resume[-1]["dropped_record_parts"] == 2
 
 

@@ -35,8 +35,8 @@ from crr.train.tuples import read_tuples
 # GRPO more than one). Evaluated on two tasks in two repositories: greedy; the equal-wall-clock run also at a
 # checkpoint; CRR with 2 samples of one task. The shipped default's bf16 weights train and are evaluated in fp32
 # (bf16 is emulated on AVX2-only CPUs).
-TINY = {"base": str(EXPERIMENTS / "cpu-crr.yaml"), "n_tasks": 1, "tasks_per_iteration": 1, "num_generations": 2, "max_turns": 2,
-        "max_new_tokens": 32, "eta": 0.0, "workers": 2, "max_steps": 2, "dtype": "float32"}
+TINY = {"base": str(EXPERIMENTS / "cpu-crr.yaml"), "n_tasks": 1, "tasks_per_iteration": 1, "num_generations": 2,
+        "max_turns": 2, "max_new_tokens": 32, "eta": 0.0, "workers": 2, "max_steps": 2, "dtype": "float32"}
 EVAL = {"tasks": "eval.jsonl", "max_turns": 2, "max_new_tokens": 32}
 SPEC = {"name": "tiny", "seeds": [11, 23], "base": True,     # the starting model evaluated too
         "eval": [EVAL, {**EVAL, "checkpoint_fractions": [0.5], "arms": ["grpo-equal-wall-clock"]},
@@ -74,7 +74,8 @@ def train_dirs(out: Path, arm: str) -> list[Path]:
 
 def eval_dirs(out: Path, base: bool = False) -> list[tuple[Path, dict, dict]]:
     """The evaluations of the arms' models (base: of the model they start from, evals/base)."""
-    return [(p.parent, yaml.safe_load((p.parent / "config.yaml").read_text()), json.loads((p.parent / "summary.json").read_text()))
+    return [(p.parent, yaml.safe_load((p.parent / "config.yaml").read_text()),
+             json.loads((p.parent / "summary.json").read_text()))
             for p in sorted((out / "evals").glob("*/*/manifest.json")) if (p.parent.parent.name == "base") == base]
 
 
@@ -114,14 +115,16 @@ def test_comparison_trains_every_arm_evaluates_and_reports(comparison):
     # base: true evaluated the model the arms start from once per kind of evaluation (greedy; 2 samples of one task)
     base = eval_dirs(comparison, base=True)
     assert sorted((c["samples"], c["n_tasks"]) for _, c, _ in base) == [(1, None), (2, 1)]
-    assert all(c["train_run"] is None and c["model"] == finals[0]["base_model"] and s["missing"] == 0 for _, c, s in base)
+    assert all(c["train_run"] is None and c["model"] == finals[0]["base_model"] and s["missing"] == 0
+               for _, c, s in base)
     assert (comparison / "report" / "report.md").is_file() and (comparison / "report" / "main.md").is_file()
 
 
 def test_tables_agree_with_the_run_files(comparison):
     out = comparison / "report"
     evals = eval_dirs(comparison)
-    final = {(Path(c["train_run"]).parent.name, c["train_seed"], c["samples"]): s for _, c, s in evals if c["checkpoint"] is None}
+    final = {(Path(c["train_run"]).parent.name, c["train_seed"], c["samples"]): s
+             for _, c, s in evals if c["checkpoint"] is None}
 
     main = pd.read_csv(out / "main.csv")
     grpo = main[(main.arm == "GRPO") & (main.dataset == "eval")].iloc[0]
@@ -144,7 +147,8 @@ def test_tables_agree_with_the_run_files(comparison):
     paired = pd.read_csv(out / "paired.csv")
     row = paired[(paired.a == "CRR") & (paired.b == "GRPO") & (paired.samples == 1)].iloc[0]
     crr_t, grpo_t = pd.concat(per_task["crr"], axis=1).mean(1), pd.concat(per_task["grpo"], axis=1).mean(1)
-    assert row["diff"] == pytest.approx(100 * (crr_t - grpo_t).mean()) and (row.tasks, row.seeds_a, row.seeds_b) == (2, 1, 2)
+    assert (row["diff"] == pytest.approx(100 * (crr_t - grpo_t).mean())
+            and (row.tasks, row.seeds_a, row.seeds_b) == (2, 1, 2))
     assert (row.a_ahead, row.b_ahead) == (((crr_t - grpo_t) > 0).sum(), ((crr_t - grpo_t) < 0).sum())
     again = compare([r.values for r in per_task["crr"]], [r.values for r in per_task["grpo"]])
     assert (row.ci_tasks_seeds_low, row.ci_tasks_seeds_high, row.mde) == pytest.approx(
@@ -155,7 +159,8 @@ def test_tables_agree_with_the_run_files(comparison):
     start = pd.DataFrame(read_jsonl(base_dir / "results.jsonl")).set_index("instance_id")["reward"].sort_index()
     row = paired[(paired.a == "GRPO") & paired.b.str.startswith("base policy") & (paired.samples == 1)].iloc[0]
     again = compare([r.values for r in per_task["grpo"]], [start.values], fixed_b=True)
-    assert row.fixed_b and row["diff"] == pytest.approx(100 * (grpo_t - start).mean()) == pytest.approx(100 * again.diff)
+    assert (row.fixed_b
+            and row["diff"] == pytest.approx(100 * (grpo_t - start).mean()) == pytest.approx(100 * again.diff))
     assert (row.mde, row.var_seed_b) == pytest.approx((100 * again.mde, 0.0)) and pd.isna(row.seeds_for_target)
     base_row = main[main.arm.str.startswith("base policy")].iloc[0]
     assert base_row.pass_at_1 == pytest.approx(100 * base_summary["pass_at_1"])
@@ -165,8 +170,10 @@ def test_tables_agree_with_the_run_files(comparison):
         ledgers = [json.loads((r / "ledger.json").read_text())["iterations"] for r in train_dirs(comparison, folder)]
         rows = accounting[accounting.arm == arm]
         for key in ("rollout_s", "update_s", "wall_s", "trajectories", "forks", "generated_tokens_all"):
-            assert rows[key].mean() == pytest.approx(sum(sum(it[key] for it in ls) for ls in ledgers) / len(ledgers)), key
-    assert (accounting[accounting.arm == "GRPO"].forks == 0).all() and accounting[accounting.arm == "CRR"].forks.sum() > 0
+            assert rows[key].mean() == pytest.approx(
+                sum(sum(it[key] for it in ls) for ls in ledgers) / len(ledgers)), key
+    assert ((accounting[accounting.arm == "GRPO"].forks == 0).all()
+            and accounting[accounting.arm == "CRR"].forks.sum() > 0)
     assert (accounting.cf_tokens == accounting.generated_tokens_all - accounting.generated_tokens_on_policy).all()
     crr_rows = accounting[accounting.arm == "CRR"]
     per_fork = f"{crr_rows.cf_tokens.mean() / crr_rows.forks.mean():.0f}"   # a branch's own tokens, per fork
@@ -242,14 +249,15 @@ def test_every_format_is_written(comparison):
     tables = [e for e in entries if e["kind"] == "table"]
     assert [e["name"] for e in tables] == [
         "main", "composition", "search_select", "accounting", "wallclock", "ablation_k", "ablation_selector",
-        "ablation_horizon", "ablation_cf_temperature", "paired", "snr", "covariance", "passk", "errors", "errors_absolute",
-        "per_repo", "fork_composition", "step_credit"]
+        "ablation_horizon", "ablation_cf_temperature", "paired", "snr", "covariance", "passk", "errors",
+        "errors_absolute", "per_repo", "fork_composition", "step_credit"]
     report = (out / "report.md").read_text()
     for e in tables:
         assert f"[{e['name']}.md]({e['name']}.md)" in report
         if e["status"] != "missing":
             tex = (out / f"{e['name']}.tex").read_text()
-            assert all(rule in tex for rule in ("\\toprule", "\\midrule", "\\bottomrule", f"\\label{{tab:{e['name']}}}"))
+            assert all(rule in tex
+                       for rule in ("\\toprule", "\\midrule", "\\bottomrule", f"\\label{{tab:{e['name']}}}"))
             assert "±" not in tex and not pd.read_csv(out / f"{e['name']}.csv").empty
     for name in ("main", "accounting", "wallclock", "paired", "passk", "errors", "per_repo", "fork_composition", "snr",
                  "step_credit"):
@@ -279,7 +287,8 @@ def test_missing_runs_are_named_with_their_commands(comparison, tmp_path):
                     "--spec", str(comparison.parent / "tiny.comparison.yaml"))
     assert result.exit_code == 0 and "runs missing" not in result.output, result.output
     for out in (comparison / "report", tmp_path / "own"):
-        assert "search" not in (out / "main.md").read_text().lower() and "Runs still to make" not in (out / "report.md").read_text()
+        assert ("search" not in (out / "main.md").read_text().lower()
+                and "Runs still to make" not in (out / "report.md").read_text())
     assert (tmp_path / "own" / "main.csv").read_text() == (comparison / "report" / "main.csv").read_text()
 
     # Only the GRPO run: tables that need forks have no data; their files say so and name the commands.
@@ -333,7 +342,8 @@ def test_interrupted_comparison_resumes_and_complete_runs_are_skipped(comparison
     before = sorted(p.parent for p in comparison.rglob("manifest.json"))
     # an interrupted sampled evaluation (its last record lost) and a GRPO run interrupted after its last
     # checkpoint, before the final model and summary were written
-    sampled = next(p for p, c, _ in eval_dirs(comparison) if c["samples"] == 2 and Path(c["train_run"]).parent.name == "crr")
+    sampled = next(p for p, c, _ in eval_dirs(comparison)
+                   if c["samples"] == 2 and Path(c["train_run"]).parent.name == "crr")
     lines = (sampled / "results.jsonl").read_text().splitlines(keepends=True)
     (sampled / "results.jsonl").write_text("".join(lines[:-1]))
     (sampled / "summary.json").unlink()
@@ -384,7 +394,8 @@ def test_bad_input_is_a_clear_error(tmp_path):
     assert result.exit_code == 2 and "takes its budget from 'crr'" in result.output
     result = invoke("experiment", "run", str(tmp_path / "none.comparison.yaml"))
     assert result.exit_code == 2 and "no comparison spec" in result.output
-    arms = {"grpo": {"config": str(EXPERIMENTS / "cpu-grpo.yaml")}, "multi": {"config": str(EXPERIMENTS / "multi-crr.yaml")}}
+    arms = {"grpo": {"config": str(EXPERIMENTS / "cpu-grpo.yaml")},
+            "multi": {"config": str(EXPERIMENTS / "multi-crr.yaml")}}
     for base, message in (("yes", "base is true or false"), (True, "its arms start from different models")):
         (tmp_path / "base.comparison.yaml").write_text(yaml.safe_dump({"base": base, "arms": arms}))
         result = invoke("experiment", "run", str(tmp_path / "base.comparison.yaml"), "--dry-run")
@@ -400,7 +411,8 @@ def test_presets_and_comparison_specs():
 
     assert tuple(LABELS) == ERROR_MODES
     grpo = read_preset(EXPERIMENTS / "cpu-grpo.yaml")
-    assert grpo["method"] == "grpo" and grpo["learning_rate"] == read_preset(EXPERIMENTS / "cpu-crr.yaml")["learning_rate"]
+    assert (grpo["method"] == "grpo"
+            and grpo["learning_rate"] == read_preset(EXPERIMENTS / "cpu-crr.yaml")["learning_rate"])
     for preset in sorted(EXPERIMENTS.glob("*.yaml")):
         if preset.name.startswith("sft-"):                  # SFT recipes (crr sft --recipe)
             assert SFTRecipe.from_yaml(preset).stages
@@ -428,7 +440,8 @@ def test_a_comparison_runs_seed_by_seed_with_the_matched_arm_after_its_source(tm
     spec = load_comparison(EXPERIMENTS / "cpu-main.comparison.yaml")
     order = [(arm.name, seed) for arm, seed in schedule(spec)]
     assert [seed for _, seed in order] == [11] * 5 + [23] * 5 + [47] * 5
-    assert order[:5] == [("grpo", 11), ("crr", 11), ("search-select", 11), ("grpo-equal-wall-clock", 11), ("resets", 11)]
+    assert order[:5] == [("grpo", 11), ("crr", 11), ("search-select", 11), ("grpo-equal-wall-clock", 11),
+                         ("resets", 11)]
     multi = [arm.name for arm, seed in schedule(load_comparison(EXPERIMENTS / "multi-main.comparison.yaml"))][:3]
     assert multi == ["grpo", "crr", "grpo-equal-wall-clock"]   # the spec's order: the matched arm third
     first = tmp_path / "first.comparison.yaml"

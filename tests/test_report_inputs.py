@@ -195,7 +195,8 @@ def test_a_later_smoke_evaluation_does_not_stand_in_for_the_one_the_spec_asks_fo
     spec = load_comparison(EXPERIMENTS / "cpu-main.comparison.yaml")
     greedy = next(e for e in spec.evals if e.samples == 1)
     summary = json.dumps({"pass_at_1": 0.3, "missing": 0})
-    for name, n_tasks in (("20261129-072334-eval-nano-test2-default", 256), ("20261130-125902-eval-nano-test2-default", 2)):
+    for name, n_tasks in (("20261129-072334-eval-nano-test2-default", 256),
+                          ("20261130-125902-eval-nano-test2-default", 2)):
         make_run(tmp_path / name, "eval", {"dataset": "nano-test2", "model": "crr/policy/default", "samples": 1,
                                            **greedy.settings, "n_tasks": n_tasks}, summary_json=summary)
     train = make_run(tmp_path / "20261129-063804-train-grpo-seed11", "train", {"use_cpu": True, "method": "grpo",
@@ -235,7 +236,8 @@ def test_report_names_a_corrupt_manifest_of_any_run_under_runs(tmp_path):
     run = tmp_path / "runs" / "20261130-000000-eval-x"
     run.mkdir(parents=True)
     (run / "manifest.json").write_text("{garb")
-    result = CliRunner().invoke(app, ["report", "tables", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "r")])
+    result = CliRunner().invoke(app, ["report", "tables", "--runs", str(tmp_path / "runs"),
+                                      "--out", str(tmp_path / "r")])
     assert result.exit_code == 2 and "manifest.json is corrupt" in result.output, result.output
 
 

@@ -43,7 +43,8 @@ STALE_PYC = ("cp calc.py .git/orig && sed -i 's/a - b/a + b/' calc.py && touch -
 
 
 def edit(path: str, text: str, line: int = 1, end: int = 0) -> str:
-    return json.dumps({"name": "edit_file", "arguments": {"path": path, "start": line, "end": end, "replacement": text}})
+    return json.dumps({"name": "edit_file",
+                       "arguments": {"path": path, "start": line, "end": end, "replacement": text}})
 
 
 def shell(command: str) -> str:

@@ -95,8 +95,9 @@ def test_seeds_and_bad_input():
 
 def test_cli_rollout_end_to_end(task, tmp_path):
     tasks = write_tasks([task], tmp_path / "tasks.jsonl")
-    args = ["rollout", "--tasks", str(tasks), "--n", "5", "--group-size", "2", "--max-turns", "3", "--max-new-tokens", "40",
-            "--max-value-chars", "4", "--temperature", "1.0", "--seed", "1", "--workers", "2", "--out", str(tmp_path / "runs")]
+    args = ["rollout", "--tasks", str(tasks), "--n", "5", "--group-size", "2", "--max-turns", "3",
+            "--max-new-tokens", "40", "--max-value-chars", "4", "--temperature", "1.0", "--seed", "1", "--workers", "2",
+            "--out", str(tmp_path / "runs")]
     result = CliRunner().invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
@@ -325,7 +326,8 @@ def test_a_branch_a_sibling_played_takes_its_return_unplayed(backend, task, tmp_
             out = backend.generate(*args, **kwargs)
             self.calls += 1
             if self.calls == 1 and self.sources:
-                out = [dataclasses.replace(s, text=trajs[j].steps[0].action, action_ids=list(trajs[j].steps[0].action_ids))
+                out = [dataclasses.replace(s, text=trajs[j].steps[0].action,
+                                           action_ids=list(trajs[j].steps[0].action_ids))
                        for s, j in zip(out, self.sources)]
             return out
 
@@ -358,8 +360,8 @@ def test_a_branch_a_sibling_played_takes_its_return_unplayed(backend, task, tmp_
                 (b.traj.generated_tokens, b.traj.observed_tokens) for b in played]
             assert all(b.observed_tokens > 0 for b in played if len(b.traj.steps) > 1)
             # K = 3 drawing one sibling's action thrice: a sibling stands for one branch (of two siblings at most)
-            twice = run_branches(trajs, picks, backend=Proposing([j for j in sources for _ in range(3)]), reuse_played=True,
-                                 **{**args, "cf_samples": 3})
+            twice = run_branches(trajs, picks, backend=Proposing([j for j in sources for _ in range(3)]),
+                                 reuse_played=True, **{**args, "cf_samples": 3})
             taken, expected = set(), []
             for i, j in zip(rows, sources):
                 for _ in range(3):   # the first free sibling that took the proposed a_0, else played

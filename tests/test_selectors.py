@@ -130,10 +130,11 @@ def test_reset_points_are_one_state_per_task_of_its_first_failure_with_a_pick():
     from crr.train.counterfactual import reset_points
     from crr.train.selectors import Selection
 
-    trajs = [T(task_index=0, reward=1.0, snapshots={0: "s"}), T(task_index=0, reward=0.0, snapshots={0: "s"}),  # no pick
-             T(task_index=0, reward=0.0, snapshots={0: "s"}), T(task_index=0, reward=0.0, snapshots={0: "s"}),
-             T(task_index=1, reward=1.0, snapshots={}), T(task_index=1, reward=None, snapshots={0: "s"}),   # no failure
-             T(task_index=2, reward=1.0, snapshots={}), T(task_index=2, reward=1.0, snapshots={})]          # no s_0 kept
+    trajs = [
+        T(task_index=0, reward=1.0, snapshots={0: "s"}), T(task_index=0, reward=0.0, snapshots={0: "s"}),  # no pick
+        T(task_index=0, reward=0.0, snapshots={0: "s"}), T(task_index=0, reward=0.0, snapshots={0: "s"}),
+        T(task_index=1, reward=1.0, snapshots={}), T(task_index=1, reward=None, snapshots={0: "s"}),   # no failure
+        T(task_index=2, reward=1.0, snapshots={}), T(task_index=2, reward=1.0, snapshots={})]          # no s_0 kept
     picks = {0: [Selection(1, 2.0)], 2: [Selection(2, 1.0), Selection(3, 0.5)], 3: [Selection(1, 1.0)],
              4: [Selection(1, 1.0)]}
     resets, fresh = reset_points(trajs, picks)

@@ -259,7 +259,8 @@ def test_group_by_length_batches_rows_of_about_one_length(data, tiny, tmp_path, 
 
     full, _, _ = data
     first = full[0]["assistant_masks"].index(1)
-    rows = datasets.Dataset.from_list([{"input_ids": full[0]["input_ids"][:n], "assistant_masks": full[0]["assistant_masks"][:n]}
+    rows = datasets.Dataset.from_list([{"input_ids": full[0]["input_ids"][:n],
+                                        "assistant_masks": full[0]["assistant_masks"][:n]}
                                        for n in [first + 8, first + 160] * 16])
     real, seen = trainer.action_nll, []
 
@@ -308,7 +309,8 @@ def test_action_token_loss_is_the_models_own_loss_and_gradient(data, tiny):
     assert trainer._total_train_tokens == sum(len(v) for v in ids)
     assert 0.0 <= trainer._metrics["train"]["mean_token_accuracy"][0] <= 1.0
     # a batch weighted by the trainer's token count (gradient accumulation) divides by it instead
-    half = action_token_loss(trainer, model, dict(inputs), num_items_in_batch=2 * sum(map(sum, (r["assistant_masks"] for r in rows))))
+    half = action_token_loss(trainer, model, dict(inputs),
+                             num_items_in_batch=2 * sum(map(sum, (r["assistant_masks"] for r in rows))))
     assert torch.allclose(half, theirs / 2, atol=1e-5)
 
 
@@ -318,13 +320,14 @@ def test_loss_on_keeps_the_mask_on_those_parts_only(data, tiny, tmp_path):
     masked = only_parts(dataset, grammar, ["replacement"])
     for row, kept in zip(dataset, masked):
         runs = [tokenizer.decode(run) for run in _masked_runs(row["input_ids"], kept["assistant_masks"])]
-        calls = [json.loads(c) for c in re.findall(r'<tool_call>\n(\{"name": ".*?)\n</tool_call>', tokenizer.decode(row["input_ids"]),
-                                                   re.DOTALL)]
+        calls = [json.loads(c) for c in re.findall(r'<tool_call>\n(\{"name": ".*?)\n</tool_call>',
+                                                   tokenizer.decode(row["input_ids"]), re.DOTALL)]
         replacements = [c["arguments"]["replacement"] for c in calls if c["name"] == "edit_file"]
         # each run: the value as the call writes it, then the token that closes it (the sampler's choice)
         assert replacements and len(runs) == len(replacements)
         for run, value in zip(runs, replacements):
-            assert run.startswith(json.dumps(value)[1:-1]) and re.fullmatch(r'"[}\s]*', run[len(json.dumps(value)) - 2:])
+            assert (run.startswith(json.dumps(value)[1:-1])
+                    and re.fullmatch(r'"[}\s]*', run[len(json.dumps(value)) - 2:]))
     # trained on the replacements only, their loss falls
     row = dataset.select([0])
     out = sft(tiny, dataset.select([0]), tmp_path / "r", SFTSettings(epochs=3, learning_rate=2e-3, warmup_ratio=0.0,
@@ -376,7 +379,8 @@ def test_sft_command_end_to_end_and_resume(tiny, micro_dir, tmp_path):
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     shutil.rmtree(run_dir / "model")
     logged = run.records("metrics.jsonl")
-    append_jsonl(run_dir / "metrics.jsonl", {"event": "sft", "stage": 0, "step": 3, "loss": 9.0})   # after the checkpoint
+    append_jsonl(run_dir / "metrics.jsonl",
+                 {"event": "sft", "stage": 0, "step": 3, "loss": 9.0})   # after the checkpoint
     result = runner.invoke(app, ["sft", "--resume", str(run_dir)])
     assert result.exit_code == 0, result.output
     assert len(run.records("expert.jsonl")) == 2
@@ -498,9 +502,9 @@ def _small_recipe_run(name: str, tmp_path: Path, model: Path | None = None) -> t
 
 
 def test_the_e4_recipe_runs_end_to_end_on_a_small_budget(tiny, tmp_path):
-    """experiments/sft-nano.yaml (the recipe of e4, the re-split default's base model) at a small budget: nano tasks, compact format,
-    expert data in real sandboxes, SFT (its stages: curriculum in order, then shuffled, then both); the
-    loss falls and the model records the format it was trained with."""
+    """experiments/sft-nano.yaml (the recipe of e4, the re-split default's base model) at a small budget:
+    nano tasks, compact format, expert data in real sandboxes, SFT (its stages: curriculum in order, then
+    shuffled, then both); the loss falls and the model records the format it was trained with."""
     from crr.policy.model import agent_record
 
     recipe, run_dir = _small_recipe_run("sft-nano.yaml", tmp_path)
@@ -559,7 +563,8 @@ def test_the_multi_recipe_grows_the_shipped_default_into_the_multi_tier(tmp_path
     recipe = yaml.safe_load((Path(__file__).parent.parent / "experiments" / "sft-multi-2h.yaml").read_text())
     assert recipe["curriculum_levels"] == [3, 4, 4, 4, 4] and recipe["train"]["group_by_length"]
     assert [(s["data"], s["levels"]) for s in recipe["stages"]] == [("both", [3]), ("curriculum", [4])]
-    assert recipe["data"]["expert"]["p_grep_named"] == 1.0 and recipe["data"]["max_turns"] == 12 and recipe["train"]["max_length"] >= recipe["data"]["max_tokens"]
+    assert (recipe["data"]["expert"]["p_grep_named"] == 1.0 and recipe["data"]["max_turns"] == 12
+            and recipe["train"]["max_length"] >= recipe["data"]["max_tokens"])
     tasks = tmp_path / "multi"
     generate_micro(tasks, n=2, seed=0, split="train", tier="multi")
     recipe.update(tasks=str(tasks), n_tasks=2, curriculum_rows=5)

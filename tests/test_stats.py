@@ -80,7 +80,8 @@ def test_paired_comparison_is_deterministic_paired_and_its_power_line_holds():
     start = hard[None, :].astype(float)
     fixed, borrowed = compare(a, start, fixed_b=True), compare(a, start)
     assert fixed.diff == borrowed.diff and fixed.components.seed_b == 0.0
-    assert fixed.mde == pytest.approx(2.8016 * math.sqrt((a.mean(0) - start[0]).var(ddof=1) / 64 + seed(a) / 3), rel=1e-4)
+    assert fixed.mde == pytest.approx(2.8016 * math.sqrt((a.mean(0) - start[0]).var(ddof=1) / 64 + seed(a) / 3),
+                                      rel=1e-4)
     assert fixed.mde <= borrowed.mde
     with pytest.raises(CRRError, match="one row"):
         compare(a, b, fixed_b=True)
@@ -104,7 +105,8 @@ def test_the_power_line_variance_matches_simulated_designs():
     # never anti-conservative; somewhat above it, as a seed component estimated from 3 seeds is truncated at 0
     assert 0.9 * empirical <= estimated <= 1.35 * empirical
     delta = 2.8016 * math.sqrt(empirical)
-    hits = np.mean([compare(arm(delta), arm(0.0), replicates=10).diff / math.sqrt(empirical) > 1.96 for _ in range(400)])
+    hits = np.mean([compare(arm(delta), arm(0.0), replicates=10).diff / math.sqrt(empirical) > 1.96
+                    for _ in range(400)])
     assert 0.72 <= hits <= 0.88
     comp = null[0].components
     assert seeds_needed(comp, tasks, minimum_detectable(comp, tasks, seeds)) <= seeds
@@ -127,4 +129,5 @@ def test_equal_wall_clock_budget_stops_at_or_below_it():
         budget = yaml.safe_load((ledger.parent / "config.yaml").read_text())["budget_hours"] * 3600
         assert all(budget_allows_next(times[:done], budget) for done in range(len(times))), ledger.parent.name
         assert not budget_allows_next(times, budget), ledger.parent.name
-        assert sum(times) - budget <= max(0.0, times[-1] - np.mean(times[:-1])), (ledger.parent.name, sum(times), budget)
+        assert (sum(times) - budget
+                <= max(0.0, times[-1] - np.mean(times[:-1]))), (ledger.parent.name, sum(times), budget)

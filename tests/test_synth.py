@@ -36,7 +36,8 @@ def test_synth_makes_rows_whose_fail_to_pass_fail_before_and_pass_after_the_gold
     assert task.repo == "pypi/inflection" and task.repo_src is None and task.version == "0.5.1"
     assert task.sdist["sha256"] == INFLECTION_SHA256 and task.sdist["filename"] == "inflection-0.5.1.tar.gz"
     assert any(line.startswith(PYTEST + " --hash=sha256:") for line in task.mirror["requirements"])
-    assert task.metadata["bug_strategy"].startswith("func_pm_") and task.metadata["buggy_file"] == "inflection/__init__.py"
+    assert (task.metadata["bug_strategy"].startswith("func_pm_")
+            and task.metadata["buggy_file"] == "inflection/__init__.py")
     assert "+++ b/inflection/__init__.py" in task.patch and "new file mode" in task.test_patch
     assert task.FAIL_TO_PASS and task.PASS_TO_PASS and not set(task.FAIL_TO_PASS) & set(task.PASS_TO_PASS)
     assert any(f"`{t}`" in task.problem_statement for t in task.FAIL_TO_PASS)  # written from a failing test

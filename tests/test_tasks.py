@@ -108,7 +108,8 @@ def test_a_new_named_set_is_one_registration_served_by_load_tasks_crr_eval_and_c
         with pytest.raises(CRRError, match="takes no FILE"):
             benchmark("toy-set", str(f))
         listed = CliRunner().invoke(app, ["tasks", "sets", "--json"])
-        assert listed.exit_code == 0 and {"name": "toy-set", "what": "a one-row toy", "dataset": None} in json.loads(listed.output)
+        assert (listed.exit_code == 0
+                and {"name": "toy-set", "what": "a one-row toy", "dataset": None} in json.loads(listed.output))
     finally:
         del loaders.TASK_SETS["toy-set"]
     # the hub's benchmarks: crr eval reads the dataset (or a local copy of it) through the dataset's adapter
@@ -237,7 +238,8 @@ def test_the_generic_adapter_keeps_unknown_columns_in_metadata(tmp_path):
 
 def test_a_bad_dataset_row_names_the_row_and_the_field(tmp_path):
     rows = [GYM_ROWS[0], {**GYM_ROWS[1], "version": None}]  # a null cell
-    with pytest.raises(TaskFormatError, match=r"\[train\] row 1 \(getmoto__moto-5752\): missing required field 'version'"):
+    with pytest.raises(TaskFormatError,
+                       match=r"\[train\] row 1 \(getmoto__moto-5752\): missing required field 'version'"):
         load_tasks(str(save(rows, tmp_path / "gym")), adapter="swe-gym")
     with pytest.raises(CRRError, match="unknown adapter"):
         load_tasks(str(tmp_path / "gym"), adapter="nope")

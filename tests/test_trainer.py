@@ -23,7 +23,8 @@ from crr.tasks.loaders import load_tasks, write_tasks
 from crr.train.trainer import checkpoint_gap, checkpoints, resume_run, update_rewards
 from crr.train.tuples import read_tuples
 
-SMALL = ["n_tasks=1", "tasks_per_iteration=1", "num_generations=3", "max_turns=2", "max_new_tokens=40", "k=2", "eta=0.0", "workers=2", "warmup_steps=0",
+SMALL = ["n_tasks=1", "tasks_per_iteration=1", "num_generations=3", "max_turns=2", "max_new_tokens=40", "k=2",
+         "eta=0.0", "workers=2", "warmup_steps=0",
          # the random tiny model (paper format): its varied returns on the `ran` task give these runs nonzero
          # advantages; the shipped warm start never solves that task, so with it nothing would move
          f"model={default_model_dir()}", "agent_format=paper"]
@@ -45,7 +46,8 @@ def assert_each_update_once(run: Path, updates: int) -> None:
     for event, key, first in (("iteration", "step", 1), ("ledger", "iteration", 0)):
         assert [r[key] for r in records if r.get("event") == event] == list(range(first, first + updates)), event
     # TRL's records of each update (its end-of-training summary, train_loss, shares the last step)
-    assert [r["step"] for r in records if r.get("event") == "trl" and "train_loss" not in r] == list(range(1, updates + 1))
+    assert ([r["step"] for r in records if r.get("event") == "trl" and "train_loss" not in r]
+            == list(range(1, updates + 1)))
     ledger = json.loads((run / "ledger.json").read_text())
     assert [it["iteration"] for it in ledger["iterations"]] == list(range(updates))
     assert len(update_rewards(RunDir.open(run))) == updates
@@ -57,7 +59,8 @@ def lora_b_norm(path: Path) -> float:
 
 
 def test_crr_end_to_end_and_resume(ran_tasks_file, tmp_path):
-    out, run = run_train(["--method", "crr", "--out", str(tmp_path), "--max-updates", "2", f"tasks={ran_tasks_file}", *SMALL], tmp_path)
+    out, run = run_train(["--method", "crr", "--out", str(tmp_path), "--max-updates", "2", f"tasks={ran_tasks_file}",
+                          *SMALL], tmp_path)
     assert "2/2 R" in out and "fork share" in out
     for name in ("config.yaml", "manifest.json", "metrics.jsonl", "ledger.json", "summary.json"):
         assert (run / name).is_file(), name
@@ -71,7 +74,8 @@ def test_crr_end_to_end_and_resume(ran_tasks_file, tmp_path):
     assert len(tuples) == ledger["cumulative"]["forks"]
     assert (tuples["realised_action"] != tuples["counterfactual_action"]).all()
     assert tuples["t"].max() < 2 and tuples["reward"].notna().all()
-    iters = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "iteration"]
+    iters = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+             if r.get("event") == "iteration"]
     assert [r["step"] for r in iters] == [1, 2] and sum(r["contrasts"] for r in iters) > 0
 
     assert not (run / "checkpoints" / ".staging").exists()
@@ -169,7 +173,8 @@ def test_other_methods_end_to_end(method, ran_tasks_file, tmp_path):
     assert lora_b_norm(run / "model") > 0
     ledger = json.loads((run / "ledger.json").read_text())["cumulative"]
     assert ledger["updates"] == 1 and ledger["trajectories"] == 3
-    it = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "iteration"][0]
+    it = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+          if r.get("event") == "iteration"][0]
     if method == "grpo":
         assert ledger["forks"] == 0 and not (run / "tuples").exists() and it["selected"] == 0
     elif method == "mc-values":   # K = 1 on-policy continuation from every non-terminal state, charged like forks
@@ -186,11 +191,13 @@ def test_bad_input_is_a_clear_error(tmp_path, monkeypatch):
     assert result.exit_code == 2 and "unknown config key" in result.output
     result = CliRunner().invoke(app, ["train", "--method", "ppo", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "unknown method" in result.output
-    result = CliRunner().invoke(app, ["train", "--config", "experiments/cpu-resets.yaml", "--out", str(tmp_path), "cf_samples=1"])
+    result = CliRunner().invoke(app, ["train", "--config", "experiments/cpu-resets.yaml", "--out", str(tmp_path),
+                                      "cf_samples=1"])
     assert result.exit_code == 2 and "take 2 <= cf_samples < num_generations" in result.output
     # --eval's tasks and size are checked before the run directory is made
-    for args, said in ((["--eval", "nosuchset"], "'nosuchset' is not a file"), (["--eval", "nano-test2", "--eval-n", "0"],
-                       "--eval-n must be at least 1"), (["--eval-n", "3"], "give --eval too")):
+    for args, said in ((["--eval", "nosuchset"], "'nosuchset' is not a file"),
+                       (["--eval", "nano-test2", "--eval-n", "0"], "--eval-n must be at least 1"),
+                       (["--eval-n", "3"], "give --eval too")):
         result = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "runs"), *args])
         assert result.exit_code == 2 and said in result.output, result.output
     # nan is no number of seconds or temperature (every comparison with it is false)
@@ -200,10 +207,13 @@ def test_bad_input_is_a_clear_error(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["eval", "tasks", str(tmp_path / "empty.jsonl"), "--out", str(tmp_path / "runs")])
     assert result.exit_code == 2 and "empty.jsonl holds no tasks" in result.output
     # refused before its task set is loaded (a named set is generated on its first use, a minute on two cores)
-    monkeypatch.setattr("crr.rollout.load_tasks", lambda *_: pytest.fail("tasks loaded before the settings were checked"))
-    result = CliRunner().invoke(app, ["rollout", "--tasks", "nano-val", "--time-limit", "nan", "--out", str(tmp_path / "runs")])
+    monkeypatch.setattr("crr.rollout.load_tasks",
+                        lambda *_: pytest.fail("tasks loaded before the settings were checked"))
+    result = CliRunner().invoke(app, ["rollout", "--tasks", "nano-val", "--time-limit", "nan",
+                                      "--out", str(tmp_path / "runs")])
     assert result.exit_code == 2 and "time_limit_s must be positive, got nan" in result.output
-    result = CliRunner().invoke(app, ["rollout", "--tasks", "nano-val", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "runs")])
+    result = CliRunner().invoke(app, ["rollout", "--tasks", "nano-val", "--model", str(tmp_path / "nope"),
+                                      "--out", str(tmp_path / "runs")])
     assert result.exit_code == 2 and "nope: no such directory" in result.output
     assert not (tmp_path / "runs").exists()
 
@@ -246,15 +256,17 @@ def test_an_estimator_outside_crr_trains_and_gets_the_state_keys(ran_tasks_file,
         "SEEN = []\n\n\ndef toy(rows, bonus=0.0):\n    SEEN.extend(rows)\n"
         "    return [None if r.reward is None else [r.reward - 0.5 + bonus] * len(r.spans) for r in rows]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    out, run = run_train(["--method", "gigpo", "--out", str(tmp_path / "toy"), "--max-updates", "1", f"tasks={ran_tasks_file}",
-                          *SMALL, "advantage_estimator=toy_credit:toy", "advantage_params={bonus: 0.25}"], tmp_path / "toy")
+    out, run = run_train(["--method", "gigpo", "--out", str(tmp_path / "toy"), "--max-updates", "1",
+                          f"tasks={ran_tasks_file}", *SMALL, "advantage_estimator=toy_credit:toy",
+                          "advantage_params={bonus: 0.25}"], tmp_path / "toy")
     import toy_credit
 
     rows = toy_credit.SEEN
     assert "1/1 R" in out and len(rows) == 3 and lora_b_norm(run / "model") > 0
     assert all(len(r.state_keys) == len(r.spans) > 0 for r in rows)
     assert len({r.state_keys[0] for r in rows}) == 1          # the G siblings all start in the same s_0
-    it = next(r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("event") == "iteration")
+    it = next(r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+              if r.get("event") == "iteration")
     assert it["gigpo_groups"] >= 1 and 0 < it["gigpo_steps_grouped"] <= 1 and it["adv_mean"] == pytest.approx(
         np.mean([r.reward - 0.25 for r in rows for _ in r.spans]))
 
@@ -267,7 +279,8 @@ def test_verdicts_reused_by_final_state_change_no_reward(ran_tasks_file, tmp_pat
     seen = {}
     for reuse in ("true", "false"):
         _, run = run_train(["--method", "mc-values", "--out", str(tmp_path / reuse), "--max-updates", "1",
-                            f"tasks={ran_tasks_file}", *SMALL, "cf_samples=2", f"reuse_verdicts={reuse}"], tmp_path / reuse)
+                            f"tasks={ran_tasks_file}", *SMALL, "cf_samples=2", f"reuse_verdicts={reuse}"],
+                           tmp_path / reuse)
         records = read_records(run)
         seen[reuse] = ([(r["kind"], r.get("t"), r["reward"], r.get("model_patch"), [s.get("call") for s in r["steps"]])
                         for r in records], json.loads((run / "ledger.json").read_text())["cumulative"])
@@ -278,8 +291,8 @@ def test_verdicts_reused_by_final_state_change_no_reward(ran_tasks_file, tmp_pat
 def test_branches_beside_the_update_change_nothing_but_the_clock(tmp_path):
     # branches_beside_update (crr.train.trainer._rollout): the branches run in a helper thread beside TRL's
     # reference pass and the loss's forward pass, joined when the loss reads the advantages. The CPU preset on the
-    # shipped warm start (bf16, decoding from a float32 merged copy): the same seed gives the same trajectories, branches,
-    # advantages and losses as with the branches before the update, and the ledger still partitions each
+    # shipped warm start (bf16, decoding from a float32 merged copy): the same seed gives the same trajectories,
+    # branches, advantages and losses as with the branches before the update, and the ledger still partitions each
     # iteration, the seconds the branches ran beside the update charged to cf_beside_s
     from crr.train.records import read_records
 

@@ -44,7 +44,8 @@ def check_page(run: Path, tmp_path: Path, chromium: str) -> None:
 
     recs = read_records(run)
     trajs = [r for r in recs if r["kind"] == "trajectory"]
-    forked = next(t for t in trajs if any(b["kind"] == "branch" and b["row"] == t["row"] and b["proposal"] for b in recs))
+    forked = next(t for t in trajs
+                  if any(b["kind"] == "branch" and b["row"] == t["row"] and b["proposal"] for b in recs))
     branch = next(b for b in recs if b["kind"] == "branch" and b["row"] == forked["row"] and b["proposal"])
     differing = sum(any(s["advantage"] != s["grpo_advantage"] for s in t["steps"]) for t in trajs)
     with sync_playwright() as p:

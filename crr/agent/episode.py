@@ -173,7 +173,8 @@ class Trajectory:
         """One row of TRL's rollout_func: prompt_ids, completion_ids, logprobs (0.0 on observation
         tokens), env_mask, plus the step spans and the reward for the CRR advantage."""
         if any(len(s.behaviour_logprobs) != len(s.action_ids) for s in self.steps):
-            raise CRRError(f"trajectory {self.task_id}[{self.sibling}] has scripted steps (no behaviour log-probabilities)")
+            raise CRRError(f"trajectory {self.task_id}[{self.sibling}] has scripted steps "
+                           "(no behaviour log-probabilities)")
         logprobs = [lp for s in self.steps
                     for lp in s.behaviour_logprobs + [0.0] * len(s.observation_ids)]
         return {"prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids, "logprobs": logprobs,
@@ -370,7 +371,8 @@ def fork_at(traj: Trajectory, t: int, engine: ForkEngine | None = None, task: Ta
     before a_t, or, when it is gone, the prefix a_0..a_{t-1} replayed in a fresh sandbox and verified
     against the recorded tree digest. The caller closes the sandbox."""
     if not 0 <= t < len(traj.steps):
-        raise CRRError(f"step {t} is outside trajectory {traj.task_id}[{traj.sibling}] (steps 0..{len(traj.steps) - 1})")
+        raise CRRError(f"step {t} is outside trajectory {traj.task_id}[{traj.sibling}] "
+                       f"(steps 0..{len(traj.steps) - 1})")
     engine = engine or traj.engine
     if engine is None:
         raise CRRError("this trajectory holds no fork engine (read back from JSONL?); pass engine=")

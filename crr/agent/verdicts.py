@@ -68,7 +68,8 @@ class Verdicts:
         self._running: dict[str, threading.Event] = {}
         self.reused = 0
 
-    def verify(self, sandbox: Sandbox, task: Task, steps: Sequence, timeout: float = VERIFY_TIMEOUT_S) -> VerifierResult:
+    def verify(self, sandbox: Sandbox, task: Task, steps: Sequence,
+               timeout: float = VERIFY_TIMEOUT_S) -> VerifierResult:
         key = state_key(task, steps, timeout)
         if key is None:
             return verify(sandbox, task, timeout=timeout)

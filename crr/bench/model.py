@@ -67,7 +67,8 @@ def sft_step_bench(model: str, batch: int = 8, steps: int = 6, level: int = 1, b
 
     def batches_of(order: list[int]) -> list[dict]:
         return [collate([{"input_ids": rows[j]["input_ids"],
-                          "labels": [t if m else -100 for t, m in zip(rows[j]["input_ids"], rows[j]["assistant_masks"])]}
+                          "labels": [t if m else -100
+                                     for t, m in zip(rows[j]["input_ids"], rows[j]["assistant_masks"])]}
                          for j in order[i:i + batch]]) for i in range(0, len(order), batch)]
 
     warm_up, timed_rows = list(range(batch)), list(range(batch, len(rows)))  # the first batch warms up, untimed

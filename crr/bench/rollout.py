@@ -44,7 +44,8 @@ def long_script(task: Task, steps: int) -> list[str]:
         calls += [json.dumps({"name": "edit_file", "arguments": {"path": "NOTES.md", "start": k, "end": k - 1,
                                                                  "replacement": f"note {k}"}}),
                   json.dumps({"name": "view_file", "arguments": {"path": "NOTES.md"}}),
-                  json.dumps({"name": "run_shell", "arguments": {"command": f"echo {k} >> scratch.txt && wc -l scratch.txt"}}),
+                  json.dumps({"name": "run_shell",
+                              "arguments": {"command": f"echo {k} >> scratch.txt && wc -l scratch.txt"}}),
                   json.dumps({"name": "run_tests", "arguments": {"test_filter": ""}})]
     return calls[:steps - 1] + [json.dumps({"name": "submit_patch", "arguments": {}})]
 
@@ -93,7 +94,8 @@ def fork_bench(engine: str = "local", steps: int = 45, at: tuple[int, ...] = (5,
                 t0 = time.perf_counter()
                 with replay_at(traj, t, eng):  # raises if the replay diverged
                     replay_ms.append(1e3 * (time.perf_counter() - t0))
-            result["at"][t] = {"restore_ms_p50": statistics.median(restore_ms), "ready_ms_p50": statistics.median(ready_ms),
+            result["at"][t] = {"restore_ms_p50": statistics.median(restore_ms),
+                               "ready_ms_p50": statistics.median(ready_ms),
                                "replay_ms_p50": statistics.median(replay_ms), "restore_exact": exact}
         result["digest_ms_p50"] = statistics.median(digest_ms)
         traj.release()
@@ -127,8 +129,9 @@ def throughput_bench(model: str | None = None, group_size: int = 8, max_turns: i
         task = _micro_task(seed, Path(tmp))
         result = rollout([task], backend, eng, tokenizer, config)
     s = result.summary
-    return {"model": model, "threads": torch.get_num_threads(), "group_size": group_size, "max_turns": max_turns, "max_new_tokens": max_new_tokens,
-            "max_value_chars": max_value_chars, "temperature": temperature, "engine": engine,
+    return {"model": model, "threads": torch.get_num_threads(), "group_size": group_size, "max_turns": max_turns,
+            "max_new_tokens": max_new_tokens, "max_value_chars": max_value_chars, "temperature": temperature,
+            "engine": engine,
             "prefix_cache": prefix_cache, "prompt_tokens_reused": backend.prefix_cache.reused_tokens,
             "prompt_tokens_prefilled": backend.prefix_cache.prefilled_tokens if prefix_cache else None,
             **{k: s[k] for k in ("trajectories", "steps", "mean_turns", "generated_tokens", "generation_s", "wall_s",

@@ -51,4 +51,5 @@ def bench_micro(n: int, seed: int = 0, split: str = "train", tier: str = "nano",
                              "mean_lines": mean([r[0] for r in rows]), "mean_chars": mean([r[1] for r in rows]),
                              "mean_tokens": mean([r[2] for r in rows])} for kind, rows in sizes.items()},
             "issue_chars": mean([len(t.problem_statement) for t in tasks]),
-            **({"n_bugs": dict(sorted(Counter(t.metadata["n_bugs"] for t in tasks).items()))} if tier == "multi" else {})}
+            **({"n_bugs": dict(sorted(Counter(t.metadata["n_bugs"] for t in tasks).items()))}
+               if tier == "multi" else {})}

@@ -66,7 +66,8 @@ def _rollout(tasks, backend, tokenizer, fmt_name: str, max_turns: int, max_new_t
     episode = EpisodeConfig(max_turns=max_turns, temperature=0.0, max_new_tokens=max_new_tokens, snapshots=False,
                             agent_format=fmt_name, max_context_tokens=context)
     with get_engine("local") as engine:
-        return rollout(tasks, backend, engine, tokenizer, RolloutConfig(group_size=1, seed=0, workers=2, episode=episode))
+        return rollout(tasks, backend, engine, tokenizer,
+                       RolloutConfig(group_size=1, seed=0, workers=2, episode=episode))
 
 
 
@@ -109,7 +110,8 @@ def check(model_path: str, task_set: str = "nano-band", n_tasks: int = 6, episod
                            "end_reason": [a.end_reason, b.end_reason], "reward": [a.reward, b.reward]}
                           for task, a, b in zip(tasks, hf_run.trajectories, vl_run.trajectories)]
 
-    prompts = [Conversation(tokenizer, initial_messages(t, "/testbed", max_turns, fmt.name), tools=fmt.tools).token_ids()
+    prompts = [Conversation(tokenizer, initial_messages(t, "/testbed", max_turns, fmt.name),
+                            tools=fmt.tools).token_ids()
                for t in tasks] + _episode_prompts(hf_run.trajectories)
     report["prompts"] = len(prompts)
     report["prompt_tokens"] = [min(map(len, prompts)), max(map(len, prompts))]
@@ -221,7 +223,8 @@ def check_server(base_url: str, model_path: str, task_set: str = "nano-band", n_
 
     tasks, fmt, max_turns, model, tokenizer, hf = _reference(task_set, n_tasks, model_path, dtype, max_value_chars)
     lap("load")
-    prompts = [Conversation(tokenizer, initial_messages(t, "/testbed", max_turns, fmt.name), tools=fmt.tools).token_ids()
+    prompts = [Conversation(tokenizer, initial_messages(t, "/testbed", max_turns, fmt.name),
+                            tools=fmt.tools).token_ids()
                for t in tasks]
     if episodes:
         context = getattr(model.config, "max_position_embeddings", None)

@@ -86,4 +86,5 @@ def audit_command(
     rate = summary["rollouts_per_s"]
     console.print(f"{summary['trajectories']} trajectories, {summary['oracle_continuations']} oracle continuations, "
                   f"{summary['rollouts']} rollouts in {summary['wall_s']:.0f} s "
-                  f"({'n/a' if rate is None else f'{rate:.2f}'} rollouts/s); {run.path}", highlight=False, soft_wrap=True)
+                  f"({'n/a' if rate is None else f'{rate:.2f}'} rollouts/s); {run.path}",
+                  highlight=False, soft_wrap=True)

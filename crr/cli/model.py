@@ -155,8 +155,9 @@ def model_sft_bench(
     if as_json:
         emit_json(result)
         return
-    console.print(f"{model or 'the default model'}: {steps} steps of {batch} level-{level} rows ({result['tokens']} tokens, "
-                  f"{result['action_tokens']} with the loss), {'bf16' if bf16 else 'fp32'}, {result['threads']} "
+    console.print(f"{model or 'the default model'}: {steps} steps of {batch} level-{level} rows "
+                  f"({result['tokens']} tokens, {result['action_tokens']} with the loss), "
+                  f"{'bf16' if bf16 else 'fp32'}, {result['threads']} "
                   f"thread(s): TRL's fused LM head {result['trl_fused_head_tokens_per_s']:.0f} tokens/s, action-token "
                   f"loss [bold]{result['action_tokens_tokens_per_s']:.0f} tokens/s[/] "
                   f"({result['speedup']:.2f}x); in batches of about one length (group_by_length) "
@@ -223,7 +224,8 @@ def model_probe(
     if as_json:
         emit_json(result)
         return
-    table = Table(title=f"{policy.model} on the expert's {len(rows)} solved episodes of {tasks} (semantic action tokens)")
+    table = Table(title=f"{policy.model} on the expert's {len(rows)} solved episodes of {tasks} "
+                        "(semantic action tokens)")
     for col in ("part", "tokens", "loss (nats)", "argmax accuracy"):
         table.add_column(col, justify="left" if col == "part" else "right")
     for part, r in stats.items():
@@ -240,8 +242,9 @@ def sft_command(
                                      "warm-started default when the recipe is the default one",
                                      what="Model directory or hub id to warm-start"),
     tasks: str = tasks_option(_SFT_DEFAULTS["tasks"]),
-    n_tasks: int | None = typer.Option(_SFT_DEFAULTS["n_tasks"], "--n-tasks", help="Use the first N tasks (micro-train is generated "
-                                       "that large if N exceeds its default 32)."),
+    n_tasks: int | None = typer.Option(_SFT_DEFAULTS["n_tasks"], "--n-tasks",
+                                       help="Use the first N tasks (micro-train is generated "
+                                            "that large if N exceeds its default 32)."),
     episodes: int = typer.Option(_SFT_DEFAULTS["episodes"], "--episodes", help="Expert episodes per task."),
     error_rate: float = typer.Option(_SFT_DEFAULTS["error_rate"], "--error-rate",
                                      help="Chance the expert makes a wrong edit first."),
@@ -298,7 +301,8 @@ def sft_command(
     if summary:
         console.print(f"expert: kept [bold]{summary['kept']}/{summary['episodes']}[/] episodes "
                       f"({summary['kept_fraction']:.0%} with reward 1), {summary['with_wrong_edit']} with a corrected "
-                      f"wrong edit, {summary['mean_steps']:.1f} steps and {summary['mean_tokens']:.0f} tokens on average",
+                      f"wrong edit, {summary['mean_steps']:.1f} steps and {summary['mean_tokens']:.0f} tokens "
+                      "on average",
                       highlight=False)
     if data_only:
         console.print(f"expert data: {model_out}\ntrain on it with: {trainer_command(model, model_out, recipe)}",

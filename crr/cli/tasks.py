@@ -38,7 +38,8 @@ def tasks_micro(
     n: int = typer.Option(32, "--n", help="Number of tasks."),
     seed: int = seed_option(help="Same seed, same tasks, byte for byte."),
     split: str = typer.Option("train", "--split", help="train or test (disjoint templates; for nano and multi, "
-                              "disjoint vocabularies), or val (nano and multi: the test vocabulary, its own instances)."),
+                              "disjoint vocabularies), or val (nano and multi: the test vocabulary, its own "
+                              "instances)."),
     tier: str = typer.Option("default", "--tier", help="default (templates, fillers, decoys: 3-20 modules), nano "
                              "(1-3 short modules with procedural names: the learnable CPU tier) or multi (nano "
                              "packages with 1-3 bugs, symptom-only issues and look-alike modules)."),
@@ -220,7 +221,8 @@ def tasks_show(
     if as_json:
         emit_json([t.to_row() for t in shown])
         return
-    table = Table(title=f"{len(tasks)} tasks from {source}" + (f" (first {len(shown)})" if len(shown) < len(tasks) else ""))
+    table = Table(title=f"{len(tasks)} tasks from {source}"
+                        + (f" (first {len(shown)})" if len(shown) < len(tasks) else ""))
     table.add_column("instance_id")
     table.add_column("repo")
     table.add_column("#F2P", justify="right")

@@ -19,13 +19,16 @@ from crr.errors import CRRError
 def train_command(
     overrides: list[str] = typer.Argument(None, help="Config overrides key=value (e.g. k=2 "
                                   "crr.cf_temperature=0.5; engine=ray:local ray=auto: sandboxes on a Ray cluster)."),
-    method: str | None = typer.Option(None, "--method", help="A row of crr.train.config.METHODS: grpo | crr | search-select | gigpo | mc-values | resets (default: the config's)."),
+    method: str | None = typer.Option(None, "--method", help="A row of crr.train.config.METHODS: grpo | crr | "
+                                      "search-select | gigpo | mc-values | resets (default: the config's)."),
     config: Path | None = typer.Option(None, "--config", help="A preset YAML (default: experiments/cpu-crr.yaml)."),
     seed: int | None = seed_option(None, help="Drives rollouts, selector, proposals and the learner."),
     out: Path = out_option(),
-    max_trajectories: int | None = typer.Option(None, "--max-trajectories", help="Stop after N on-policy trajectories."),
+    max_trajectories: int | None = typer.Option(None, "--max-trajectories",
+                                                help="Stop after N on-policy trajectories."),
     max_updates: int | None = typer.Option(None, "--max-updates", help="Stop after N optimizer updates."),
-    budget_hours: float | None = typer.Option(None, "--budget-hours", help="Stop before an update that would take the ledger wall clock past H hours (at the mean update time)."),
+    budget_hours: float | None = typer.Option(None, "--budget-hours", help="Stop before an update that would take "
+                                              "the ledger wall clock past H hours (at the mean update time)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue a run directory from its last complete "
                                        "checkpoint; of its settings only --max-updates and --budget-hours may change."),
     eval_tasks: str | None = typer.Option(None, "--eval", help="Held-out tasks (e.g. nano-test) on which the "
@@ -73,7 +76,8 @@ def train_command(
         quarter = max(1, len(rewards) // 4)
         console.print("training reward per update: " + " ".join(f"{v:.2f}" for v in rewards)
                       + f"\n  mean of the first {quarter}: {sum(rewards[:quarter]) / quarter:.2f}, "
-                      f"of the last {quarter}: {sum(rewards[-quarter:]) / quarter:.2f}", highlight=False, soft_wrap=True)
+                      f"of the last {quarter}: {sum(rewards[-quarter:]) / quarter:.2f}",
+                      highlight=False, soft_wrap=True)
     if eval_tasks is not None:
         after = _held_out_pass(eval_tasks, eval_n, cfg, run, "after", run_dir=run.path)
         console.print(f"held-out pass@1 ({eval_tasks}, greedy): before [bold]{_pct(before)}[/] -> after "

@@ -381,7 +381,8 @@ def audit_task(cfg: AuditConfig, task, task_index: int, forks: _Forks) -> list[d
         scored = [i for i, t in enumerate(trajs) if t.reward is not None]
         every = {i: [Selection(t, 0.0) for t in range(len(trajs[i].steps))] for i in scored}
         oracle, oracle_steps, oracle_s = forks.play(trajs, every, cfg.continuations, "on_policy", cfg.temperature,
-                                                    derive_seed(cfg.seed, task_index, 1), verdicts=forks.oracle_verdicts)
+                                                    derive_seed(cfg.seed, task_index, 1),
+                                                    verdicts=forks.oracle_verdicts)
         cont = _returns(oracle, trajs)
         truth = {i: values([cont[i].get(t, []) for t in range(len(trajs[i].steps))], trajs[i].reward)
                  for i in scored}
@@ -472,7 +473,8 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
     model, tokenizer = load_eval_policy(resolve_policy(model_dir))   # a LoRA adapter merged into its base, as eval's
     episode = EpisodeConfig(max_turns=cfg.max_turns or record.get("max_turns", 50), temperature=cfg.temperature,
                             max_new_tokens=cfg.max_new_tokens, time_limit_s=cfg.episode_time_limit_s,
-                            snapshots=True, digests=True, agent_format=cfg.agent_format or record.get("agent_format", "paper"))
+                            snapshots=True, digests=True,
+                            agent_format=cfg.agent_format or record.get("agent_format", "paper"))
     backend = TransformersBackend(model, tokenizer)
     run.log_metrics({"event": "start", "tasks": len(tasks), "todo": len(todo), "estimators": cfg.estimators,
                      "model": model_dir, "episode": dataclasses.asdict(episode)})

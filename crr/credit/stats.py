@@ -32,7 +32,8 @@ def values(continuations: list[list[float | None]], reward: float) -> list[dict]
     v = []
     for returns in continuations:
         scored = [r for r in returns if r is not None]
-        v.append(None if not scored else (sum(scored) / len(scored), wilson(sum(scored) / len(scored), len(scored)), len(scored)))
+        v.append(None if not scored else (sum(scored) / len(scored), wilson(sum(scored) / len(scored), len(scored)),
+                                          len(scored)))
     v.append((reward, (reward, reward), 0))   # V(s_T) = R(tau), exact
     out = []
     for t in range(len(continuations)):
@@ -76,7 +77,8 @@ def estimator_metrics(steps: pd.DataFrame, grpo: pd.Series | None, *, boot: int 
                          same resampled trajectories for both)
     """
     a, star = steps["a"].to_numpy(float), steps["A"].to_numpy(float)
-    out = {"steps": int(steps.groupby(["traj", "t"]).ngroups), "pearson": _pearson(a, star), "spearman": _spearman(a, star)}
+    out = {"steps": int(steps.groupby(["traj", "t"]).ngroups), "pearson": _pearson(a, star),
+           "spearman": _spearman(a, star)}
     if grpo is not None:
         steps = steps.assign(grpo=grpo.to_numpy(float))
         out["pearson_vs_grpo"] = out["pearson"] - _pearson(steps["grpo"].to_numpy(float), star)

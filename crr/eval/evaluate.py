@@ -445,7 +445,8 @@ def _run_pending(config: EvalConfig, run: RunDir, pending: list[tuple[Task, int]
     with engine_spec_of(config).make() as engine:
         for c, start in enumerate(range(0, len(pending), config.batch)):
             chunk = pending[start:start + config.batch]
-            seed = derive_seed(config.seed, pass_index, c)  # distinct chunks (and resumed passes) draw independent samples
+            # distinct chunks (and resumed passes) draw independent samples
+            seed = derive_seed(config.seed, pass_index, c)
 
             def record(traj, chunk=chunk, seed=seed) -> None:
                 nonlocal finished

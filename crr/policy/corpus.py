@@ -193,9 +193,11 @@ def _tool_call(rng: random.Random) -> tuple[dict, str]:
     elif name == "run_shell":
         cmd = rng.choice([f"grep -rn {_ident(rng)} {rng.choice(_PACKAGES)}", "ls -la", "git status",
                           f"cat {path}", f"python -c 'import {rng.choice(_PACKAGES)}'", "git diff"])
-        args, obs = {"command": cmd, "timeout": rng.choice([10, 30, 60, 120])}, f"$ {cmd}\n{_source(rng)[:200]}\n[exit 0]"
+        args, obs = ({"command": cmd, "timeout": rng.choice([10, 30, 60, 120])},
+                     f"$ {cmd}\n{_source(rng)[:200]}\n[exit 0]")
     elif name == "run_tests":
-        args, obs = {"test_filter": rng.choice(["", f"{path}::test_{_ident(rng)}", f"-k {_ident(rng)}"])}, _pytest_output(rng)
+        args, obs = ({"test_filter": rng.choice(["", f"{path}::test_{_ident(rng)}", f"-k {_ident(rng)}"])},
+                     _pytest_output(rng))
     else:
         args, obs = {}, "Patch submitted."
     return {"type": "function", "function": {"name": name, "arguments": args}}, obs

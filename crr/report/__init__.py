@@ -74,10 +74,12 @@ def _runs_markdown(runs: Runs) -> str:
     rate = lambda e: e.summary.get("pass_at_1") if e.complete else None  # noqa: E731  (None: all infra failures)
     evals = pd.DataFrame([{"arm": e.label, "seed": dash(e.seed), "dataset": e.dataset, "samples": e.samples,
                            "update": dash(e.step), "pass@1": dash(None if rate(e) is None else f"{100 * rate(e):.1f}"),
-                           "run": e.path.name} for e in sorted(runs.evals, key=lambda e: (e.label, e.seed or 0, e.step or 0))])
+                           "run": e.path.name}
+                          for e in sorted(runs.evals, key=lambda e: (e.label, e.seed or 0, e.step or 0))])
     parts = [f"## Runs ({runs.scale} scale)\n"]
     for title, df in (("Train runs", train), ("Eval runs", evals)):
-        parts.append(f"### {title}\n\n" + (df.to_markdown(index=False, disable_numparse=True) if not df.empty else "none") + "\n")
+        parts.append(f"### {title}\n\n"
+                     + (df.to_markdown(index=False, disable_numparse=True) if not df.empty else "none") + "\n")
     if runs.ignored:
         parts.append("Ignored (not train or eval runs): " + ", ".join(runs.ignored) + "\n")
     return "\n".join(parts)

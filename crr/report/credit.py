@@ -40,8 +40,9 @@ def audit_table(path: Path, records: list[dict], cfg: AuditConfig, name: str = T
     data = metrics_frame(records, cfg)
     scored = [r for r in records if r["truth"] is not None]
     steps = sum(r["steps"] for r in scored)
-    caption = (f"Credit audit ({path.name}): {len(scored)} scored trajectories of {cfg.model or 'the default policy'} "
-               f"on {cfg.tasks} (G={cfg.group_size}, T={cfg.temperature}), {steps} steps. A*(t) = V(s_t+1) - V(s_t) from "
+    caption = (f"Credit audit ({path.name}): {len(scored)} scored trajectories of "
+               f"{cfg.model or 'the default policy'} on {cfg.tasks} (G={cfg.group_size}, T={cfg.temperature}), {steps} "
+               "steps. A*(t) = V(s_t+1) - V(s_t) from "
                f"M={cfg.continuations} on-policy continuations per step (Wilson/Newcombe 95 % intervals); each "
                f"estimator on its own budget, its random draws repeated R={cfg.repeats} times. Correlations over "
                "(step, repeat) pairs with 95 % bootstrap intervals over trajectories (against GRPO's: paired, the same "
@@ -116,7 +117,8 @@ def audit_plot(path: Path, out: Path, records: list[dict], cfg: AuditConfig, nam
 
 
 def _audits(paths: list[Path]) -> list[Path]:
-    found = [p for root in paths for p in ([root] if is_audit(root) else sorted(q.parent for q in root.rglob("manifest.json")))
+    found = [p for root in paths
+             for p in ([root] if is_audit(root) else sorted(q.parent for q in root.rglob("manifest.json")))
              if is_audit(p)]
     return sorted(set(found))
 

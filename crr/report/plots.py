@@ -118,7 +118,8 @@ def train_reward(runs: Runs, out: Path) -> Plot:
     if df is None:
         return plot
     df["arm"] = df["arm"].map({r.label: _label(r) for r in arms})
-    mean = df.groupby(["arm", "step"], sort=False)[["cum_trajectories", "cum_wall_s", "reward_mean"]].mean().reset_index()
+    mean = (df.groupby(["arm", "step"], sort=False)[["cum_trajectories", "cum_wall_s", "reward_mean"]].mean()
+            .reset_index())
     scale, unit = _time_unit(mean["cum_wall_s"].max())
     fig = Figure(figsize=(10, 3.8))
     left, right = fig.subplots(1, 2, sharey=True)

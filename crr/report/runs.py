@@ -291,7 +291,8 @@ def _json(path: Path) -> dict | None:
 
 
 def _load_train(path: Path, config: dict, catalogue: Catalogue) -> TrainRun:
-    iterations = sorted((_json(path / "ledger.json") or {"iterations": []})["iterations"], key=lambda it: it["iteration"])
+    iterations = sorted((_json(path / "ledger.json") or {"iterations": []})["iterations"],
+                        key=lambda it: it["iteration"])
     metrics = {int(r["step"]): r for r in read_jsonl(path / "metrics.jsonl") if r.get("event") == "iteration"}
     summary = _json(path / "summary.json")
     return TrainRun(path, config, iterations, metrics, summary, catalogue.of_config(config))
@@ -317,7 +318,8 @@ def load_runs(paths: list[Path], *, require: bool = True, spec: Comparison | Non
         else:
             ignored.append(f"{path} ({command} run)")
     if not raw and require:
-        raise CRRError(f"no `crr train` or `crr eval` runs among {len(dirs)} run director{'y' if len(dirs) == 1 else 'ies'} "
+        raise CRRError(f"no `crr train` or `crr eval` runs among {len(dirs)} run "
+                       f"director{'y' if len(dirs) == 1 else 'ies'} "
                        f"under {', '.join(map(str, paths))}; make them with `crr train` and `crr eval`")
     scales = {_scale(c) for _, cmd, c in raw if cmd == "train"}
     if len(scales) > 1:

@@ -201,7 +201,8 @@ def base_evals(runs: Runs, needs: Needs, ev: EvalSpec) -> dict[str, EvalRun]:
         if e.complete and e.config.get("train_run") is None and e.dataset == ev.dataset and e.samples == ev.samples:
             found[e.label] = e
     spec = needs.spec
-    if not found and spec is not None and any((b.dataset, b.samples) == (ev.dataset, ev.samples) for b in spec.base_evals):
+    if not found and spec is not None and any((b.dataset, b.samples) == (ev.dataset, ev.samples)
+                                              for b in spec.base_evals):
         needs._note(f"base policy: {_eval_label(ev)} eval", ev.command(None, model=spec.base_model))
     return found
 
@@ -220,10 +221,11 @@ def main_arms(runs: Runs, spec: Comparison | None) -> tuple[list[ArmRef], ArmRef
     return sorted(refs, key=lambda r: (order.get(r.method, 3), r.label)), crr
 
 
+# the specs' arm names as the tables print them
 ARM_LABELS = {"grpo": "GRPO", "crr": "CRR", "search-select": "Search-Select-GRPO",
               "grpo-equal-wall-clock": "GRPO (equal wall clock)", "crr-k2": "CRR (K = 2)",
               "zero-contrast": "zero-contrast control", "gigpo": "GiGPO", "mc-values": "Monte-Carlo values",
-              "crr-mid-value": "CRR (mid-value forks)", "crr-h2": "CRR (h = 2)", "resets": "resets (SRPO-style)"}   # the specs' arm names as the tables print them
+              "crr-mid-value": "CRR (mid-value forks)", "crr-h2": "CRR (h = 2)", "resets": "resets (SRPO-style)"}
 
 
 def _label(ref: ArmRef) -> str:
@@ -262,7 +264,8 @@ def main_table(runs: Runs) -> Table:
     datasets = list(dict.fromkeys(data["dataset"]))
     display = pd.DataFrame({"Method": list(dict.fromkeys(data["arm"]))})
     for ds in datasets:
-        cell = {r.arm: with_ci(pm(r.pass_at_1, r.std), (r.ci_low, r.ci_high)) for r in data[data.dataset == ds].itertuples()}
+        cell = {r.arm: with_ci(pm(r.pass_at_1, r.std), (r.ci_low, r.ci_high))
+                for r in data[data.dataset == ds].itertuples()}
         display[ds] = [cell.get(a, DASH) for a in display["Method"]]
     first = data[data.dataset == datasets[0]].set_index("arm")["pass_at_1"]
     if "GRPO" in first.index and not math.isnan(first["GRPO"]):
@@ -285,7 +288,8 @@ def composition_table(runs: Runs) -> Table:
     rows = [{"Configuration": name, **{f"{ds} (none)": pm(wide.at[ds, arm]) for ds in wide.index}}
             for name, arm in (("Base GRPO", "GRPO"), ("Base GRPO + CRR", "CRR"))]
     rows.append({"Configuration": "CRR gain", **{f"{ds} (none)": DASH if wide.loc[ds].isna().any() else
-                                                 f"{wide.at[ds, 'CRR'] - wide.at[ds, 'GRPO']:+.1f}" for ds in wide.index}})
+                                                 f"{wide.at[ds, 'CRR'] - wide.at[ds, 'GRPO']:+.1f}"
+                                                 for ds in wide.index}})
     table.display, table.data = pd.DataFrame(rows), wide.reset_index()
     return table
 
@@ -294,7 +298,8 @@ def search_select_table(runs: Runs) -> Table:
     spec = runs.catalogue.spec("search-select", "main")
     needs = Needs(runs, spec)
     ev = _primary(spec, runs)
-    use = {"grpo": "None", "search-select": "Select the training sequence", "crr": "Credit assignment on realised actions"}
+    use = {"grpo": "None", "search-select": "Select the training sequence",
+           "crr": "Credit assignment on realised actions"}
     arms = [runs.catalogue.ref(spec, a.name) for a in spec.arms.values()
             if a.budget_from is None and runs.catalogue.ref(spec, a.name).method in use] if spec else []
     arms.sort(key=lambda r: list(use).index(r.method))
@@ -313,9 +318,9 @@ def search_select_table(runs: Runs) -> Table:
                                        "replacement_rate", "train_runs"])
     table = Table("search_select", "Credit assignment versus Search-Select",
                   f"Two uses of the same forks: Search-Select replaces a realised sequence by a strictly better "
-                  f"branch, CRR keeps it and uses the return differential. Pass@1 (%) on {ev.dataset if ev else 'the eval set'}, "
-                  "means ± seed standard deviations [95 % Wilson interval]; the replacement rate is the share of realised "
-                  "trajectories replaced.",
+                  f"branch, CRR keeps it and uses the return differential. Pass@1 (%) on "
+                  f"{ev.dataset if ev else 'the eval set'}, means ± seed standard deviations [95 % Wilson interval]; "
+                  "the replacement rate is the share of realised trajectories replaced.",
                   data=data, missing=needs.missing)
     if data["train_runs"].sum():
         table.display = pd.DataFrame({"Method": data.arm, "Use of forks": data.fork_use,
@@ -343,15 +348,17 @@ def accounting_table(runs: Runs) -> Table:
                   "The training ledger per method (means over seeds): each second of an iteration is charged to one "
                   "phase; the counterfactual fork pool is fork/materialisation + counterfactual rollout + "
                   "counterfactual tests; 'unattributed' is wall clock no phase claims. Times are node wall clock; "
-                  "multiply by the node's device count for device-time (the paper's H100-hours).", missing=needs.missing)
+                  "multiply by the node's device count for device-time (the paper's H100-hours).",
+                  missing=needs.missing)
     if not per_arm:
         return table
     records = []
     for arm, (trained, _found) in per_arm.items():
         for r in trained:
             c = r.cumulative(r.updates)
-            records.append({"arm": arm, "seed": r.seed, **{k: c[k] for k in (*PHASES, "wall_s", "trajectories", "updates",
-                            "forks", "generated_tokens_on_policy", "generated_tokens_all", "effective_tokens")},
+            records.append({"arm": arm, "seed": r.seed, **{k: c[k] for k in (*PHASES, "wall_s", "trajectories",
+                            "updates", "forks", "generated_tokens_on_policy", "generated_tokens_all",
+                            "effective_tokens")},
                             "cf_pool_s": c["fork_s"] + c["cf_rollout_s"] + c["cf_test_s"],
                             "cf_tokens": c["generated_tokens_all"] - c["generated_tokens_on_policy"],
                             # (NaN in a ledger from before the count: the row shows a dash)
@@ -366,7 +373,8 @@ def accounting_table(runs: Runs) -> Table:
             (f"  fork / materialisation ({unit})", "fork_s"), (f"  counterfactual rollout ({unit})", "cf_rollout_s"),
             (f"  counterfactual tests ({unit})", "cf_test_s"), (f"Learner updates ({unit})", "update_s"),
             (f"Unattributed ({unit})", "unattributed_s"), (f"Total wall clock ({unit})", "wall_s")]
-    display = [{"Accounting item": name, **{a: f"{means.at[a, k] / scale:.2f}" for a in means.index}} for name, k in rows]
+    display = [{"Accounting item": name, **{a: f"{means.at[a, k] / scale:.2f}" for a in means.index}}
+               for name, k in rows]
     # what a branch costs beside an on-policy trajectory (issue 29's target: at most half), how long it is (the
     # tokens it generated and those it was fed), and what a generated token costs in each (a branch's own tokens
     # only): numerator / denominator x scale, per arm
@@ -402,9 +410,9 @@ def wallclock_table(runs: Runs) -> Table:
     table = Table("wallclock", "Equal wall clock",
                   "Each column is a fraction of the CRR run's training window (ledger wall clock; per seed), each "
                   "value the state at the saved checkpoint closest to that time (observed, not interpolated): pass@1 "
-                  "(%) [95 % Wilson interval], completed on-policy trajectories, optimizer updates and generated/effective tokens, means "
-                  "over seeds (pass@1 where the spec evaluates that checkpoint). The GRPO arm is given the CRR "
-                  "run's measured wall clock as its budget.",
+                  "(%) [95 % Wilson interval], completed on-policy trajectories, optimizer updates and "
+                  "generated/effective tokens, means over seeds (pass@1 where the spec evaluates that checkpoint). The "
+                  "GRPO arm is given the CRR run's measured wall clock as its budget.",
                   missing=needs.missing)
     if not matched:
         table.notes.append("the comparison spec has no equal-wall-clock arm (budget_from)")
@@ -426,7 +434,8 @@ def wallclock_table(runs: Runs) -> Table:
                 c = run.cumulative(step)
                 found = needs.eval(run, ev, step) if ev else None
                 records.append({"arm": _label(ref), "seed": run.seed, "fraction": f, "hours": f * window.wall_s / 3600,
-                                "step": step, "wall_s": c["wall_s"], "pass_at_1": pct(found.summary["pass_at_1"]) if found else math.nan,
+                                "step": step, "wall_s": c["wall_s"],
+                                "pass_at_1": pct(found.summary["pass_at_1"]) if found else math.nan,
                                 "instances": found.summary["n_instances"] if found else math.nan,
                                 **{k: c[k] for k in ("trajectories", "updates", "generated_tokens_on_policy",
                                                      "generated_tokens_all", "effective_tokens")}})
@@ -434,7 +443,8 @@ def wallclock_table(runs: Runs) -> Table:
         return table
     data = pd.DataFrame(records)
     mean = data.groupby(["arm", "fraction"], sort=False).mean(numeric_only=True)
-    hours = mean.xs(_label(source_ref), level="arm")["hours"] if _label(source_ref) in mean.index.get_level_values(0) else None
+    hours = (mean.xs(_label(source_ref), level="arm")["hours"] if _label(source_ref) in mean.index.get_level_values(0)
+             else None)
     cols = [f"{f:.0%}" for f in FRACTIONS]
     sec, unit = _unit(float(data["hours"].max() * 3600))
     rows = [{"": f"Wall clock ({unit})", **{c: f"{hours[f] * 3600 / sec:.3f}" if hours is not None and f in hours.index
@@ -449,8 +459,8 @@ def wallclock_table(runs: Runs) -> Table:
             cells = {c: f"{m.at[f, k]:,.{digits}f}" if f in m.index and not math.isnan(m.at[f, k]) else DASH
                      for c, f in zip(cols, FRACTIONS)}
             if k == "pass_at_1":
-                cells = {c: with_ci(cells[c], _wilson_pct(m.at[f, k], m.at[f, "instances"])) if f in m.index else cells[c]
-                         for c, f in zip(cols, FRACTIONS)}
+                cells = {c: with_ci(cells[c], _wilson_pct(m.at[f, k], m.at[f, "instances"])) if f in m.index
+                         else cells[c] for c, f in zip(cols, FRACTIONS)}
             rows.append({"": f"{arm_label} {name}", **cells})
     table.display, table.data = pd.DataFrame(rows).rename(columns={"": "Fraction of CRR training window"}), data
     return table
@@ -483,9 +493,10 @@ def ablation_table(runs: Runs, factor: str) -> Table:
     spec = runs.catalogue.spec("ablations")
     needs = Needs(runs, spec)
     table = Table(f"ablation_{factor}", f"Ablation: {title}",
-                  f"{title} varied alone from the CRR preset ('default' marks the preset's value). Pass@1 (%) of the final "
-                  "model [95 % Wilson interval] and mean training reward (%), means ± seed standard deviations; for k and h also "
-                  "forks per trajectory and the wall clock relative to the default.", missing=needs.missing)
+                  f"{title} varied alone from the CRR preset ('default' marks the preset's value). Pass@1 (%) of the "
+                  "final model [95 % Wilson interval] and mean training reward (%), means ± seed standard deviations; "
+                  "for k and h also forks per trajectory and the wall clock relative to the default.",
+                  missing=needs.missing)
     if spec is None or "crr" not in spec.arms:
         table.notes.append(f"no {runs.scale}-ablations comparison spec with a `crr` arm")
         return table
@@ -499,14 +510,15 @@ def ablation_table(runs: Runs, factor: str) -> Table:
         found = [needs.eval(r, ev) for r in trained] if ev else []
         m, s, n = stats(pct(e.summary["pass_at_1"]) for e in found if e)
         lo, hi = rate_ci(found)
-        rm, rs, _ = stats(pct(np.mean([x for x in (it.get("reward_mean") for it in r.metrics.values()) if x is not None]))
+        rm, rs, _ = stats(pct(np.mean([x for x in (it.get("reward_mean") for it in r.metrics.values())
+                                       if x is not None]))
                           for r in trained if any(it.get("reward_mean") is not None for it in r.metrics.values()))
         wall, _, _ = stats(r.wall_s for r in trained)
         forks, _, _ = stats(r.cumulative(r.updates)["forks"] / max(1, r.cumulative(r.updates)["trajectories"])
                             for r in trained)
         rows.append({"value": _factor_value(ref, factor), "arm": ref.label, "default": ref is ref0, "pass_at_1": m,
-                     "std": s, "seeds": n, "ci_low": lo, "ci_high": hi, "train_reward": rm, "train_reward_std": rs, "wall_s": wall,
-                     "forks_per_trajectory": forks, "train_runs": len(trained)})
+                     "std": s, "seeds": n, "ci_low": lo, "ci_high": hi, "train_reward": rm, "train_reward_std": rs,
+                     "wall_s": wall, "forks_per_trajectory": forks, "train_runs": len(trained)})
     data = pd.DataFrame(rows)
     data = data.iloc[sorted(range(len(data)), key=lambda i: _sort_key(data.at[i, "value"]))].reset_index(drop=True)
     default_wall = data.loc[data["default"], "wall_s"].iloc[0]
@@ -531,7 +543,8 @@ def _mean_over_updates(run: TrainRun, name: str) -> float:
 
 
 def _mean_covariance(run: TrainRun) -> float:
-    values = [r["covariance"]["cov"] for r in run.metrics.values() if (r.get("covariance") or {}).get("cov") is not None]
+    values = [r["covariance"]["cov"] for r in run.metrics.values()
+              if (r.get("covariance") or {}).get("cov") is not None]
     return float(np.mean(values)) if values else math.nan
 
 
@@ -544,9 +557,10 @@ def snr_table(runs: Runs) -> Table:
         trained = needs.train(ref)
         m, s, n = stats(_mean_over_updates(r, "advantage_snr") for r in trained)
         cm, cs, _ = stats(_mean_covariance(r) for r in trained)
-        rows.append({"arm": _label(ref), "advantage_snr": m, "std": s, "seeds": n, "covariance": cm, "covariance_std": cs,
-                     "train_runs": len(trained)})
-    data = pd.DataFrame(rows, columns=["arm", "advantage_snr", "std", "seeds", "covariance", "covariance_std", "train_runs"])
+        rows.append({"arm": _label(ref), "advantage_snr": m, "std": s, "seeds": n, "covariance": cm,
+                     "covariance_std": cs, "train_runs": len(trained)})
+    data = pd.DataFrame(rows, columns=["arm", "advantage_snr", "std", "seeds", "covariance", "covariance_std",
+                                       "train_runs"])
     grpo = data.set_index("arm")["advantage_snr"].get("GRPO", math.nan)
     data["relative_to_grpo"] = data["advantage_snr"] / grpo if grpo and not math.isnan(grpo) else math.nan
     table = Table("snr", "Advantage SNR and return covariance",
@@ -624,7 +638,8 @@ def passk_table(runs: Runs) -> Table:
     rows = [row(label, None, base_g.get(label), base_s.get(label)) for label in dict.fromkeys([*base_g, *base_s])]
     for ref in arms:
         for run in needs.train(ref):
-            rows.append(row(_label(ref), run.seed, needs.eval(run, greedy) if greedy else None, needs.eval(run, sampled)))
+            rows.append(row(_label(ref), run.seed, needs.eval(run, greedy) if greedy else None,
+                            needs.eval(run, sampled)))
     if not rows:
         return table
     data = pd.DataFrame(rows)
@@ -656,7 +671,8 @@ def passk_table(runs: Runs) -> Table:
 def _pass_hat(e: EvalRun) -> dict[str, float]:
     """pass^k of an evaluation whose summary predates it (crr eval before pass^k), from its per-task records."""
     counts = e.task_counts.values()
-    return {str(k): float(np.mean([pass_hat_k(n, c, k) for n, c in counts if n >= k])) for k in KS if 1 < k <= e.samples}
+    return {str(k): float(np.mean([pass_hat_k(n, c, k) for n, c in counts if n >= k]))
+            for k in KS if 1 < k <= e.samples}
 
 
 TARGET_POINTS = 3.0   # the difference a powered comparison should resolve (issue 30), on
@@ -766,11 +782,14 @@ def error_tables(runs: Runs) -> tuple[Table, Table]:
     found = _final_greedy(runs, needs, arms, ev)
     shares = Table("errors", "Error modes among failures (%)",
                    "Error-mode distribution among failed samples of each method's final model (conditional shares, % "
-                   "of failures; the verifier's deterministic post-hoc classifier), means over seeds.", missing=needs.missing)
+                   "of failures; the verifier's deterministic post-hoc classifier), means over seeds.",
+                   missing=needs.missing)
     rates = Table("errors_absolute", "Absolute error-mode rates (%)",
-                  "Error-mode rates over all scored samples (%), means over seeds: a failure share times the failure rate.",
+                  "Error-mode rates over all scored samples (%), means over seeds: a failure share times the failure "
+                  "rate.",
                   missing=needs.missing)
-    records = [{"arm": arm, "seed": e.seed, "mode": mode, "share": pct(e.summary["error_modes"].get(mode, {}).get("share", 0.0)),
+    records = [{"arm": arm, "seed": e.seed, "mode": mode,
+                "share": pct(e.summary["error_modes"].get(mode, {}).get("share", 0.0)),
                 "rate": pct(e.summary["error_modes"].get(mode, {}).get("rate", 0.0)),
                 "count": e.summary["error_modes"].get(mode, {}).get("count", 0)}
                for arm, evs in found.items() for e in evs for mode in ERROR_MODES]
@@ -875,8 +894,8 @@ def step_credit_table(runs: Runs) -> Table:
                   "(R - mean of the group), of opposite sign, set to 0 where GRPO's is not, and made non-zero where "
                   "GRPO's is 0 (an all-fail or all-solve group); and the scored forks by outcome pair "
                   "R(tau)-R(tilde tau) (1-0: the realised step did better than its alternative). With a binary "
-                  "reward a counterfactual contrast cannot oppose GRPO's sign (R = 1 makes both >= 0, R = 0 both <= 0): "
-                  "CRR can only zero GRPO's advantage (1-1, 0-0), enlarge it, or give one where GRPO's is 0.",
+                  "reward a counterfactual contrast cannot oppose GRPO's sign (R = 1 makes both >= 0, R = 0 both "
+                  "<= 0): CRR can only zero GRPO's advantage (1-1, 0-0), enlarge it, or give one where GRPO's is 0.",
                   missing=needs.missing)
     rows = []
     for ref in arms:
@@ -896,7 +915,8 @@ def step_credit_table(runs: Runs) -> Table:
         "Method": data.arm, "Seeds": data.seeds, "Steps": data.steps, "Selected (%)": share("selected"),
         "≠ GRPO (%)": share("differs"), "Opposite sign (%)": share("opposite_sign"), "Zeroed (%)": share("zeroed"),
         "From zero (%)": share("from_zero"),
-        "Fork pairs 1-0 / 0-1 / 1-1 / 0-0": [f"{r['pairs_1-0']} / {r['pairs_0-1']} / {r['pairs_1-1']} / {r['pairs_0-0']}"
+        "Fork pairs 1-0 / 0-1 / 1-1 / 0-0": [f"{r['pairs_1-0']} / {r['pairs_0-1']} / "
+                                              f"{r['pairs_1-1']} / {r['pairs_0-0']}"
                                              for _, r in data.iterrows()]})
     return table
 

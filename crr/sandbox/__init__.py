@@ -19,7 +19,7 @@ Engines are chosen by an engine spec (crr.sandbox.engines): `get_engine("local")
 `engine_spec(name, options, ray=..., mode=...).make()`. A new engine is a class with the ForkEngine
 protocol, named by its dotted path (`--engine mypkg.engines:Firecracker`) or registered:
 
-    register_engine("firecracker", FirecrackerEngine)      # get_engine("firecracker", **opts) -> FirecrackerEngine(**opts)
+    register_engine("firecracker", FirecrackerEngine)  # get_engine("firecracker", **opts) -> FirecrackerEngine(**opts)
 
 tests/test_engine_contract.py runs the same contract against every engine; a new one adds one line there.
 """

@@ -88,7 +88,8 @@ class SandboxHost:
 
     def info(self) -> dict:
         return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
-                "hostname": socket.gethostname(), "engine_dir": str(getattr(self.engine, "dir", None) or getattr(self.engine, "root", None) or "")}
+                "hostname": socket.gethostname(),
+                "engine_dir": str(getattr(self.engine, "dir", None) or getattr(self.engine, "root", None) or "")}
 
     def start(self, task: TaskSpec) -> tuple[int, str]:
         return self._add(self.engine.start(task))
@@ -281,7 +282,8 @@ class RayEngine:
         new: list[_Host] = []
         for node in ray.nodes():
             res, node_id = node.get("Resources", {}), node["NodeID"]
-            if not node.get("Alive") or res.get(self.resource, 0) <= 0 or node_id in self._hosts or node_id in self._failed:
+            if (not node.get("Alive") or res.get(self.resource, 0) <= 0 or node_id in self._hosts
+                    or node_id in self._failed):
                 continue
             cpus = res.get("CPU", 0.0)
             capacity = max(1, int(min(res[self.resource], cpus / self.cpus_per_sandbox if cpus else 1)))

@@ -159,8 +159,9 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
     save the model and tokenizer to `out_dir` (new or empty; written atomically).
 
     `agent` (format name, H) is recorded in the model directory (crr.policy.model.AGENT_FILE): the format
-    of the rows, which commands then use for this model. `checkpoints` keeps a checkpoint per epoch there; with `resume`, training continues from the latest
-    one. Without it, checkpoints go to a temporary directory that is removed at the end."""
+    of the rows, which commands then use for this model. `checkpoints` keeps a checkpoint per epoch there;
+    with `resume`, training continues from the latest one. Without it, checkpoints go to a temporary
+    directory that is removed at the end."""
     from trl import SFTConfig, SFTTrainer  # deferred: TRL's trainers take seconds to import
 
     settings = settings or SFTSettings()
@@ -197,8 +198,8 @@ def sft(model_dir: Path | str, dataset: Dataset, out_dir: Path | str, settings: 
         seed=settings.seed, data_seed=settings.seed, logging_steps=settings.logging_steps,
         # CPU: no activation recomputation (the model is small; it would only cost time), no dataloader
         # workers (2 cores).
-        bf16=settings.bf16, use_cpu=not torch.cuda.is_available(), activation_checkpointing=False, dataloader_num_workers=0,
-        save_strategy="epoch", save_total_limit=1, report_to="none", disable_tqdm=True,
+        bf16=settings.bf16, use_cpu=not torch.cuda.is_available(), activation_checkpointing=False,
+        dataloader_num_workers=0, save_strategy="epoch", save_total_limit=1, report_to="none", disable_tqdm=True,
         train_sampling_strategy=("group_by_length" if settings.group_by_length
                                  else "random" if settings.shuffle else "sequential"),
         # The mask comes with the rows (assistant_masks); assistant_only_loss would re-render `messages`.
@@ -253,7 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     parts = [(Dataset.from_parquet(d) if d.endswith(".parquet") else Dataset.load_from_disk(d))
              .select_columns(["input_ids", "assistant_masks"]) for d in args.data]
     rows = datasets.concatenate_datasets(parts).cast(datasets.Features(
-        input_ids=datasets.Sequence(datasets.Value("int64")), assistant_masks=datasets.Sequence(datasets.Value("int64"))))
+        input_ids=datasets.Sequence(datasets.Value("int64")),
+        assistant_masks=datasets.Sequence(datasets.Value("int64"))))
     sft(args.model, rows, args.out, SFTSettings(**json.loads(args.settings)),
         agent=agent, on_log=lambda r: print(json.dumps(r), flush=True))
     print(json.dumps({"event": "done", "wall_s": __import__("time").perf_counter() - start}), flush=True)

@@ -265,7 +265,8 @@ class SFTRecipe:
             raise CRRError(f"curriculum_levels are some of {', '.join(map(str, LEVELS))}, got {self.curriculum_levels}")
         for stage in self.stages:
             if stage.get("data") not in ("expert", "curriculum", "both"):
-                raise CRRError(f"bad SFT recipe: a stage's data is expert, curriculum or both, got {stage.get('data')!r}")
+                raise CRRError("bad SFT recipe: a stage's data is expert, curriculum or both, "
+                               f"got {stage.get('data')!r}")
             if stage["data"] != "expert" and not self.curriculum_rows:
                 raise CRRError("bad SFT recipe: a curriculum stage needs curriculum_rows > 0")
             if "levels" in stage and (stage["data"] == "expert" or not stage["levels"]
@@ -402,7 +403,8 @@ def warm_start(model_dir: Path | str, recipe: SFTRecipe, run: RunDir,
         if not (out / "config.json").is_file():  # a finished stage is kept on resume
             _log_up_to(run, i, checkpoints)
             settings = replace(recipe.train, seed=recipe.seed, **_settings_of(stage))
-            sft(model_dir, rows[stage["data"]](stage.get("levels")), out, settings, agent=(recipe.data.agent_format, recipe.data.max_turns),
+            sft(model_dir, rows[stage["data"]](stage.get("levels")), out, settings,
+                agent=(recipe.data.agent_format, recipe.data.max_turns),
                 checkpoints=checkpoints, resume=checkpoints.is_dir(), on_log=logger(i), progress=on_step)
         model_dir = out
     return model_dir

@@ -71,8 +71,9 @@ def test_directives(task: Task) -> list[str]:
 
 def eval_script_lines(task: Task, seed: int | None = None, targets: Sequence[str] | None = None) -> list[str]:
     """The swebench-style eval script (without shebang) for a task that carries none: reset the
-    test-patch files, apply the test patch, drop byte-code caches, run test_cmd (`isolated_runner`) on `targets` (default: the held-out ids) between
-    the markers (in `seeded_order(targets, seed)` when a seed is given)."""
+    test-patch files, apply the test patch, drop byte-code caches, run test_cmd (`isolated_runner`) on
+    `targets` (default: the held-out ids) between the markers (in `seeded_order(targets, seed)` when a seed
+    is given)."""
     base = shlex.quote(task.base_commit)
     lines: list[str] = []
     if task.test_patch.strip():

@@ -349,7 +349,8 @@ def _load_dataset_rows(source: str, split: str | None, adapter: str | None,
             raise TaskFormatError(f"{where}: {e}") from None
         task = _validated(mapped, where)
         if task.instance_id in seen:
-            raise TaskFormatError(f"{where}: duplicate instance_id {task.instance_id!r} (first in row {seen[task.instance_id]})")
+            raise TaskFormatError(f"{where}: duplicate instance_id {task.instance_id!r} "
+                                  f"(first in row {seen[task.instance_id]})")
         seen[task.instance_id] = i
         tasks.append(task)
     log.info("loaded %d tasks from %s[%s] with the %s adapter", len(tasks), source, split, adapter_name)
@@ -394,10 +395,12 @@ for _name, (_tier, _split) in MICRO_SETS.items():
                       _generated(_name, _tier, _split))
 # Shipped in the package (tasks.jsonl + repos/): nano-band is the learnable band of the shipped default
 # (crr tasks band: the nano-train tasks 2000-2255 it solves in 1-3 of 4 samples; band.json says how).
-register_task_set("nano-band", "shipped: the learnable band of the shipped warm start (80 of nano-train tasks 2000-2255)",
+register_task_set("nano-band",
+                  "shipped: the learnable band of the shipped warm start (80 of nano-train tasks 2000-2255)",
                   _shipped("nano-band", Path(__file__).parent / "sets" / "nano-band"))
 # multi-band: the same for the multi tier's warm start (crr/policy/multi), on multi-train tasks 2000-2255.
-register_task_set("multi-band", "shipped: the learnable band of the multi warm start (51 of multi-train tasks 2000-2255)",
+register_task_set("multi-band",
+                  "shipped: the learnable band of the multi warm start (51 of multi-train tasks 2000-2255)",
                   _shipped("multi-band", Path(__file__).parent / "sets" / "multi-band"))
 # The hub's benchmarks (`crr eval NAME DIR` evaluates a local copy of the dataset)
 for _name, _dataset in {"verified": "SWE-bench/SWE-bench_Verified", "live": "SWE-bench-Live/SWE-bench-Live",

@@ -637,7 +637,8 @@ def _plant_flaky(kind: str, tests: dict[str, _TestFile], template: Template, rng
         literal = "{" + ", ".join(json.dumps(w) for w in words) + "}"
         order = _hash_seed_zero_order(literal)
         name = f"test_{stem}_labels_render_in_order"
-        tf.visible.append(f"def {name}():\n    labels = {literal}\n    assert \", \".join(labels) == {json.dumps(order)}\n")
+        tf.visible.append(f"def {name}():\n    labels = {literal}\n"
+                          f"    assert \", \".join(labels) == {json.dumps(order)}\n")
     elif kind == "test_order":
         word = rng.choice(_FLAKY_WORDS)
         name = f"test_{stem}_audit_log_starts_empty"
@@ -762,7 +763,8 @@ def _pytest(repo: Path, plugin_dir: Path, warm: bool = False, lean: bool = False
     from swebench.harness.log_parsers import PARSER_REGISTRY
 
     # plain asserts and no timeout plugin only make the run faster; outcomes are the same
-    args = ["-rA", "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:timeout", "--assert=plain", "-p", _PIN_MODULE]
+    args = ["-rA", "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:timeout", "--assert=plain",
+            "-p", _PIN_MODULE]
     if lean:
         args += [arg for name in _LEAN_OFF for arg in ("-p", f"no:{name}")]
     if warm:

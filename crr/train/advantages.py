@@ -51,9 +51,12 @@ class RowCredit:
     spans: list[tuple[int, int]]                 # a_t's (start, end) in completion_ids
     selected: list[int] = field(default_factory=list)              # indices the selector chose
     counterfactuals: dict[int, list[float]] = field(default_factory=dict)  # t -> scored R(tilde tau_t), K of them
-    state_keys: list[str] = field(default_factory=list)                 # per step t: a key of s_t (tree digest before a_t + what the agent has observed); [] if unknown
-    continuations: dict[int, list[float]] = field(default_factory=dict)  # t -> scored R of on-policy continuations from s_t (a_t resampled from pi, then on policy)
-    reset: int = 0                               # the first step this row sampled: 0, or (method resets) the state a failed sibling was reset to
+    # per step t: a key of s_t (tree digest before a_t + what the agent has observed); [] if unknown
+    state_keys: list[str] = field(default_factory=list)
+    # t -> scored R of on-policy continuations from s_t (a_t resampled from pi, then on policy)
+    continuations: dict[int, list[float]] = field(default_factory=dict)
+    # the first step this row sampled: 0, or (method resets) the state a failed sibling was reset to
+    reset: int = 0
 
 
 def state_keys(steps: Sequence) -> list[str]:

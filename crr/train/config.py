@@ -110,9 +110,10 @@ class CRRConfig(GRPOConfig):
     #                                            sibling's return, unplayed (crr.train.counterfactual.played_by;
     #                                            not for a method that swaps sequences: a duplicate row)
     forks_during_rollout: bool = False         # true: a fork starts in the round after its step is realised, its
-    #                                            branch decoding in the rollout's rounds (crr.train.counterfactual.LiveForks;
-    #                                            not with a selector outside PREFIX_SELECTORS or replay noise); no
-    #                                            faster on 2 CPU cores (docs/training.md), so off
+    #                                            branch decoding in the rollout's rounds
+    #                                            (crr.train.counterfactual.LiveForks; not with a selector outside
+    #                                            PREFIX_SELECTORS or replay noise); no faster on 2 CPU cores
+    #                                            (docs/training.md), so off
     branches_beside_update: bool = True        # the forks after the rollout run beside the update's reference
     #                                            and forward passes, joined when the loss reads the advantages:
     #                                            the same iteration, sooner (crr.train.trainer; a method whose
@@ -145,9 +146,10 @@ class CRRConfig(GRPOConfig):
             raise CRRError(f"advantage_params must be a mapping of keyword parameters, got {self.advantage_params!r}")
         check_estimator(self.estimator, self.advantage_params)
         if self.row.forks == "reset" and not 2 <= self.cf_samples < self.num_generations:
-            raise CRRError(f"method {self.method}: cf_samples={self.cf_samples} restart rows per task of num_generations="
-                           f"{self.num_generations}; take 2 <= cf_samples < num_generations (the restart rows' advantage "
-                           "is taken among them, and the on-policy rows are what they reset from)")
+            raise CRRError(f"method {self.method}: cf_samples={self.cf_samples} restart rows per task of "
+                           f"num_generations={self.num_generations}; take 2 <= cf_samples < num_generations "
+                           "(the restart rows' advantage is taken among them, and the on-policy rows are what they "
+                           "reset from)")
         engine_spec_of(self)  # an option the engine does not take fails here
         if self.agent_format is not None:
             agent_format(self.agent_format)

@@ -149,7 +149,8 @@ def start_branches(branches: list[Branch], parents: list[Trajectory], *, propose
     def fork(i: int) -> None:
         b = branches[i]
         # the horizon h shortens a branch's turn cap to h steps after a_t
-        cap = config if horizon is None else dataclasses.replace(config, max_turns=min(config.max_turns, b.t + 1 + horizon))
+        cap = (config if horizon is None
+               else dataclasses.replace(config, max_turns=min(config.max_turns, b.t + 1 + horizon)))
         episodes[i] = Episode.fork(parents[i], b.t, engine, tokenizer, cap, verdicts)
         if noise is not None:
             episodes[i].observe = noise.for_branch(parents[i].task_id, (b.row, b.t, b.k_index))
@@ -168,7 +169,8 @@ def start_branches(branches: list[Branch], parents: list[Trajectory], *, propose
             b.sample = s
             if s is None:
                 close([episodes.pop(i)])
-            elif siblings is not None and (j := played_by(siblings, b.row, b.t, s.action_ids, horizon, taken)) is not None:
+            elif (siblings is not None
+                  and (j := played_by(siblings, b.row, b.t, s.action_ids, horizon, taken)) is not None):
                 b.played_by, b.traj = j, siblings[j]
                 taken.add(j)
                 close([episodes.pop(i)])

@@ -34,10 +34,11 @@ iteration in `metrics.jsonl`:
 On resume the ledger is cut back to the iterations the checkpoint holds (`truncate`).
 
 Across N processes (crr.train.distributed) every process keeps its own iteration record and `end`
-combines them (`merge`): counts are summed (updates aside: the processes take each one together), each phase is the mean over the processes (the seconds of the
-average device, so the phases still partition an iteration), wall_s is the slowest process's, and the
-record says `processes: N` (absent: one process; device time is wall_s x processes). Every process holds
-the merged ledger (budget stops agree); only the writer (the main process) saves it.
+combines them (`merge`): counts are summed (updates aside: the processes take each one together), each phase
+is the mean over the processes (the seconds of the average device, so the phases still partition an
+iteration), wall_s is the slowest process's, and the record says `processes: N` (absent: one process; device
+time is wall_s x processes). Every process holds the merged ledger (budget stops agree); only the writer (the
+main process) saves it.
 """
 
 from __future__ import annotations

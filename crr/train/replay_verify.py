@@ -40,6 +40,7 @@ def replay_tuples(run_path: Path | str, sample: int, seed: int = 0) -> dict:
                     execute(sandbox, action)
                 reward = verify(sandbox, tasks[row.task_id]).reward
             results.append({"task_id": row.task_id, "iteration": int(row.iteration), "t": int(row.t),
-                            "recorded": float(row.cf_reward), "replayed": reward, "reproduced": reward == row.cf_reward})
+                            "recorded": float(row.cf_reward), "replayed": reward,
+                            "reproduced": reward == row.cf_reward})
     return {"sampled": len(results), "reproduced": sum(r["reproduced"] for r in results),
             "fraction": sum(r["reproduced"] for r in results) / len(results), "tuples": results}

@@ -441,7 +441,8 @@ class CRRTrainer(GRPOTrainer):
                                continuations=returns if cfg.forks == "continuation" else {}, reset=reset)
             for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward"):
                 out[key].append(row[key])
-            out["policy_logprobs"].append([lp for s in traj.steps for lp in s.policy_logprobs + [0.0] * len(s.observation_ids)])
+            out["policy_logprobs"].append([lp for s in traj.steps
+                                           for lp in s.policy_logprobs + [0.0] * len(s.observation_ids)])
             out["crr_credit"].append(dataclasses.asdict(credit))
         return out
 
@@ -449,7 +450,8 @@ class CRRTrainer(GRPOTrainer):
         snap = traj.snapshots.get(b.t)
         branch_steps = b.traj.steps[b.t:] if b.traj is not None else []
         return {"task_id": traj.task_id, "policy_seed": self.cfg.seed, "policy_version": step, "iteration": step,
-                "row": (offset + traj.task_index) * self.num_generations + traj.sibling, "t": b.t, "steps": len(traj.steps),
+                "row": (offset + traj.task_index) * self.num_generations + traj.sibling, "t": b.t,
+                "steps": len(traj.steps),
                 "snapshot_id": None if snap is None else snap.id, "realised_action": traj.steps[b.t].action,
                 "counterfactual_action": b.sample.text, "prefix_actions": [s.action for s in traj.steps[:b.t]],
                 "realised_suffix": [s.action for s in traj.steps[b.t:]],
@@ -460,7 +462,8 @@ class CRRTrainer(GRPOTrainer):
                 "proposal_logprob": b.sample.proposal_logprob, "selector_score": b.selection.score,
                 "k_index": b.k_index, "prefix_signature": prefix_signature([s.call for s in traj.steps[:b.t]])}
 
-    def _gather_iteration(self, trajs: list[Trajectory], picks: dict, branches: list[Branch], tuples: list[dict]) -> dict:
+    def _gather_iteration(self, trajs: list[Trajectory], picks: dict, branches: list[Branch],
+                          tuples: list[dict]) -> dict:
         """What the iteration's record needs of this process's trajectories, branches and tuples, joined
         with every other process's in process order (the batch's row order); the ledger counts stay local
         until the iteration ends (Ledger.end merges them)."""
@@ -662,7 +665,8 @@ class _IterationCallback(TrainerCallback):
         record = {"event": "iteration", "step": state.global_step, **tr.iteration,
                   # fork/materialisation alone, and everything counterfactual (fork + rollout + tests)
                   "fork_share": it["fork_s"] / it["wall_s"] if it["wall_s"] else 0.0,
-                  "cf_share": (it["fork_s"] + it["cf_rollout_s"] + it["cf_test_s"]) / it["wall_s"] if it["wall_s"] else 0.0,
+                  "cf_share": ((it["fork_s"] + it["cf_rollout_s"] + it["cf_test_s"]) / it["wall_s"]
+                               if it["wall_s"] else 0.0),
                   "ledger": {k: it[k] for k in it if k != "iteration"}}
         if state.global_step % cfg.diagnostics_every:
             record.pop("advantage_snr"), record.pop("covariance")
@@ -740,7 +744,8 @@ def _changed(cfg: CRRConfig, run: RunDir, changes: dict, done: int) -> tuple[CRR
     if fixed:
         raise CRRError(f"{run.path} was trained with {', '.join(f'{k}={getattr(cfg, k)!r}' for k in fixed)}, not "
                        f"{', '.join(f'{k}={differ[k]!r}' for k in fixed)}: a resumed run keeps its settings but "
-                       f"{' and '.join(RESUMABLE)} (--max-updates, --budget-hours); drop the others, or start a new run")
+                       f"{' and '.join(RESUMABLE)} (--max-updates, --budget-hours); drop the others, or start a "
+                       "new run")
     if not differ:
         return cfg, {}
     new = load_config(run.path / "config.yaml", differ)

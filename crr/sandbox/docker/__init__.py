@@ -41,9 +41,10 @@ as root), and the rest as follows.
            ms) and the observation says "No space left on device". It overshoots by what the action
            writes in one poll interval plus the walk and the kill: 0.05 s x the write speed for a few
            big files (~0 here), up to ~1.5 s of writing for ~20,000 small ones (1.5-2.1x a 64 MB cap in
-           4 KB files under load; docs/sandboxes.md has the figures). Until the layer is back under the cap, every action runs with RLIMIT_FSIZE 0,
-           as on a full disk (deleting works, writing fails with "File too large"), and is stopped if it
-           still adds more than _FULL_SLACK (empty files), so short actions cannot pile up past the cap.
+           4 KB files under load; docs/sandboxes.md has the figures). Until the layer is back under the
+           cap, every action runs with RLIMIT_FSIZE 0, as on a full disk (deleting works, writing fails
+           with "File too large"), and is stopped if it still adds more than _FULL_SLACK (empty files), so
+           short actions cannot pile up past the cap.
            /tmp is a tmpfs of `disk_limit_mb` (never committed). The cap is per container, as a quota
            is: a snapshot's files move into its image, and a fork of it starts with an empty layer.
            Not root (the upper dir unreadable): the engine warns once and the layer is capped per file.

@@ -199,7 +199,8 @@ def _root_plan(rootfs: Path) -> RootPlan:
         elif entry.is_dir() and entry.name not in _ROOT_FRESH and not any(
                 at.startswith(f"/{entry.name}/") and not os.path.isdir(rootfs / at.lstrip("/"))
                 for _, _, at in interpreter):
-            plan.append(("ro", entry.path, f"/{entry.name}") if os.listdir(entry.path) else ("dir", "", f"/{entry.name}"))
+            plan.append(("ro", entry.path, f"/{entry.name}") if os.listdir(entry.path)
+                        else ("dir", "", f"/{entry.name}"))
     return RootPlan(plan, interpreter)
 
 

@@ -52,7 +52,8 @@ class LocalSandbox(ClosingSandbox):
         """Run `command` with bash in the repository root; `env` adds to or overrides the clean env."""
         self._check_open()
         start = time.monotonic()
-        proc = self._engine._popen(command, self._namespaces, self._memcg, cwd=self.repo_dir, env={**self._env, **(env or {})}, stdin=subprocess.DEVNULL,
+        proc = self._engine._popen(command, self._namespaces, self._memcg, cwd=self.repo_dir,
+                                   env={**self._env, **(env or {})}, stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         out, timed_out = BoundedOutput(), False
         try:
