@@ -47,6 +47,38 @@ def _torch() -> Check:
     return check
 
 
+# The CPU flags that mean native bf16 arithmetic: x86's AVX512-BF16 and AMX-BF16, Arm's BF16 extension.
+NATIVE_BF16 = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str] | None:
+    """The first processor's feature flags (x86 `flags`, Arm `Features`); None where the file is absent."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def _bf16(cuda: bool, flags: set[str] | None) -> Check:
+    """The shipped default's weights are bf16; a CPU without native bf16 emulates it, and a learner update of
+    `make main` takes 50-70 s there against 5-6 s (docs/setup.md, docs/warm-start.md)."""
+    fix = "train and evaluate in fp32 here: crr train ... dtype=float32, crr eval ... --dtype float32"
+    if cuda:
+        return Check("bf16 arithmetic", True, "on the GPU", required=False)
+    if flags is None:
+        return Check("bf16 arithmetic", True, "not checked (no /proc/cpuinfo)", required=False)
+    native = sorted(flags.intersection(NATIVE_BF16))
+    if native:
+        return Check("bf16 arithmetic", True, f"native ({', '.join(native)})", required=False)
+    return Check("bf16 arithmetic", False, "emulated by this CPU: bf16 training about 10x slower", fix,
+                 required=False)
+
+
 def _docker_daemon() -> Check:
     fix = "apt-get install docker.io && dockerd &   (or: sudo systemctl start docker)"
     if not shutil.which("docker"):
@@ -110,7 +142,9 @@ def _disk() -> Check:
 
 
 def run_checks() -> list[Check]:
-    checks = [_python(), _torch(),
+    torch_check = _torch()
+    cuda = torch_check.ok and "(cuda)" in torch_check.detail
+    checks = [_python(), torch_check, _bf16(cuda, cpu_flags()),
               _package("trl", "1.16", "pip install 'trl>=1.16,<1.17'"),
               _package("swebench", "5.", "pip install 'swebench>=5.0.2,<6'")]
     daemon = _docker_daemon()

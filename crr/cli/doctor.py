@@ -9,8 +9,8 @@ from crr.cli.common import console, emit_json, friendly, json_option
 
 @friendly
 def doctor(as_json: bool = json_option("the checks")) -> None:
-    """Check Python, torch, TRL, swebench, the Docker daemon, the base image, overlayfs, network
-    namespaces and free disk; print what is missing and the command that fixes it."""
+    """Check Python, torch, native bf16 arithmetic, TRL, swebench, the Docker daemon, the base image, overlayfs,
+    network namespaces and free disk; print what is missing and the command that fixes it."""
     from rich.table import Table
 
     from crr.doctor import run_checks
