@@ -40,11 +40,16 @@ def _package(name: str, want: str, fix: str) -> Check:
 def _torch() -> Check:
     check = _package("torch", "2.13.0", "pip install torch==2.13.0  (the CPU build)")
     if check.ok:
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu only"
-        return Check("torch", True, f"{check.detail} ({device})")
+        return Check("torch", True, f"{check.detail} ({'cuda' if _cuda() else 'cpu only'})")
     return check
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
 
 
 # The CPU flags that mean native bf16 arithmetic: x86's AVX512-BF16 and AMX-BF16, Arm's BF16 extension.
@@ -142,9 +147,7 @@ def _disk() -> Check:
 
 
 def run_checks() -> list[Check]:
-    torch_check = _torch()
-    cuda = torch_check.ok and "(cuda)" in torch_check.detail
-    checks = [_python(), torch_check, _bf16(cuda, cpu_flags()),
+    checks = [_python(), _torch(), _bf16(_cuda(), cpu_flags()),
               _package("trl", "1.16", "pip install 'trl>=1.16,<1.17'"),
               _package("swebench", "5.", "pip install 'swebench>=5.0.2,<6'")]
     daemon = _docker_daemon()
