@@ -28,6 +28,10 @@ SMALL = ["n_tasks=1", "tasks_per_iteration=1", "num_generations=3", "max_turns=2
          # the random tiny model (paper format): its varied returns on the `ran` task give these runs nonzero
          # advantages; the shipped warm start never solves that task, so with it nothing would move
          f"model={default_model_dir()}", "agent_format=paper"]
+# The shipped warm start's bf16 weights trained in float32, by the tests whose subject is not the dtype: a CPU
+# without AVX512-BF16 emulates bf16, and the learner's update takes ~10x as long (crr doctor's bf16 row; a bf16
+# update: test_other_methods_end_to_end[grpo])
+FP32 = ["dtype=float32"]
 
 
 
@@ -142,13 +146,15 @@ def test_a_run_stopped_after_its_last_checkpoint_is_finished_without_training(ra
 
 @pytest.mark.parametrize("method", ["grpo", "search-select", "mc-values"])
 def test_other_methods_end_to_end(method, ran_tasks_file, tmp_path):
-    # max_turns=3: returns then differ between the G siblings of the first group (seed 11)
+    # max_turns=3: returns then differ between the G siblings of the first group (seed 11); grpo's run trains in
+    # bf16, as the shipped default's weights are saved (the other training tests: float32, FP32)
     extra = {"search-select": ["replay_noise=1.0"], "mc-values": ["cf_samples=1"]}.get(
-        method, ["--eval", str(ran_tasks_file), "--eval-n", "1"])
+        method, ["--eval", str(ran_tasks_file), "--eval-n", "1", "dtype=bfloat16"])
     out, run = run_train(["--method", method, "--out", str(tmp_path), "--max-updates", "1", f"tasks={ran_tasks_file}",
                           *SMALL, "max_turns=3", *extra], tmp_path)
     assert "1/1 R" in out
     if method == "grpo":  # held-out pass@1 before and after, each an eval run inside the train run
+        assert json.loads((run / "summary.json").read_text())["dtype"] == "bfloat16"
         assert "held-out pass@1" in out and "training reward per update" in out
         for when in ("before", "after"):
             (eval_run,) = (run / f"eval-{when}").iterdir()
@@ -291,15 +297,15 @@ def test_verdicts_reused_by_final_state_change_no_reward(ran_tasks_file, tmp_pat
 def test_branches_beside_the_update_change_nothing_but_the_clock(tmp_path):
     # branches_beside_update (crr.train.trainer._rollout): the branches run in a helper thread beside TRL's
     # reference pass and the loss's forward pass, joined when the loss reads the advantages. The CPU preset on the
-    # shipped warm start (bf16, decoding from a float32 merged copy): the same seed gives the same trajectories,
-    # branches, advantages and losses as with the branches before the update, and the ledger still partitions each
-    # iteration, the seconds the branches ran beside the update charged to cf_beside_s
+    # shipped warm start, its weights in float32 (FP32: its subject is the threads, not the dtype): the same seed
+    # gives the same trajectories, branches, advantages and losses as with the branches before the update, and the
+    # ledger still partitions each iteration, the seconds the branches ran beside the update charged to cf_beside_s
     from crr.train.records import read_records
 
     seen = {}
     for beside in ("true", "false"):
         _, run = run_train(["--config", "experiments/cpu-crr.yaml", "--out", str(tmp_path / beside), "--max-updates",
-                            "2", "workers=2", f"branches_beside_update={beside}"], tmp_path / beside)
+                            "2", "workers=2", f"branches_beside_update={beside}", *FP32], tmp_path / beside)
         metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         seen[beside] = ([(r["kind"], r.get("t"), r["reward"], [(s.get("call"), s.get("advantage")) for s in r["steps"]])
                          for r in read_records(run)],
@@ -337,9 +343,9 @@ def test_a_failure_beside_the_update_is_the_runs_error_and_leaves_no_sandbox(ran
 
 def test_resets_train_restart_rows_on_their_own_steps(tmp_path, monkeypatch):
     # The preset (SRPO's reset at the first erroneous step, located by rule: a failure's first edit) on the
-    # shipped warm start, whose nano failures edit: G = 4 rows per task, 2 on-policy trajectories and M = 2
-    # restart rows, on-policy continuations from the state of a failed one; TRL gets a restart row's prefix
-    # (the failed sibling's steps) masked out of the loss
+    # shipped warm start in float32 (FP32), whose nano failures edit: G = 4 rows per task, 2 on-policy trajectories
+    # and M = 2 restart rows, on-policy continuations from the state of a failed one; TRL gets a restart row's
+    # prefix (the failed sibling's steps) masked out of the loss
     from crr.train.records import read_records
     from crr.train.trainer import CRRTrainer
 
@@ -353,7 +359,7 @@ def test_resets_train_restart_rows_on_their_own_steps(tmp_path, monkeypatch):
 
     monkeypatch.setattr(CRRTrainer, "_rows", spy)
     out, run = run_train(["--config", "experiments/cpu-resets.yaml", "--out", str(tmp_path), "--max-updates", "2",
-                          "max_turns=4", "workers=2"], tmp_path)
+                          "max_turns=4", "workers=2", *FP32], tmp_path)
     assert "2/2 R" in out and lora_b_norm(run / "model") > 0
     ledger = json.loads((run / "ledger.json").read_text())["cumulative"]
     assert ledger["trajectories"] == 8 and ledger["forks"] == 8       # per task: 2 on-policy + 2 restarts
