@@ -25,7 +25,8 @@ Z95 = z(0.975)
 
 
 TINY = ["n_tasks=1", "group_size=2", "continuations=2", "repeats=2", "max_turns=2", "k=1", "eta=0.0", "cf_samples=1",
-        "mc_samples=1", "bootstrap=50"]
+        "mc_samples=1", "bootstrap=50",
+        "dtype=float32"]   # the shipped default's bf16 weights in float32: a CPU without AVX512-BF16 emulates bf16
 
 
 # override -> the one-line error (before: a traceback, silent acceptance, or refused or dropped only after the
@@ -135,6 +136,8 @@ def test_audit_end_to_end_resume_and_report(tmp_path, monkeypatch):
     (path,) = tmp_path.glob("*-credit-audit-*")
     records = [json.loads(line) for line in (path / RECORDS).read_text().splitlines()]
     assert len(records) == 2 and "rollouts/s" in out
+    starts = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if '"start"' in line]
+    assert [r["dtype"] for r in starts if r.get("event") == "start"] == ["float32"]   # the policy as dtype= loads it
     names = estimator_names(load_audit_config("experiments/credit-audit-nano.yaml", parse_overrides([variants])))
     assert {"grpo", "crr", "zero_contrast", "crr[fe]", "zero_contrast[fe]", "crr[mv]"} <= set(names)
     for rec in records:

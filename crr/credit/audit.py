@@ -58,7 +58,7 @@ import yaml
 
 from crr.credit.stats import estimator_metrics, values
 from crr.errors import CRRError
-from crr.policy import check_model
+from crr.policy import DTYPES, check_model
 from crr.experiments import override, read_preset
 from crr.rundir import RunDir, read_jsonl, read_run_mapping
 from crr.seeds import derive_seed
@@ -95,6 +95,8 @@ class AuditConfig:
     max_turns: int | None = None         # H; None: the model's recorded turn cap, else 50
     max_new_tokens: int = 96
     agent_format: str | None = None      # None: the model's recorded format
+    dtype: typing.Literal[DTYPES] = "auto"   # the weights: as saved (the shipped default's bf16), or float32 on a
+    #                                           CPU that emulates bf16 (crr doctor); a seed's episodes differ by dtype
     episode_time_limit_s: float = 600.0
     engine: str = "local"                # the engine spec (crr.sandbox.engines): a name, its options, ray/mode sugar
     engine_options: dict = field(default_factory=dict)
@@ -470,14 +472,15 @@ def audit(cfg: AuditConfig, run: RunDir, *, on_task: Callable[[int, int, dict], 
     model_dir = cfg.model or str(default_policy_dir())
     record = agent_record(model_dir)
     torch.manual_seed(cfg.seed)
-    model, tokenizer = load_eval_policy(resolve_policy(model_dir))   # a LoRA adapter merged into its base, as eval's
+    model, tokenizer = load_eval_policy(resolve_policy(model_dir), dtype=cfg.dtype)   # an adapter merged, as eval's
     episode = EpisodeConfig(max_turns=cfg.max_turns or record.get("max_turns", 50), temperature=cfg.temperature,
                             max_new_tokens=cfg.max_new_tokens, time_limit_s=cfg.episode_time_limit_s,
                             snapshots=True, digests=True,
                             agent_format=cfg.agent_format or record.get("agent_format", "paper"))
     backend = TransformersBackend(model, tokenizer)
     run.log_metrics({"event": "start", "tasks": len(tasks), "todo": len(todo), "estimators": cfg.estimators,
-                     "model": model_dir, "episode": dataclasses.asdict(episode)})
+                     "model": model_dir, "dtype": str(model.dtype).removeprefix("torch."),
+                     "episode": dataclasses.asdict(episode)})
     with engine_spec_of(cfg).make() as engine:
         pool = rollout_pool(engine, cfg.workers)
         try:
