@@ -23,11 +23,13 @@ def cli(*args: str):
 
 @pytest.fixture(scope="module")
 def sampled_eval(tmp_path_factory):
-    """4 nano-train tasks, each sampled 4 times at T = 0.6 by the shipped default (H = 4)."""
+    """4 nano-train tasks, each sampled 4 times at T = 0.6 by the shipped default (H = 4), its bf16 weights in
+    float32 (a CPU without AVX512-BF16 emulates bf16: ~3x the seconds)."""
     root = tmp_path_factory.mktemp("band")
     generate_micro(root / "pool", n=4, seed=0, split="train", tier="nano")
     result = cli("eval", "tasks", str(root / "pool"), "--samples", "4", "--temperature", "0.6", "--max-turns", "4",
-                 "--max-new-tokens", "96", "--workers", "2", "--out", str(root / "evals"), "--json")
+                 "--max-new-tokens", "96", "--workers", "2", "--dtype", "float32", "--out", str(root / "evals"),
+                 "--json")
     assert result.exit_code == 0, result.output
     return root, RunDir.open(json.loads(result.stdout)["run_dir"])
 

@@ -197,8 +197,8 @@ def test_a_sample_whose_transcript_write_failed_is_run_again_on_resume(tmp_path,
         real(path, record)
 
     monkeypatch.setattr(rundir, "append_jsonl", full_at_first_transcript)
-    code, lines = crr("eval", "micro", "--n-tasks", "1", "--max-turns", "2", "--max-new-tokens", "32", "--out",
-                      str(tmp_path))
+    code, lines = crr("eval", "micro", "--n-tasks", "1", "--max-turns", "2", "--max-new-tokens", "32", "--dtype",
+                      "float32", "--out", str(tmp_path))
     (run,) = tmp_path.glob("*-eval-*")
     assert code == 2 and lines[-1].startswith(f"error: {run / TRANSCRIPTS}: No space left on device; finished work "
                                               f"is kept: make room (or make it writable), then resume with: crr eval")

@@ -185,14 +185,15 @@ def test_filter_tasks_on_ray_admits_what_local_admits(cluster, tmp_path, caplog)
 
 
 def test_eval_on_ray_gives_the_local_pass_rate_and_trajectories(cluster, tmp_path):
-    """`crr eval` greedy with the shipped default model on 2 tasks, same seed: through ray:local the same
-    pass@1, the same results (patches, rewards, turns) and the same transcripts as on the local engine; the
-    run keeps its --ray, and resuming it keeps it too."""
+    """`crr eval` greedy with the shipped default model (in float32, as the training test below) on 2 tasks, same
+    seed: through ray:local the same pass@1, the same results (patches, rewards, turns) and the same transcripts as
+    on the local engine; the run keeps its --ray, and resuming it keeps it too."""
     runs = {}
     for engine in ("local", "ray:local"):
         ray = ["--ray", cluster.address] if engine.startswith("ray:") else []
         result = crr("eval", "nano-test", "--n-tasks", "2", "--max-turns", "3", "--max-new-tokens", "96",
-                     "--engine", engine, *ray, "--out", str(tmp_path / engine.replace(":", "-")), "--json")
+                     "--dtype", "float32", "--engine", engine, *ray, "--out", str(tmp_path / engine.replace(":", "-")),
+                     "--json")
         assert result.exit_code == 0, result.output
         summary = json.loads(result.stdout)
         runs[engine] = (summary, RunDir.open(summary["run_dir"]))
