@@ -418,15 +418,20 @@ def test_model_probe_command(tiny, micro_dir):
 
 def test_model_sft_bench_command(tiny):
     """Both losses timed on the same batches, and the action-token loss on the same rows batched by length; the
-    figures are positive, the ratios are theirs, and grouping by length pads no more than random batches."""
+    figures are positive, the ratios are theirs, and grouping by length pads no more than random batches. In fp32
+    (--fp32): a CPU without AVX512-BF16 emulates the bf16 autocast the command defaults to, which a one-row,
+    one-step bench runs."""
     result = CliRunner().invoke(app, ["model", "sft-bench", "--model", str(tiny), "--batch", "2", "--steps", "2",
-                                      "--level", "0", "--json"])
+                                      "--level", "0", "--fp32", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["tokens"] > out["action_tokens"] > 0
     assert out["speedup"] == pytest.approx(out["action_tokens_tokens_per_s"] / out["trl_fused_head_tokens_per_s"])
     assert out["grouped_speedup"] == pytest.approx(out["grouped_tokens_per_s"] / out["action_tokens_tokens_per_s"])
     assert 1.0 <= out["grouped_padded_per_token"] <= out["random_padded_per_token"]
+    result = CliRunner().invoke(app, ["model", "sft-bench", "--model", str(tiny), "--batch", "1", "--steps", "1",
+                                      "--level", "0", "--bf16"])
+    assert result.exit_code == 0 and "bf16" in result.stdout, result.output
     result = CliRunner().invoke(app, ["model", "sft-bench", "--level", "5"])
     assert result.exit_code == 2 and "--level one of (0, 1, 2, 3, 4)" in result.output
 
