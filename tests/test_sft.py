@@ -258,9 +258,11 @@ def test_group_by_length_batches_rows_of_about_one_length(data, tiny, tmp_path, 
     import crr.sft.trainer as trainer
 
     full, _, _ = data
+    # rows of 16 and 168 tokens: a row's 8 tokens before its first action and the action's first 8 or 160 (the
+    # grouping is about lengths; a whole conversation's prompt would only add seconds)
     first = full[0]["assistant_masks"].index(1)
-    rows = datasets.Dataset.from_list([{"input_ids": full[0]["input_ids"][:n],
-                                        "assistant_masks": full[0]["assistant_masks"][:n]}
+    rows = datasets.Dataset.from_list([{"input_ids": full[0]["input_ids"][first - 8:n],
+                                        "assistant_masks": full[0]["assistant_masks"][first - 8:n]}
                                        for n in [first + 8, first + 160] * 16])
     real, seen = trainer.action_nll, []
 
