@@ -41,6 +41,14 @@ LEAN = ExpertConfig(p_list=0.0, p_full_tests=0.0, p_final_suite=0.0, max_decoy_v
 
 
 
+def _cut(row: dict, length: int) -> dict:
+    """`row` cut to `length` tokens from 8 before its first action: a short row with actions to learn, for the
+    tests whose subject is the loss or the trainer's bookkeeping, not a whole conversation (whose long prompt
+    would only add seconds)."""
+    start = row["assistant_masks"].index(1) - 8
+    return {key: row[key][start:start + length] for key in ("input_ids", "assistant_masks")}
+
+
 @pytest.fixture(scope="module")
 def tiny():
     return default_model_dir()  # built on first use into the session's crr cache (conftest)
@@ -232,7 +240,8 @@ def test_sft_trains_on_actions_saves_and_is_deterministic(data, tiny, tmp_path):
 def test_a_resumed_sft_counts_its_tokens_on_from_the_checkpoint(data, tiny, tmp_path):
     """TRL counts trained tokens (num_tokens) in memory only; a run interrupted after its first epoch's checkpoint
     and resumed logs the same counts as one that was not."""
-    full, _, _ = data
+    data, _, _ = data
+    full = datasets.Dataset.from_list([_cut(row, 128) for row in data])
     settings = SFTSettings(epochs=2, warmup_ratio=0.0, grad_accum=1, batch_size=1, logging_steps=1)
     whole = []
     sft(tiny, full, tmp_path / "whole", settings, on_log=whole.append)
@@ -258,12 +267,7 @@ def test_group_by_length_batches_rows_of_about_one_length(data, tiny, tmp_path, 
     import crr.sft.trainer as trainer
 
     full, _, _ = data
-    # rows of 16 and 168 tokens: a row's 8 tokens before its first action and the action's first 8 or 160 (the
-    # grouping is about lengths; a whole conversation's prompt would only add seconds)
-    first = full[0]["assistant_masks"].index(1)
-    rows = datasets.Dataset.from_list([{"input_ids": full[0]["input_ids"][first - 8:n],
-                                        "assistant_masks": full[0]["assistant_masks"][first - 8:n]}
-                                       for n in [first + 8, first + 160] * 16])
+    rows = datasets.Dataset.from_list([_cut(full[0], n) for n in [16, 168] * 16])
     real, seen = trainer.action_nll, []
 
     def spy(model, inputs):
@@ -289,7 +293,7 @@ def test_action_token_loss_is_the_models_own_loss_and_gradient(data, tiny):
     from types import SimpleNamespace
 
     dataset, _, _ = data
-    rows = [dataset[i] for i in range(2)]
+    rows = [_cut(dataset[i], length) for i, length in ((0, 96), (1, 160))]
     width = max(len(r["input_ids"]) for r in rows)
     assert len({len(r["input_ids"]) for r in rows}) == 2  # the padding is exercised
     pad = lambda values, fill: torch.tensor([v + [fill] * (width - len(v)) for v in values])
