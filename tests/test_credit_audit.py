@@ -136,8 +136,8 @@ def test_audit_end_to_end_resume_and_report(tmp_path, monkeypatch):
     (path,) = tmp_path.glob("*-credit-audit-*")
     records = [json.loads(line) for line in (path / RECORDS).read_text().splitlines()]
     assert len(records) == 2 and "rollouts/s" in out
-    starts = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if '"start"' in line]
-    assert [r["dtype"] for r in starts if r.get("event") == "start"] == ["float32"]   # the policy as dtype= loads it
+    metrics = map(json.loads, (path / "metrics.jsonl").read_text().splitlines())
+    assert [r["dtype"] for r in metrics if r.get("event") == "start"] == ["float32"]   # the policy as dtype= loads it
     names = estimator_names(load_audit_config("experiments/credit-audit-nano.yaml", parse_overrides([variants])))
     assert {"grpo", "crr", "zero_contrast", "crr[fe]", "zero_contrast[fe]", "crr[mv]"} <= set(names)
     for rec in records:
