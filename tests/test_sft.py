@@ -240,8 +240,8 @@ def test_sft_trains_on_actions_saves_and_is_deterministic(data, tiny, tmp_path):
 def test_a_resumed_sft_counts_its_tokens_on_from_the_checkpoint(data, tiny, tmp_path):
     """TRL counts trained tokens (num_tokens) in memory only; a run interrupted after its first epoch's checkpoint
     and resumed logs the same counts as one that was not."""
-    data, _, _ = data
-    full = datasets.Dataset.from_list([_cut(row, 128) for row in data])
+    rows, _, _ = data
+    full = datasets.Dataset.from_list([_cut(row, 128) for row in rows])
     settings = SFTSettings(epochs=2, warmup_ratio=0.0, grad_accum=1, batch_size=1, logging_steps=1)
     whole = []
     sft(tiny, full, tmp_path / "whole", settings, on_log=whole.append)

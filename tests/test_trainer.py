@@ -146,8 +146,8 @@ def test_a_run_stopped_after_its_last_checkpoint_is_finished_without_training(ra
 
 @pytest.mark.parametrize("method", ["grpo", "search-select", "mc-values"])
 def test_other_methods_end_to_end(method, ran_tasks_file, tmp_path):
-    # max_turns=3: returns then differ between the G siblings of the first group (seed 11); grpo's run trains in
-    # bf16, as the shipped default's weights are saved (the other training tests: float32, FP32)
+    # max_turns=3: returns then differ between the G siblings of the first group (seed 11); grpo's run loads the
+    # random tiny model (saved in float32) in bf16, the shipped default's dtype: the suite's one bf16 update
     extra = {"search-select": ["replay_noise=1.0"], "mc-values": ["cf_samples=1"]}.get(
         method, ["--eval", str(ran_tasks_file), "--eval-n", "1", "dtype=bfloat16"])
     out, run = run_train(["--method", method, "--out", str(tmp_path), "--max-updates", "1", f"tasks={ran_tasks_file}",
